@@ -1,0 +1,245 @@
+"""Generate the ParallelTrainingJob CRD from the pydantic model.
+
+The OpenAPI schema is the model's JSON schema made structural (refs inlined, int-or-string
+degrees, defaults on every object so CEL sees concrete values). The CEL rules repeat the
+checks of tetrad.api.validation that CEL can express; the presets table is compiled into them.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tetrad.api.presets import PRESETS
+from tetrad.api.spec import (
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAME,
+    VERSION,
+    ParallelTrainingJobSpec,
+    ParallelTrainingJobStatus,
+)
+
+DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
+IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model")
+
+
+def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Turn one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    s = copy.deepcopy(schema)
+    if "$ref" in s:
+        target = defs[s.pop("$ref").split("/")[-1]]
+        s = {**copy.deepcopy(target), **s}
+    if "allOf" in s and len(s["allOf"]) == 1:
+        s = {**_structural(s.pop("allOf")[0], defs), **s}
+    if s.get("x-kubernetes-int-or-string"):
+        s.pop("anyOf", None)
+        s.pop("type", None)
+    elif "anyOf" in s:
+        options = [o for o in s.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"cannot make a structural schema of anyOf {options}")
+        s = {**_structural(options[0], defs), **s}
+    s.pop("title", None)
+    if s.get("default", 0) is None:
+        del s["default"]
+    if isinstance(s.get("additionalProperties"), bool):  # structural schemas prune instead
+        del s["additionalProperties"]
+    if "exclusiveMinimum" in s:
+        s["minimum"], s["exclusiveMinimum"] = s["exclusiveMinimum"], True
+    if "const" in s:
+        s["enum"] = [s.pop("const")]
+    if s.get("type") == "object" and "properties" in s:
+        s["properties"] = {k: _structural(v, defs) for k, v in s["properties"].items()}
+        s.pop("required", None) if not s.get("required") else None
+    elif s.get("type") == "object" and isinstance(s.get("additionalProperties"), dict):
+        s["additionalProperties"] = _structural(s["additionalProperties"], defs)
+    elif s.get("type") == "object" and not s.get("properties"):
+        s["x-kubernetes-preserve-unknown-fields"] = True
+    if s.get("type") == "array" and "items" in s:
+        s["items"] = _structural(s["items"], defs) if "type" in s["items"] or "$ref" in s["items"] else s["items"]
+        s["items"].setdefault("type", "object")
+    return s
+
+
+def _with_object_defaults(s: dict[str, Any]) -> None:
+    """Default every nested object to {} so the apiserver fills the defaults beneath it."""
+    for prop in s.get("properties", {}).values():
+        if prop.get("type") == "object" and "properties" in prop:
+            prop.setdefault("default", {})
+            _with_object_defaults(prop)
+
+
+def schema_of(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    s = _structural(raw, defs)
+    _with_object_defaults(s)
+    return s
+
+
+# CEL helpers over the (defaulted) spec object `self`.
+def _preset_lookup(dim: str) -> str:
+    table = ", ".join(f"'{name}': {dims[dim]}" for name, dims in PRESETS.items())  # type: ignore[literal-required]
+    return f"(has(self.model.{dim}) ? self.model.{dim} : {{{table}}}[self.model.preset])"
+
+
+def _is_int(*degrees: str) -> str:
+    return " && ".join(f"type(self.parallelism.{d}) == int" for d in degrees)
+
+
+def _p(d: str) -> str:
+    return f"self.parallelism.{d}"
+
+
+def spec_rules() -> list[dict[str, str]]:
+    heads, kv, layers, seq = (_preset_lookup(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
+    product = "*".join(_p(d) for d in DEGREES)
+    return [
+        {
+            "rule": f"!({_is_int(*DEGREES)}) || {product} == self.nodes * self.nprocPerNode",
+            "messageExpression": (
+                "'spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = ' + "
+                + " + '*' + ".join(f"string({_p(d)})" for d in DEGREES)
+                + f" + ' = ' + string({product}) + ' must equal nodes*nprocPerNode = ' + string(self.nodes) + '*'"
+                " + string(self.nprocPerNode) + ' = ' + string(self.nodes * self.nprocPerNode)"
+                " + '; change a degree or set dpShard: auto'"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".parallelism",
+        },
+        {
+            "rule": f"!({_is_int('tp')}) || ({heads} % {_p('tp')} == 0 && {kv} % {_p('tp')} == 0)",
+            "messageExpression": (
+                f"'spec.parallelism.tp: tp=' + string({_p('tp')}) + ' must divide heads=' + string({heads})"
+                f" + ' and kvHeads=' + string({kv}) + '; use a common divisor of both'"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".parallelism.tp",
+        },
+        {
+            "rule": f"!({_is_int('tp', 'cp')}) || {seq} % ({_p('tp')} * 2 * {_p('cp')}) == 0",
+            "messageExpression": (
+                f"'spec.model.seqLen: seqLen=' + string({seq}) + ' must be divisible by tp*2*cp = '"
+                f" + string({_p('tp')} * 2 * {_p('cp')}) + '; change seqLen, tp or cp'"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".model",
+        },
+        {
+            "rule": f"!({_is_int('pp')}) || {_p('pp')} <= {layers}",
+            "messageExpression": (
+                f"'spec.parallelism.pp: pp=' + string({_p('pp')}) + ' exceeds layers=' + string({layers})"
+                f" + '; use pp <= ' + string({layers})"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".parallelism.pp",
+        },
+        {
+            "rule": f"!({_is_int('pp')}) || !has(self.parallelism.ppMicrobatches) || self.parallelism.ppMicrobatches >= {_p('pp')}",
+            "messageExpression": (
+                "'spec.parallelism.ppMicrobatches: ppMicrobatches=' + string(self.parallelism.ppMicrobatches)"
+                f" + ' is below pp=' + string({_p('pp')}) + '; use ppMicrobatches >= ' + string({_p('pp')})"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".parallelism.ppMicrobatches",
+        },
+        {
+            "rule": "self.resources.gpu == 0 || self.resources.gpu == self.nprocPerNode",
+            "messageExpression": (
+                "'spec.resources.gpu: gpu=' + string(self.resources.gpu) + ' must equal nprocPerNode='"
+                " + string(self.nprocPerNode) + ' (one process per GPU), or be 0 for CPU'"
+            ),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".resources.gpu",
+        },
+        {
+            "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",
+            "message": "spec.gang.queue: gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name",
+            "reason": "FieldValueRequired",
+            "fieldPath": ".gang.queue",
+        },
+    ]
+
+
+def degree_rule(name: str) -> dict[str, str]:
+    return {
+        "rule": "type(self) == string ? self == 'auto' : self >= 1",
+        "message": f"spec.parallelism.{name} must be an integer >= 1 or 'auto'; use 1 to disable this dimension",
+    }
+
+
+def immutable_rule(name: str) -> dict[str, str]:
+    return {"rule": "self == oldSelf", "message": f"spec.{name} is immutable; delete and recreate the job to change it"}
+
+
+def spec_schema() -> dict[str, Any]:
+    s = schema_of(ParallelTrainingJobSpec)
+    props = s["properties"]
+    for d in DEGREES:
+        props["parallelism"]["properties"][d]["x-kubernetes-validations"] = [degree_rule(d)]
+    props["model"]["properties"]["preset"]["enum"] = list(PRESETS)
+    for name in IMMUTABLE:
+        props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []), immutable_rule(name)]
+    s["x-kubernetes-validations"] = spec_rules()
+    s["description"] = "The desired training job: its size, 4D layout, model, training, data and policies."
+    return s
+
+
+def status_schema() -> dict[str, Any]:
+    s = schema_of(ParallelTrainingJobStatus)
+    for prop in s["properties"].values():
+        prop.pop("default", None)
+    s["description"] = "The observed state, written by the Tetrad operator."
+    return s
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Job phase"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Pods in the gang"},
+    {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": KIND, "listKind": f"{KIND}List", "plural": PLURAL, "singular": KIND.lower(),
+                      "shortNames": [SHORT_NAME], "categories": ["tetrad", "all"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "A 4D-parallel PyTorch training job: gang-scheduled pods running torchrun.",
+                    "properties": {
+                        "apiVersion": {"type": "string", "description": "APIVersion of this object: tetrad.dev/v1alpha1."},
+                        "kind": {"type": "string", "description": "Kind of this object: ParallelTrainingJob."},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        "status": status_schema(),
+                    },
+                    "required": ["spec"],
+                }},
+            }],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    import yaml
+
+    header = "# Generated by `tetrad crd` from tetrad/api/spec.py; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)

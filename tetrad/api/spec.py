@@ -1,0 +1,264 @@
+"""The ParallelTrainingJob model: one source of truth for the CRD, validation, renderer and trainer.
+
+Field names are Kubernetes camelCase on the wire (aliases) and snake_case in Python.
+Every field carries a description: it becomes `kubectl explain` text in the generated CRD.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "tetrad.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ParallelTrainingJob"
+PLURAL = "paralleltrainingjobs"
+SHORT_NAME = "ptj"
+
+# Exit codes shared by the trainer and the operator's restart policy.
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
+EXIT_CONFIG_ERROR = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
+
+Auto = Literal["auto"]
+Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class PPSchedule(StrEnum):
+    GPIPE = "GPipe"
+    ONE_F_ONE_B = "1F1B"
+    INTERLEAVED_1F1B = "Interleaved1F1B"
+    ZERO_BUBBLE = "ZeroBubble"
+
+
+class Parallelism(Model):
+    dp_replicate: Degree = Field(1, description="Data-parallel replicate degree (DDP, or the replicate dim of HSDP). An integer >= 1 or 'auto'.")
+    dp_shard: Degree = Field("auto", description="Data-parallel shard degree (FSDP2). An integer >= 1 or 'auto'; 'auto' takes whatever the other degrees leave.")
+    tp: Degree = Field(1, description="Tensor-parallel degree, with sequence parallel on the norms. Must divide heads and kvHeads; keep it within a node. An integer >= 1 or 'auto'.")
+    cp: Degree = Field(1, description="Context-parallel degree: the sequence is split into 2*cp load-balanced chunks. An integer >= 1 or 'auto'.")
+    pp: Degree = Field(1, description="Pipeline-parallel degree (number of ranks in a pipeline). An integer >= 1 or 'auto'.")
+    pp_schedule: PPSchedule = Field(PPSchedule.ONE_F_ONE_B, description="Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (several stages per rank) or ZeroBubble.")
+    pp_microbatches: int | None = Field(None, ge=1, description="Pipeline microbatches per step and data-parallel rank. Must be at least the number of pipeline stages. Defaults to the number of stages.")
+    pp_stages_per_rank: int | None = Field(None, ge=1, description="Pipeline stages held by each rank. Defaults to 2 for Interleaved1F1B and ZeroBubble, 1 otherwise.")
+
+
+class ModelSpec(Model):
+    preset: str | None = Field("debug", description="Model preset: debug, llama3-125m, llama3-1b, llama3-8b, llama3-70b or llama3-405b. Explicit dims below override the preset's.")
+    dim: int | None = Field(None, ge=8, description="Hidden size.")
+    layers: int | None = Field(None, ge=1, description="Number of transformer blocks.")
+    heads: int | None = Field(None, ge=1, description="Attention heads.")
+    kv_heads: int | None = Field(None, ge=1, description="Key/value heads (grouped-query attention). Must divide heads.")
+    vocab: int | None = Field(None, ge=2, description="Vocabulary size.")
+    ffn_dim: int | None = Field(None, ge=1, description="SwiGLU feed-forward hidden size.")
+    seq_len: int | None = Field(None, ge=2, description="Training sequence length in tokens.")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency.")
+    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon.")
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class ActivationCheckpointing(StrEnum):
+    NONE = "none"
+    FULL = "full"
+    SELECTIVE = "selective"
+
+
+class LRSchedule(StrEnum):
+    COSINE = "cosine"
+    LINEAR = "linear"
+    CONSTANT = "constant"
+
+
+class Training(Model):
+    steps: int = Field(100, ge=1, description="Optimizer steps to train for.")
+    global_batch: int = Field(8, ge=1, description="Sequences per optimizer step across all data-parallel ranks.")
+    micro_batch: int = Field(1, ge=1, description="Sequences per forward pass on one data-parallel rank (gradient accumulation fills the rest). With pipeline parallelism the per-rank batch is split into ppMicrobatches instead.")
+    lr: float = Field(3e-4, gt=0, description="Peak learning rate of AdamW.")
+    min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of the decay.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps.")
+    lr_schedule: LRSchedule = Field(LRSchedule.COSINE, description="Decay after warmup: cosine, linear or constant.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables clipping.")
+    seed: int = Field(0, ge=0, description="Seed for weights and synthetic data; the same seed gives the same run for every layout.")
+    precision: Precision = Field(Precision.BF16, description="Compute precision: bf16 (bf16 params, fp32 reduce and master weights) or fp32.")
+    activation_checkpointing: ActivationCheckpointing = Field(ActivationCheckpointing.NONE, description="Activation checkpointing: none, full (every block) or selective (every other block).")
+    compile: bool = Field(False, description="torch.compile each transformer block.")
+
+
+class DataSource(StrEnum):
+    SYNTHETIC = "synthetic"
+    TEXT = "text"
+    TOKENS = "tokens"
+
+
+class Data(Model):
+    source: DataSource = Field(DataSource.SYNTHETIC, description="synthetic (deterministic from the seed), text (a local text file) or tokens (a pre-tokenized, memory-mapped token file).")
+    path: str | None = Field(None, description="Path inside the pod of the text or token file.")
+    tokenizer: str = Field("byte", description="For text: 'byte' for the byte-level tokenizer, or the path of a local tokenizer.json.")
+    token_dtype: Literal["uint16", "uint32"] = Field("uint16", description="Element type of a token file.")
+
+
+class Checkpoint(Model):
+    enabled: bool = Field(False, description="Save DCP checkpoints.")
+    path: str = Field("/checkpoints", description="Directory of the checkpoints inside the pod.")
+    volume: dict[str, Any] | None = Field(None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                                          description="A Kubernetes volume source mounted at path, e.g. {persistentVolumeClaim: {claimName: ckpt}}. Without it, mount a volume at path through the pod template.")
+    interval: int = Field(100, ge=1, description="Save every this many steps.")
+    keep_last: int = Field(3, ge=1, description="Committed checkpoints to keep; older ones are removed only after a newer one is committed.")
+    resume: bool = Field(True, description="Resume from the latest good checkpoint when one exists.")
+    async_save: bool = Field(False, alias="async", description="Overlap saving with training.")
+
+
+class Metrics(Model):
+    port: int = Field(9400, ge=1024, le=65535, description="Port of every rank's Prometheus endpoint (rank r on port + local rank).")
+    log_interval: int = Field(1, ge=1, description="Log a JSON line and update metrics every this many steps.")
+    peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOPS per device for MFU; defaults to the GPU's datasheet bf16 peak, or a measured matmul peak on CPU.")
+
+
+class Resources(Model):
+    cpu: str | None = Field(None, description="CPU request and limit per pod, e.g. '8'.")
+    memory: str | None = Field(None, description="Memory request and limit per pod, e.g. '64Gi'.")
+    gpu: int = Field(0, ge=0, description="nvidia.com/gpu per pod. 0 runs on CPU with gloo; otherwise it must equal nprocPerNode.")
+    gpu_memory_gib: float = Field(80.0, gt=0, description="Memory of one GPU in GiB; the planner's auto degrees must fit in it.")
+    gpu_type: str | None = Field(None, description="GPU model for the MFU peak-FLOPS table, e.g. H100, H200, A100.")
+
+
+_OBJ = {"x-kubernetes-preserve-unknown-fields": True}
+
+
+class PodTemplate(Model):
+    env: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra container env vars (Kubernetes EnvVar objects).")
+    volumes: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra pod volumes (Kubernetes Volume objects).")
+    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra container volume mounts (Kubernetes VolumeMount objects).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels every pod requires.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Pod tolerations (Kubernetes Toleration objects).")
+    affinity: dict[str, Any] | None = Field(None, json_schema_extra=_OBJ, description="Pod affinity (a Kubernetes Affinity object).")
+    priority_class_name: str | None = Field(None, description="PriorityClass of the pods.")
+    service_account_name: str | None = Field(None, description="ServiceAccount the pods run as.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+
+
+class Scheduler(StrEnum):
+    BUILTIN = "builtin"
+    VOLCANO = "volcano"
+    COSCHEDULING = "coscheduling"
+    KUEUE = "kueue"
+
+
+class Gang(Model):
+    scheduler: Scheduler = Field(Scheduler.BUILTIN, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins) or kueue.")
+    queue: str | None = Field(None, description="Queue name: the Volcano queue or the Kueue LocalQueue.")
+    timeout_seconds: int = Field(300, ge=1, description="If some pods are still unscheduled this long after release, the gang is re-gated and retried with backoff.")
+    scheduler_name: str | None = Field(None, description="Pod schedulerName; defaults to 'volcano' for volcano, 'scheduler-plugins-scheduler' for coscheduling, the default scheduler otherwise.")
+
+
+class CleanPodPolicy(StrEnum):
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class RunPolicy(Model):
+    max_restarts: int = Field(3, ge=0, description="Whole-gang restarts allowed before the job fails.")
+    backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
+    backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay.")
+    retryable_exit_codes: list[int] = Field(default_factory=list, description="Exit codes that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes and preemption (75) are always retryable.")
+    permanent_exit_codes: list[int] = Field(default_factory=lambda: [EXIT_CONFIG_ERROR], description="Exit codes that fail the job at once, without a restart.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has been active this long.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it succeeded or failed.")
+    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
+    suspend: bool = Field(False, description="Suspend the job: its pods are deleted and the job kept; set false to resume. Kueue admits jobs this way.")
+    termination_grace_period_seconds: int = Field(120, ge=0, description="Time a pod has after SIGTERM to save a checkpoint and exit.")
+
+
+class Rendezvous(Model):
+    port: int = Field(29500, ge=1024, le=65535, description="Port of rank 0's c10d rendezvous and process-group store.")
+    timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet.")
+
+
+class ParallelTrainingJobSpec(Model):
+    nodes: int = Field(1, ge=1, le=100000, description="Number of pods (one torchrun agent per pod).")
+    nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
+    parallelism: Parallelism = Field(default_factory=Parallelism, description="The 4D layout. The product of the degrees must equal nodes * nprocPerNode.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The Llama-style model: a preset and optional explicit dims.")
+    training: Training = Field(default_factory=Training, description="Optimizer, schedule, batch and numerics.")
+    data: Data = Field(default_factory=Data, description="Where training tokens come from.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="DCP checkpointing and resume.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus endpoint and logging.")
+    image: str = Field("tetrad/trainer:0.1.0", description="Trainer container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy of the trainer container.")
+    resources: Resources = Field(default_factory=Resources, description="Per-pod resources and the GPU's memory for planning.")
+    template: PodTemplate = Field(default_factory=PodTemplate, description="A partial pod template merged into every pod.")
+    gang: Gang = Field(default_factory=Gang, description="Gang scheduling: all pods run or none do.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup and suspension.")
+    rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="torchrun rendezvous settings.")
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = "job"
+    namespace: str = "default"
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    GANG_WAITING = "GangWaiting"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Condition(Model):
+    type: str = Field(description="Condition type, e.g. GangReleased, Running, Succeeded, Failed, Suspended, Restarting.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field("", description="CamelCase reason of the last transition.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str | None = Field(None, description="When the status last changed (RFC 3339).")
+
+
+class TrainingStatus(Model):
+    step: int | None = Field(None, description="Last step reported by rank 0.")
+    loss: float | None = Field(None, description="Last training loss.")
+    tokens_per_second: float | None = Field(None, description="Global training throughput.")
+    mfu: float | None = Field(None, description="Model FLOPs utilization, 0..1.")
+    peak_memory_bytes: int | None = Field(None, description="Peak device memory of rank 0.")
+    updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
+
+
+class ParallelTrainingJobStatus(Model):
+    phase: Phase | None = Field(None, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
+    conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
+    restarts: int = Field(0, description="Whole-gang restarts so far.")
+    world_size: int | None = Field(None, description="Number of training processes.")
+    mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")
+    start_time: str | None = Field(None, description="When the job first started (RFC 3339).")
+    completion_time: str | None = Field(None, description="When the job succeeded or failed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="The spec generation this status describes.")
+    message: str | None = Field(None, description="Why the job is in its phase.")
+    training: TrainingStatus | None = Field(None, description="Live figures read from rank 0's metrics endpoint.")
+
+
+class ParallelTrainingJob(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    api_version: Literal["tetrad.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["ParallelTrainingJob"] = KIND
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: ParallelTrainingJobSpec = Field(default_factory=ParallelTrainingJobSpec)
+    status: ParallelTrainingJobStatus | None = None

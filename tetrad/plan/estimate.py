@@ -1,0 +1,141 @@
+"""Per-device memory, step FLOPs and per-dimension communication of one layout.
+
+The formulas are documented, term by term, in docs/planner.md; keep the two in step.
+All figures are per device and per optimizer step unless named otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from tetrad.api.resolved import Layout, ModelConfig
+from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What besides the layout decides the cost: batch, numerics and pipeline settings."""
+
+    global_batch: int
+    micro_batch: int
+    precision: Precision = Precision.BF16
+    ac: ActivationCheckpointing = ActivationCheckpointing.NONE
+    pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
+    pp_microbatches: int = 1
+    pp_stages_per_rank: int = 1
+
+
+@dataclass
+class Estimate:
+    layout: Layout
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    model_flops: float  # per device, 6N + attention
+    hardware_flops: float  # per device, with activation recompute
+    comm_bytes: dict[str, float] = field(default_factory=dict)  # per mesh dim, bytes sent per device
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["layout"] = self.layout.model_dump(by_alias=True)
+        d["peak_bytes"] = self.peak_bytes
+        return d
+
+
+def _ring(n: int) -> float:
+    """Fraction of a buffer each rank sends in a ring all-gather or reduce-scatter."""
+    return (n - 1) / n
+
+
+def stage_params(m: ModelConfig, layout: Layout, spr: int) -> tuple[float, float]:
+    """(params of the largest pipeline stage on one rank, params of one block) before TP/FSDP."""
+    total = m.num_params()
+    block = (total - 2 * m.vocab * m.dim - m.dim) / m.layers
+    if layout.pp == 1:
+        return total, block
+    stages = layout.pp * spr
+    # embedding and output count as one layer each, as the trainer splits them
+    units_per_stage = math.ceil((m.layers + 2) / stages)
+    embed = m.vocab * m.dim
+    largest_stage = (units_per_stage - 1) * block + max(embed, block)
+    return largest_stage * spr, block
+
+
+def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
+    cbytes = 4 if w.precision == Precision.FP32 else 2
+    shard = layout.dp_shard * layout.cp  # FSDP shards over dp_shard x cp
+    spr = w.pp_stages_per_rank if layout.pp > 1 else 1
+    p_rank, p_block = stage_params(m, layout, spr)
+    p_local = p_rank / layout.tp  # after TP, before FSDP
+
+    params = 4 * p_local / shard  # fp32 sharded master weights
+    grads = 4 * p_local / shard
+    optim = 8 * p_local / shard  # AdamW exp_avg, exp_avg_sq
+
+    # Unsharded params of the block in compute plus the prefetched next one, and the fp32
+    # reduce-scatter input of one block. With pp>1 FSDP keeps the stage unsharded between
+    # microbatches (reshard_after_forward=False), so the whole stage is resident.
+    if shard > 1:
+        gathered = 2 * p_block / layout.tp if layout.pp == 1 else p_local
+        buffers = gathered * cbytes + 4 * p_block / layout.tp
+    else:
+        buffers = 0.0 if cbytes == 4 else p_local * cbytes  # bf16 copy for DDP/single device
+
+    dp = layout.dp
+    local_batch = w.global_batch // dp
+    if layout.pp > 1:
+        mb = max(local_batch // w.pp_microbatches, 1)
+        n_micro = w.pp_microbatches
+    else:
+        mb = w.micro_batch
+        n_micro = max(local_batch // w.micro_batch, 1)
+    s = m.seq_len / layout.cp
+    h = m.dim
+    layers_rank = m.layers / layout.pp
+    sbh = s * mb * h * cbytes / 2  # bytes of one [s, b, h] tensor in compute dtype, /2 to count 16-bit words
+    # Korthikanti et al. (2022) per-layer activations with SP, fused attention (no s^2 term): 34sbh/tp bytes in bf16
+    full_layer = 34 * sbh / layout.tp
+    ckpt_layer = 2 * sbh / layout.tp  # only the block input survives
+    if w.ac == ActivationCheckpointing.FULL:
+        per_mb = layers_rank * ckpt_layer + full_layer
+    elif w.ac == ActivationCheckpointing.SELECTIVE:
+        per_mb = layers_rank / 2 * (full_layer + ckpt_layer) + full_layer
+    else:
+        per_mb = layers_rank * full_layer
+    if layout.pp > 1:
+        in_flight = n_micro if w.pp_schedule == PPSchedule.GPIPE else min(n_micro, layout.pp * spr)
+    else:
+        in_flight = 1
+    logits = 2 * s * mb * m.vocab * 4 / layout.tp  # fp32 logits and their gradient, loss-parallel
+    activations = per_mb * in_flight + logits
+
+    tokens_rank = w.global_batch * m.seq_len / layout.world_size
+    model_flops = m.flops_per_token() * tokens_rank
+    recompute = {ActivationCheckpointing.FULL: 1 / 3, ActivationCheckpointing.SELECTIVE: 1 / 6}.get(w.ac, 0.0)
+    hardware_flops = model_flops * (1 + recompute)
+
+    comm: dict[str, float] = {}
+    if shard > 1:
+        gathers = 2 if layout.pp == 1 else 1  # forward, and again in backward after resharding
+        comm["dp_shard*cp (FSDP)"] = (p_local * cbytes * gathers * (n_micro if layout.pp == 1 else 1) + p_local * 4) * _ring(shard)
+    if layout.dp_replicate > 1:
+        comm["dp_replicate"] = 2 * 4 * p_local / shard * _ring(layout.dp_replicate)
+    tokens_micro = mb * s
+    if layout.tp > 1:
+        # SP: per block, all-gather + reduce-scatter around attention and FFN, forward and backward
+        comm["tp"] = 8 * layers_rank * tokens_micro * h * cbytes * _ring(layout.tp) * n_micro
+    if layout.cp > 1:
+        kv = m.kv_heads * m.head_dim / layout.tp
+        comm["cp"] = 2 * 2 * layers_rank * mb * m.seq_len * kv * cbytes * _ring(layout.cp) * n_micro
+    if layout.pp > 1:
+        comm["pp"] = 2 * n_micro * spr * tokens_micro * h * cbytes / layout.tp
+    return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm)
