@@ -1,0 +1,44 @@
+"""Deterministic names: every object's name follows from (job name, restart count, rank)."""
+
+from __future__ import annotations
+
+LABEL_JOB = "tetrad.dev/job-name"
+LABEL_RANK = "tetrad.dev/node-rank"
+LABEL_RESTART = "tetrad.dev/restart"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "tetrad"
+GANG_GATE = "tetrad.dev/gang"
+CONFIG_FILE = "config.json"
+CONFIG_DIR = "/etc/tetrad"
+
+
+def service(job: str) -> str:
+    """Headless Service; also the pods' DNS subdomain."""
+    return job
+
+
+def configmap(job: str) -> str:
+    return f"{job}-config"
+
+
+def pod_group(job: str) -> str:
+    return job
+
+
+def hostname(job: str, rank: int) -> str:
+    """Stable across restarts, so the master's DNS name never changes."""
+    return f"{job}-{rank}"
+
+
+def pod(job: str, restart: int, rank: int) -> str:
+    """Unique per restart, so a new gang never collides with the old one terminating."""
+    return f"{job}-r{restart}-{rank}"
+
+
+def master_addr(job: str, namespace: str) -> str:
+    return f"{hostname(job, 0)}.{service(job)}.{namespace}.svc"
+
+
+def rendezvous_id(job: str, uid: str | None, restart: int) -> str:
+    """A new id per restart: torchrun agents of an old gang can never join the new one."""
+    return f"{job}-{(uid or 'local')[:8]}-{restart}"
