@@ -129,7 +129,7 @@ class Resources(Model):
     cpu: str | None = Field(None, description="CPU request and limit per pod, e.g. '8'.")
     memory: str | None = Field(None, description="Memory request and limit per pod, e.g. '64Gi'.")
     gpu: int = Field(0, ge=0, description="nvidia.com/gpu per pod. 0 runs on CPU with gloo; otherwise it must equal nprocPerNode.")
-    gpu_memory_gib: float = Field(80.0, gt=0, description="Memory of one GPU in GiB; the planner's auto degrees must fit in it.")
+    gpu_memory_gib: float = Field(80.0, gt=0, alias="gpuMemoryGiB", description="Memory of one GPU in GiB; the planner's auto degrees must fit in it.")
     gpu_type: str | None = Field(None, description="GPU model for the MFU peak-FLOPS table, e.g. H100, H200, A100.")
 
 

@@ -1,0 +1,45 @@
+# Tetrad developer entry points. `make demo` and `make test` set up everything they need.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit lint crds cluster cluster-down tools venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+demo: venv
+	$(VENV)/bin/tetrad run examples/quickstart.yaml
+
+tools:
+	bash hack/k8s-tools.sh
+
+test: venv tools
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(PY) -m pytest -m "not cluster and not distributed" $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check tetrad operator trainer-image tests bench
+	$(VENV)/bin/mypy
+
+crds: venv
+	$(VENV)/bin/tetrad crd > crds/tetrad.dev_paralleltrainingjobs.yaml
+
+cluster: tools
+	bash hack/cluster.sh up
+
+cluster-down:
+	bash hack/cluster.sh down
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

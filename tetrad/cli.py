@@ -1,0 +1,171 @@
+"""`tetrad validate | render | plan | crd | run | operator`. Heavy imports stay inside commands."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+
+from tetrad.api import ParallelTrainingJob, Problem, parse, validate_spec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tetrad: 4D-parallel PyTorch training on Kubernetes.")
+
+
+class ManifestError(Exception):
+    """A file that cannot be read as ParallelTrainingJob manifests; the message is user-facing."""
+
+
+def load_documents(path: Path) -> list[Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: cannot read: {e.strerror if isinstance(e, OSError) else e}") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ManifestError(f"{path}: invalid YAML{where}: {problem}") from None
+    if not docs:
+        raise ManifestError(f"{path}: empty file, expected a ParallelTrainingJob manifest")
+    return docs
+
+
+def load_job(path: Path) -> ParallelTrainingJob:
+    """The single valid job in `path`, or exit 1 with one line per problem."""
+    try:
+        docs = load_documents(path)
+    except ManifestError as e:
+        _fail([str(e)])
+    if len(docs) != 1:
+        _fail([f"{path}: expected one ParallelTrainingJob, found {len(docs)} documents"])
+    job, problems = parse(docs[0])
+    if job is not None:
+        problems = validate_spec(job.spec)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or job is None:
+        _fail([f"{path}: {p}" for p in errors])
+    return job
+
+
+def _fail(lines: list[str]) -> Any:
+    for line in lines:
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")) -> None:
+    """Exit 0 when every file holds valid ParallelTrainingJobs; else print one line per problem."""
+    failed = False
+    for path in files:
+        try:
+            docs = load_documents(path)
+        except ManifestError as e:
+            typer.echo(f"error: {e}", err=True)
+            failed = True
+            continue
+        for i, doc in enumerate(docs):
+            where = f"{path}" if len(docs) == 1 else f"{path}[{i}]"
+            job, problems = parse(doc)
+            if job is not None:
+                problems = validate_spec(job.spec)
+            for p in problems:
+                typer.echo(f"{p.severity}: {where}: {p}", err=True)
+            if any(p.severity == "error" for p in problems):
+                failed = True
+            else:
+                name = doc.get("metadata", {}).get("name", "?") if isinstance(doc, dict) else "?"
+                typer.echo(f"ok: {where}: {name}")
+    raise typer.Exit(1 if failed else 0)
+
+
+def _dump_all(objects: list[dict[str, Any]]) -> str:
+    class NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(objects, Dumper=NoAliases, sort_keys=False, width=120)
+
+
+@app.command()
+def render(file: Path, restart: int = typer.Option(0, help="Render the gang of this restart.")) -> None:
+    """Print the Kubernetes objects the operator creates for FILE."""
+    from tetrad.render import render as render_job
+
+    typer.echo(_dump_all(render_job(load_job(file), restart=restart).objects()), nl=False)
+
+
+@app.command()
+def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Solve `auto` degrees and predict memory, FLOPs and communication per device."""
+    from tetrad.plan.report import plan_job, print_plan
+
+    try:
+        docs = load_documents(file)
+    except ManifestError as e:
+        _fail([str(e)])
+    job, problems = parse(docs[0])
+    if job is None:
+        _fail([f"{file}: {p}" for p in problems])
+    report = plan_job(job)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        print_plan(report)
+    raise typer.Exit(0 if report["fits"] else 1)
+
+
+@app.command()
+def crd() -> None:
+    """Print the ParallelTrainingJob CustomResourceDefinition."""
+    from tetrad.api.crd import crd_yaml
+
+    typer.echo(crd_yaml(), nl=False)
+
+
+@app.command()
+def run(
+    file: Path,
+    steps: int | None = typer.Option(None, help="Train this many steps instead of spec.training.steps."),
+    jsonl: Path | None = typer.Option(None, help="Also write rank 0's JSON lines here."),
+    workdir: Path | None = typer.Option(None, help="Directory for the resolved config and logs."),
+) -> None:
+    """Run the job locally, without a cluster: the same environment a pod gets."""
+    from tetrad.launch.local import run_local
+
+    raise typer.Exit(run_local(load_job(file), steps=steps, jsonl=jsonl, workdir=workdir))
+
+
+@app.command()
+def operator(
+    namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch these namespaces (repeatable)."),
+    all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
+    metrics_port: int = typer.Option(8080, help="Port of the operator's Prometheus metrics."),
+    peering: str | None = typer.Option(None, help="kopf peering name for leader election between replicas."),
+    standalone: bool = typer.Option(False, help="Run without peering (a single replica)."),
+) -> None:
+    """Run the Tetrad operator (wraps `kopf run`)."""
+    from tetrad_operator.main import run_operator
+
+    if not namespace and not all_namespaces:
+        _fail(["give --namespace NAME (repeatable) or --all-namespaces"])
+    raise typer.Exit(run_operator(namespaces=namespace, all_namespaces=all_namespaces, metrics_port=metrics_port,
+                                  peering=peering, standalone=standalone))
+
+
+def main() -> None:
+    try:
+        app()
+    except BrokenPipeError:
+        sys.exit(1)
+
+
+__all__ = ["app", "load_job", "main", "Problem"]

@@ -1,0 +1,86 @@
+"""`tetrad plan`: the solved layout and its predicted costs, as a dict and as a table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tetrad.api import Layout, ParallelTrainingJob
+from tetrad.api.solver import solve, usable_bytes
+from tetrad.api.validation import Problem, model_config, validate_spec
+from tetrad.plan.estimate import GiB
+
+
+def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
+    spec = job.spec
+    problems: list[Problem] = []
+    cfg = model_config(spec, problems)
+    report: dict[str, Any] = {"job": job.metadata.name, "fits": False}
+    if cfg is None:
+        report["problems"] = [str(p) for p in problems]
+        return report
+    solution = solve(spec, cfg)
+    budget = usable_bytes(spec)
+    report.update({
+        "model": cfg.model_dump(by_alias=True) | {"params": cfg.num_params()},
+        "world_size": spec.nodes * spec.nproc_per_node,
+        "gpu_memory_gib": spec.resources.gpu_memory_gib if spec.resources.gpu else None,
+        "usable_bytes": budget,
+        "layout": solution.layout.model_dump(by_alias=True) if solution.layout else None,
+        "mesh": solution.layout.label() if solution.layout else None,
+        "estimate": solution.estimate.to_dict() if solution.estimate else None,
+        "reason": solution.reason,
+        "candidates": solution.candidates,
+    })
+    if solution.layout is not None:
+        errors = [p for p in validate_spec(spec) if p.severity == "error"]
+        report["problems"] = [str(p) for p in errors]
+        fits = budget is None or (solution.estimate is not None and solution.estimate.peak_bytes <= budget)
+        report["fits"] = fits and not errors
+        if not fits:
+            report["reason"] = (f"{solution.layout.label()} needs {solution.estimate.peak_bytes / GiB:.1f} GiB per GPU"  # type: ignore[union-attr]
+                                f" but {budget / GiB:.1f} GiB are usable")  # type: ignore[operator]
+    return report
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+def print_plan(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if "model" not in report:
+        for p in report.get("problems", []):
+            console.print(f"[red]error[/]: {p}")
+        return
+    m = report["model"]
+    console.print(f"[bold]{report['job']}[/]: {m['name']} ({m['params'] / 1e9:.2f}B params, seqLen {m['seqLen']})"
+                  f" on {report['world_size']} processes")
+    est = report["estimate"]
+    if est is None:
+        console.print(f"[red]{report['reason']}[/]")
+        return
+    layout = report["mesh"] or est["layout"]
+    title = f"chosen layout {layout}" if report["fits"] else f"[red]does not fit[/] - closest layout {Layout.model_validate(est['layout']).label()}"
+    mem = Table(title=f"Peak memory per device (GiB): {title}")
+    for col in ("params", "grads", "optimizer", "activations", "buffers", "total", "usable"):
+        mem.add_column(col, justify="right")
+    usable = report["usable_bytes"]
+    mem.add_row(*(_gib(est[k]) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "peak_bytes")),
+                _gib(usable) if usable else "n/a (CPU)")
+    console.print(mem)
+    work = Table(title="Per device, per step")
+    work.add_column("quantity")
+    work.add_column("value", justify="right")
+    work.add_row("model FLOPs (6N + 12LHQT)", f"{est['model_flops']:.3e}")
+    work.add_row("hardware FLOPs (with recompute)", f"{est['hardware_flops']:.3e}")
+    for dim, b in est["comm_bytes"].items():
+        work.add_row(f"communication {dim}", f"{b / GiB:.3f} GiB")
+    console.print(work)
+    if report["reason"]:
+        console.print(f"[red]{report['reason']}[/]")
+    for p in report.get("problems", []):
+        console.print(f"[red]error[/]: {p}")
+

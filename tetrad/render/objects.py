@@ -1,0 +1,187 @@
+"""render(job) -> the Kubernetes objects the operator creates. A pure function of the job.
+
+Objects: a headless Service (publishNotReadyAddresses, so pod 0's DNS name resolves before it
+is Ready), a ConfigMap with the resolved trainer config, one Pod per node, and the gang objects.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from tetrad.api import ParallelTrainingJob, ResolvedConfig, resolve
+from tetrad.api.spec import API_VERSION, KIND
+from tetrad.render import gang, names
+from tetrad.render.env import torchrun_env
+
+RUN_AS_USER = 1000
+CONFIG_PATH = f"{names.CONFIG_DIR}/{names.CONFIG_FILE}"
+TRAIN_COMMAND = ["torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
+WAIT_COMMAND = ["python", "-m", "tetrad.rendezvous"]
+# Writable paths under a read-only root filesystem.
+SCRATCH_MOUNTS = {"tmp": "/tmp", "cache": "/home/tetrad/.cache", "dshm": "/dev/shm"}
+
+
+@dataclass
+class Rendered:
+    config: ResolvedConfig
+    service: dict[str, Any]
+    configmap: dict[str, Any]
+    pods: list[dict[str, Any]]
+    pod_group: dict[str, Any] | None
+
+    def objects(self) -> list[dict[str, Any]]:
+        extra = [self.pod_group] if self.pod_group else []
+        return [self.service, self.configmap, *extra, *self.pods]
+
+
+def owner_references(job: ParallelTrainingJob) -> list[dict[str, Any]]:
+    if not job.metadata.uid:
+        return []
+    return [{"apiVersion": API_VERSION, "kind": KIND, "name": job.metadata.name, "uid": job.metadata.uid,
+             "controller": True, "blockOwnerDeletion": True}]
+
+
+def _meta(job: ParallelTrainingJob, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": {names.LABEL_JOB: job.metadata.name, names.LABEL_MANAGED_BY: names.MANAGED_BY, **(labels or {})},
+        "annotations": {},
+    }
+    if refs := owner_references(job):
+        meta["ownerReferences"] = refs
+    return meta
+
+
+def _ports(job: ParallelTrainingJob) -> list[dict[str, Any]]:
+    spec = job.spec
+    ports = [{"name": "rendezvous", "port": spec.rendezvous.port, "protocol": "TCP"}]
+    ports += [{"name": f"metrics-{i}", "port": spec.metrics.port + i, "protocol": "TCP"} for i in range(spec.nproc_per_node)]
+    return ports
+
+
+def service(job: ParallelTrainingJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": _meta(job, names.service(job.metadata.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {names.LABEL_JOB: job.metadata.name},
+            "ports": _ports(job),
+        },
+    }
+
+
+def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap(job.metadata.name)),
+            "data": {names.CONFIG_FILE: cfg.to_json()}}
+
+
+def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
+    r = job.spec.resources
+    amounts: dict[str, Any] = {k: v for k, v in (("cpu", r.cpu), ("memory", r.memory)) if v}
+    if r.gpu:
+        amounts["nvidia.com/gpu"] = r.gpu
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def _volumes(job: ParallelTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    spec = job.spec
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.configmap(job.metadata.name)}}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True}]
+    for name, path in SCRATCH_MOUNTS.items():
+        volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if name == "dshm" else {}})
+        mounts.append({"name": name, "mountPath": path})
+    if spec.checkpoint.volume:
+        volumes.append({"name": "checkpoints", **spec.checkpoint.volume})
+        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
+    volumes += copy.deepcopy(spec.template.volumes)
+    mounts += copy.deepcopy(spec.template.volume_mounts)
+    return volumes, mounts
+
+
+SECURE_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int) -> dict[str, Any]:
+    spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace
+    env = torchrun_env(
+        cfg, node_rank=rank, master_addr=names.master_addr(name, ns), master_port=spec.rendezvous.port,
+        rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart, config_path=CONFIG_PATH,
+        rdzv_timeout=spec.rendezvous.timeout_seconds,
+    )
+    env_list = [{"name": k, "value": v} for k, v in env.items()]
+    env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env_list += copy.deepcopy(spec.template.env)
+    volumes, mounts = _volumes(job)
+    ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []
+    ports += [{"name": f"metrics-{i}", "containerPort": spec.metrics.port + i} for i in range(spec.nproc_per_node)]
+    trainer = {
+        "name": "trainer",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": TRAIN_COMMAND,
+        "env": env_list,
+        "ports": ports,
+        "resources": _resources(job),
+        "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(SECURE_CONTAINER),
+    }
+    # Workers wait, without crash-looping, until pod 0's DNS name resolves.
+    wait = {
+        "name": "wait-for-master",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": WAIT_COMMAND,
+        "env": [dict(e) for e in env_list if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", "TETRAD_RDZV_TIMEOUT")],
+        "securityContext": copy.deepcopy(SECURE_CONTAINER),
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
+    }
+    labels = {names.LABEL_RANK: str(rank), names.LABEL_RESTART: str(restart), **spec.template.labels}
+    meta = _meta(job, names.pod(name, restart, rank), labels)
+    meta["annotations"].update(spec.template.annotations)
+    pod_spec: dict[str, Any] = {
+        "hostname": names.hostname(name, rank),
+        "subdomain": names.service(name),
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": [wait] if rank else [],
+        "containers": [trainer],
+        "volumes": volumes,
+    }
+    t = spec.template
+    optional = {"nodeSelector": t.node_selector, "tolerations": t.tolerations, "affinity": t.affinity,
+                "priorityClassName": t.priority_class_name, "serviceAccountName": t.service_account_name}
+    pod_spec.update({k: copy.deepcopy(v) for k, v in optional.items() if v})
+    p = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+    gang.apply_to_pod(spec, name, p)
+    return p
+
+
+def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig | None = None) -> Rendered:
+    """Every object of the job's gang incarnation `restart`. Raises InvalidJob for a bad spec."""
+    cfg = config or resolve(job)
+    pg = gang.pod_group(job.spec, job.metadata.name, job.metadata.namespace)
+    if pg is not None and (refs := owner_references(job)):
+        pg["metadata"]["ownerReferences"] = refs
+    return Rendered(
+        config=cfg,
+        service=service(job),
+        configmap=configmap(job, cfg),
+        pods=[pod(job, cfg, rank=r, restart=restart) for r in range(job.spec.nodes)],
+        pod_group=pg,
+    )
