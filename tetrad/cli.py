@@ -169,3 +169,7 @@ def main() -> None:
 
 
 __all__ = ["app", "load_job", "main", "Problem"]
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@
 
 Among layouts that pass every check and fit the GPU's memory, the solver takes the one with the
 fewest pipeline stages, then the least context parallelism, then the least tensor parallelism.
+From LONG_SEQUENCE tokens on, context parallelism is preferred to tensor parallelism: it splits the
+activations as well while moving only K/V.
 When none fits it says so and names the layout that comes closest.
 """
 
@@ -18,10 +20,11 @@ from dataclasses import dataclass
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.spec import ParallelTrainingJobSpec
 from tetrad.api.validation import Problem, check_layout, microbatches, stages_per_rank
-from tetrad.plan.estimate import GiB, Estimate, Workload, estimate
+from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
 
 # Leave room for the CUDA context, NCCL buffers and allocator fragmentation.
 USABLE_MEMORY_FRACTION = 0.9
+LONG_SEQUENCE = 32768
 
 
 @dataclass
@@ -104,7 +107,14 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
             f" globalBatch={spec.training.global_batch}); fix more degrees explicitly or change the batch"))
     fitting = [(lay, est) for lay, est in valid if budget is None or est.peak_bytes <= budget]
     if fitting:
-        layout, est = min(fitting, key=lambda le: (le[0].pp, le[0].cp, le[0].tp, le[0].dp_replicate))
+        long = cfg.seq_len >= LONG_SEQUENCE
+
+        def preference(le: tuple[Layout, Estimate]) -> tuple[int, ...]:
+            lay = le[0]
+            split = (lay.tp, lay.cp) if long else (lay.cp, lay.tp)
+            return (lay.pp, *split, lay.dp_replicate)
+
+        layout, est = min(fitting, key=preference)
         return Solution(layout, est, candidates=len(valid))
     layout, est = min(valid, key=lambda le: le[1].peak_bytes)
     assert budget is not None

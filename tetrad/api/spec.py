@@ -7,15 +7,15 @@ Every field carries a description: it becomes `kubectl explain` text in the gene
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 GROUP = "tetrad.dev"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "ParallelTrainingJob"
+API_VERSION: Final = "tetrad.dev/v1alpha1"
+KIND: Final = "ParallelTrainingJob"
 PLURAL = "paralleltrainingjobs"
 SHORT_NAME = "ptj"
 
@@ -133,7 +133,7 @@ class Resources(Model):
     gpu_type: str | None = Field(None, description="GPU model for the MFU peak-FLOPS table, e.g. H100, H200, A100.")
 
 
-_OBJ = {"x-kubernetes-preserve-unknown-fields": True}
+_OBJ: Final[dict[str, Any]] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
 class PodTemplate(Model):

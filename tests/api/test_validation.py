@@ -1,0 +1,96 @@
+"""Every validation rule, each with a failing and a passing case."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.api.helpers import manifest
+from tetrad.api import InvalidJob, parse, resolve, validate_document
+
+# (name, failing manifest, passing manifest, field named by the problem, words the message must contain)
+RULES = [
+    ("degree product", manifest(parallelism={"tp": 4}), manifest(),
+     "spec.parallelism", ["= 16", "nodes*nprocPerNode = 2*4 = 8", "dpShard: auto"]),
+    ("degree >= 1", manifest(parallelism={"cp": 0}), manifest(parallelism={"cp": 1}),
+     "spec.parallelism.cp", ["cp=0", ">= 1"]),
+    ("tp divides heads", manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 1, "tp": 3, "dpShard": 2}, training={"globalBatch": 6}),
+     manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 1, "tp": 2, "dpShard": 3}, training={"globalBatch": 6}),
+     "spec.parallelism.tp", ["tp=3", "heads=8", "kvHeads=4", "[1, 2, 4]"]),
+    ("seqLen divisible by tp*2*cp", manifest(model={"seqLen": 102}), manifest(model={"seqLen": 128}),
+     "spec.model.seqLen", ["seqLen=102", "tp*2*cp = 2*2*1 = 4", "use seqLen 100 or 104"]),
+    ("pp <= layers", manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}),
+     manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 4, "dpShard": 2, "tp": 1}),
+     "spec.parallelism.pp", ["pp=8", "layers=4"]),
+    ("microbatches >= stages", manifest(parallelism={"ppMicrobatches": 1}), manifest(parallelism={"ppMicrobatches": 2}),
+     "spec.parallelism.ppMicrobatches", ["ppMicrobatches=1", "2 pipeline stages"]),
+    ("interleaved needs stages per rank", manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 1}),
+     manifest(parallelism={"ppSchedule": "Interleaved1F1B"}), "spec.parallelism.ppStagesPerRank", ["Interleaved1F1B", "2"]),
+    ("stages <= layers", manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 3}),
+     manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 2}),
+     "spec.parallelism.ppStagesPerRank", ["2*3 = 6 stages", "layers=4"]),
+    ("global batch divisible by dp", manifest(training={"globalBatch": 7}), manifest(training={"globalBatch": 8}),
+     "spec.training.globalBatch", ["globalBatch=7", "dpReplicate*dpShard = 2", "use 8"]),
+    ("micro batch divides local batch", manifest(nodes=1, parallelism={"pp": 1, "tp": 2, "dpShard": 2}, training={"globalBatch": 8, "microBatch": 3}),
+     manifest(nodes=1, parallelism={"pp": 1, "tp": 2, "dpShard": 2}, training={"globalBatch": 8, "microBatch": 2}),
+     "spec.training.microBatch", ["microBatch=3", "= 4"]),
+    ("pipeline batch splits", manifest(training={"globalBatch": 6}, parallelism={"ppMicrobatches": 2}),
+     manifest(training={"globalBatch": 8}, parallelism={"ppMicrobatches": 2}), "spec.training.globalBatch", ["= 3", "ppMicrobatches=2", "multiple of 4"]),
+    ("kvHeads divides heads", manifest(model={"kvHeads": 3}, parallelism={"tp": 1, "dpShard": 4}), manifest(model={"kvHeads": 2}, parallelism={"tp": 1, "dpShard": 4}),
+     "spec.model.kvHeads", ["kvHeads=3", "heads=8"]),
+    ("dim multiple of heads", manifest(model={"dim": 250}), manifest(model={"dim": 512}), "spec.model.dim", ["dim=250", "heads=8"]),
+    ("unknown preset", manifest(model={"preset": "gpt5"}), manifest(model={"preset": "debug"}), "spec.model.preset", ["gpt5", "llama3-8b"]),
+    ("gpu equals nproc", manifest(resources={"gpu": 2}), manifest(resources={"gpu": 4}), "spec.resources.gpu", ["gpu=2", "nprocPerNode=4"]),
+    ("data path", manifest(data={"source": "tokens"}), manifest(data={"source": "tokens", "path": "/data/t.bin"}), "spec.data.path", ["tokens"]),
+    ("kueue queue", manifest(gang={"scheduler": "kueue"}), manifest(gang={"scheduler": "kueue", "queue": "team-a"}), "spec.gang.queue", ["LocalQueue"]),
+    ("metrics port range", manifest(metrics={"port": 65534}), manifest(metrics={"port": 9400}), "spec.metrics.port", ["65534", "65535"]),
+    ("ports collide", manifest(rendezvous={"port": 9401}), manifest(rendezvous={"port": 29500}), "spec.rendezvous.port", ["9400..9403"]),
+    ("minLr <= lr", manifest(training={"globalBatch": 8, "lr": 1e-4, "minLr": 1e-3}), manifest(training={"globalBatch": 8, "lr": 1e-3, "minLr": 1e-4}),
+     "spec.training.minLr", ["minLr=0.001"]),
+    ("unknown field", manifest(paralelism={"tp": 2}), manifest(), "spec.paralelism", ["unknown field"]),
+    ("bad type", manifest(nodes="two"), manifest(nodes=2), "spec.nodes", ["integer"]),
+    ("bad enum", manifest(parallelism={"ppSchedule": "1F2B"}), manifest(parallelism={"ppSchedule": "GPipe"}), "spec.parallelism.ppSchedule", ["1F1B"]),
+    ("no fitting layout", manifest(nodes=1, nprocPerNode=1, parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"},
+                                   model={"preset": "llama3-70b"}, resources={"gpu": 1, "gpuMemoryGiB": 80}, training={"globalBatch": 1}),
+     manifest(nodes=1, nprocPerNode=1, parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"},
+              model={"preset": "debug"}, resources={"gpu": 1, "gpuMemoryGiB": 80}, training={"globalBatch": 1}),
+     "spec.parallelism", ["no layout fits 80 GiB", "closest is pp1.dpr1.dps1.cp1.tp1"]),
+]
+
+
+@pytest.mark.parametrize("name,bad,good,field,words", RULES, ids=[r[0] for r in RULES])
+def test_rule(name, bad, good, field, words):
+    problems = [p for p in validate_document(bad) if p.severity == "error"]
+    assert any(p.field == field for p in problems), f"{name}: expected a problem on {field}, got {problems}"
+    message = next(str(p) for p in problems if p.field == field)
+    for word in words:
+        assert word in message, f"{name}: {word!r} not in {message!r}"
+    assert [p for p in validate_document(good) if p.severity == "error"] == []
+
+
+def test_wrong_kind_and_version():
+    doc = manifest()
+    assert "kind" in str(validate_document({**doc, "kind": "Job"})[0])
+    assert "apiVersion" in str(validate_document({**doc, "apiVersion": "tetrad.dev/v2"})[0])
+    assert "mapping" in str(validate_document([1, 2])[0])
+
+
+def test_tp_across_nodes_is_only_a_warning():
+    problems = validate_document(manifest(nodes=4, nprocPerNode=1, parallelism={"pp": 1, "tp": 2, "dpShard": 2}))
+    assert [p.severity for p in problems] == ["warning"]
+    assert "spans nodes" in problems[0].message
+
+
+def test_resolve_raises_with_every_problem():
+    job, _ = parse(manifest(parallelism={"tp": 3}, training={"globalBatch": 7}))
+    with pytest.raises(InvalidJob) as e:
+        resolve(job)
+    fields = {p.field for p in e.value.problems}
+    assert {"spec.parallelism", "spec.parallelism.tp"} <= fields
+
+
+def test_resolve_expands_preset_and_overrides():
+    job, _ = parse(manifest(model={"preset": "debug", "seqLen": 128}))
+    cfg = resolve(job)
+    assert (cfg.model.name, cfg.model.seq_len, cfg.model.dim) == ("custom", 128, 256)
+    assert cfg.layout.label() == "pp2.dpr1.dps2.cp1.tp2"
+    assert cfg.pp_microbatches == 2 and cfg.pp_stages_per_rank == 1
