@@ -1,0 +1,32 @@
+# Two images from one Dockerfile:
+#   docker build --target trainer  -t tetrad/trainer:0.1.0 .   (torch, no kopf/kubernetes)
+#   docker build --target operator -t tetrad/operator:0.1.0 .  (kopf/kubernetes, no torch)
+# Both run as the non-root user 1000 with a read-only root filesystem (see tetrad/render/objects.py).
+ARG PYTHON=python:3.11-slim
+
+FROM ${PYTHON} AS base
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN useradd --uid 1000 --create-home --home-dir /home/tetrad tetrad
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY tetrad ./tetrad
+COPY operator ./operator
+COPY trainer-image ./trainer-image
+
+FROM base AS trainer
+# CPU images can pass --build-arg TORCH_INDEX=<a CPU wheel index>; the default is PyPI's CUDA build.
+ARG TORCH_INDEX=""
+RUN if [ -n "$TORCH_INDEX" ]; then pip install --index-url "$TORCH_INDEX" torch; fi \
+ && pip install ".[trainer]" && rm -rf /src
+USER 1000
+WORKDIR /home/tetrad
+ENTRYPOINT []
+CMD ["torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
+
+FROM base AS operator
+RUN pip install ".[operator]" && rm -rf /src
+USER 1000
+WORKDIR /home/tetrad
+EXPOSE 8080
+ENTRYPOINT ["tetrad", "operator"]
+CMD ["--all-namespaces"]
