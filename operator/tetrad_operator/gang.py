@@ -1,0 +1,168 @@
+"""Built-in gang admission: release a gang only when all of its pods fit at once.
+
+Pure functions over observed nodes and pods. The fit is a first-fit-decreasing bin packing
+of the gang's pods onto the free allocatable resources of schedulable nodes, honouring
+taints/tolerations, nodeSelector and required node affinity, after subtracting the pods
+already bound and the gangs already released but not yet bound.
+
+The other schedulers (volcano, coscheduling, kueue) enforce the gang themselves; for them the
+operator only creates the PodGroup or the labels the renderer puts on the pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tetrad_operator.quantity import Resources
+from tetrad_operator.state import NodeState, PodState
+
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+
+
+def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _expression_matches(expr: Mapping[str, Any], value: str | None) -> bool:
+    op, values = expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return value is not None and value in values
+    if op == "NotIn":
+        return value is None or value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and values:
+        try:
+            a, b = int(value), int(values[0])
+        except ValueError:
+            return False
+        return a > b if op == "Gt" else a < b
+    return False
+
+
+def _term_matches(term: Mapping[str, Any], node: NodeState, labels: Mapping[str, str]) -> bool:
+    exprs = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not exprs and not fields:
+        return False  # an empty term matches nothing
+    return (all(_expression_matches(e, labels.get(e.get("key", ""))) for e in exprs)
+            and all(_expression_matches(f, node.name if f.get("key") == "metadata.name" else None) for f in fields))
+
+
+def node_matches(pod: PodState, node: NodeState) -> bool:
+    """Whether the scheduler may place the pod on the node at all (ignoring free resources)."""
+    if not node.ready or node.unschedulable:
+        return False
+    if any(t.get("effect") in BLOCKING_EFFECTS and not tolerates(pod.tolerations, t) for t in node.taints):
+        return False
+    labels = node.label_map
+    if any(labels.get(k) != v for k, v in pod.node_selector):
+        return False
+    return not pod.affinity_terms or any(_term_matches(t, node, labels) for t in pod.affinity_terms)
+
+
+def free_capacity(nodes: Iterable[NodeState], bound: Iterable[PodState]) -> dict[str, Resources]:
+    """Allocatable minus the requests of pods bound to each node and not finished."""
+    free = {n.name: n.allocatable for n in nodes}
+    for p in bound:
+        if p.node in free and not p.terminal:
+            free[p.node] = free[p.node] - p.requests
+    return free
+
+
+def _signature(pod: PodState) -> tuple[Any, ...]:
+    return (pod.requests, pod.node_selector, repr(pod.tolerations), repr(pod.affinity_terms))
+
+
+def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, Resources]) -> dict[str, str] | None:
+    """First-fit-decreasing placement of every pod, or None when some pod fits nowhere.
+
+    On success `free` is updated with the placed requests; on failure it is left unchanged.
+    Nodes are tried in name order, so the outcome is deterministic.
+    """
+    order = sorted(nodes, key=lambda n: n.name)
+    trial = dict(free)
+    placement: dict[str, str] = {}
+    # Pods of one gang are usually identical: remember, per shape, the first node that may
+    # still fit it (capacity only shrinks during a plan, so earlier nodes stay full for it).
+    start: dict[tuple[Any, ...], int] = {}
+    for pod in sorted(pods, key=lambda p: (tuple(-x for x in p.requests.key()), p.name)):
+        sig = _signature(pod)
+        i = start.get(sig, 0)
+        while i < len(order):
+            node = order[i]
+            if node_matches(pod, node) and pod.requests.fits_in(trial.get(node.name, Resources())):
+                break
+            i += 1
+        start[sig] = i
+        if i == len(order):
+            return None
+        node = order[i]
+        trial[node.name] = trial[node.name] - pod.requests
+        placement[pod.name] = node.name
+    free.update(trial)
+    return placement
+
+
+@dataclass(frozen=True)
+class GangRequest:
+    """A complete, fully gated gang asking to be released."""
+
+    namespace: str
+    name: str
+    created: datetime | None
+    restart: int
+    pods: tuple[PodState, ...]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+    def order(self) -> tuple[Any, ...]:
+        return (self.created is None, self.created or datetime.min, self.namespace, self.name)
+
+
+@dataclass(frozen=True)
+class Admission:
+    request: GangRequest
+    placement: dict[str, str]
+
+
+def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_flight: Iterable[Sequence[PodState]],
+                   waiting: Iterable[GangRequest]) -> list[Admission]:
+    """Which waiting gangs to release now, oldest first (best-effort FIFO).
+
+    `bound` are pods with a node; `in_flight` are gangs already released whose pods are not all
+    bound yet: they are placed first so two gangs that fit only one at a time never both go.
+    If an in-flight gang fits nowhere, nothing is released. A waiting gang that does not fit is skipped and a later, smaller one may still go.
+    """
+    free = free_capacity(nodes, bound)
+    for gang in in_flight:
+        unbound = [p for p in gang if p.node is None and not p.terminal]
+        if place(unbound, nodes, free) is None:
+            # A released gang we cannot place: our view disagrees with the scheduler's (or the
+            # room went to someone else). Release nothing until it binds or its gang times out.
+            return []
+    admitted = []
+    for req in sorted(waiting, key=GangRequest.order):
+        placement = place(req.pods, nodes, free)
+        if placement is not None:
+            admitted.append(Admission(req, placement))
+    return admitted

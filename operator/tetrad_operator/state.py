@@ -1,0 +1,159 @@
+"""What the operator observes: compact, immutable views of pods and nodes.
+
+The kopf indexes hold these instead of whole bodies, and the pure decisions in
+`lifecycle` and `gang` read only these. Building them from a body is pure too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tetrad.render import names
+
+from tetrad_operator.quantity import Resources, pod_requests
+
+# Pod conditions and reasons that mean "taken away by the cluster", not "the trainer failed".
+DISRUPTION_CONDITION = "DisruptionTarget"
+EVICTED_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "NodeLost", "NodeShutdown", "UnexpectedAdmissionError"})
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    uid: str
+    job: str
+    restart: int
+    rank: int
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    node: str | None = None
+    ip: str | None = None
+    gated: bool = False  # still holds the tetrad gang gate
+    other_gates: bool = False  # holds gates of someone else (e.g. Kueue admission)
+    deleting_since: datetime | None = None
+    grace_seconds: int = 0
+    created: datetime | None = None
+    scheduled_at: datetime | None = None
+    exit_code: int | None = None
+    container: str | None = None  # the container that exited with exit_code
+    reason: str | None = None  # pod.status.reason, e.g. Evicted
+    disrupted: str | None = None  # reason of a DisruptionTarget=True condition
+    message: str | None = None
+    requests: Resources = field(default_factory=Resources)
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity_terms: tuple[Mapping[str, Any], ...] = ()  # required node-affinity selector terms
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def deleting(self) -> bool:
+        return self.deleting_since is not None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PodState:
+        meta = body.get("metadata", {})
+        spec = body.get("spec", {})
+        status = body.get("status", {})
+        labels = meta.get("labels") or {}
+        gates = [g.get("name") for g in spec.get("schedulingGates") or []]
+        exit_code, container = _exit_code(status)
+        disrupted = next((c.get("reason") or "Disrupted" for c in status.get("conditions") or []
+                          if c.get("type") == DISRUPTION_CONDITION and c.get("status") == "True"), None)
+        scheduled = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
+                          if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+        affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution") or {}
+        return cls(
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            job=labels.get(names.LABEL_JOB, ""),
+            restart=_int(labels.get(names.LABEL_RESTART)),
+            rank=_int(labels.get(names.LABEL_RANK)),
+            phase=status.get("phase") or "Pending",
+            node=spec.get("nodeName") or None,
+            ip=status.get("podIP") or None,
+            gated=names.GANG_GATE in gates,
+            other_gates=any(g != names.GANG_GATE for g in gates),
+            deleting_since=parse_time(meta.get("deletionTimestamp")),
+            grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
+            created=parse_time(meta.get("creationTimestamp")),
+            scheduled_at=parse_time(scheduled),
+            exit_code=exit_code,
+            container=container,
+            reason=status.get("reason") or None,
+            disrupted=disrupted,
+            message=status.get("message") or None,
+            requests=pod_requests(spec),
+            node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
+            tolerations=tuple(spec.get("tolerations") or ()),
+            affinity_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
+        )
+
+
+def _int(value: str | None) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except ValueError:
+        return 0
+
+
+def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
+    """The exit code that explains the pod's end: the trainer's, else a failed init container's."""
+    found: tuple[int | None, str | None] = (None, None)
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for cs in status.get(key) or []:
+            term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+            if not term or term.get("exitCode") is None:
+                continue
+            code = int(term["exitCode"])
+            if cs.get("name") == "trainer":
+                return code, "trainer"
+            if code != 0 and found[0] is None:
+                found = (code, cs.get("name"))
+    return found
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    ready: bool
+    ready_changed: datetime | None = None  # lastTransitionTime of the Ready condition
+    unschedulable: bool = False
+    allocatable: Resources = field(default_factory=Resources)
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> NodeState:
+        meta = body.get("metadata", {})
+        spec = body.get("spec", {})
+        status = body.get("status", {})
+        ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+        return cls(
+            name=meta.get("name", ""),
+            ready=bool(ready and ready.get("status") == "True"),
+            ready_changed=parse_time(ready.get("lastTransitionTime")) if ready else None,
+            unschedulable=bool(spec.get("unschedulable")),
+            allocatable=Resources.from_map(status.get("allocatable") or {}),
+            labels=tuple(sorted((meta.get("labels") or {}).items())),
+            taints=tuple(spec.get("taints") or ()),
+        )

@@ -1,0 +1,122 @@
+"""Built-in gang admission: the capacity fit and the admission order, without a cluster."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from tetrad_operator import gang
+from tetrad_operator.quantity import Resources, pod_requests, to_units
+from tetrad_operator.state import NodeState, PodState
+
+from .fakes import T0, node_body
+
+
+def pod(name: str, cpu: str = "4", memory: str = "8Gi", gpu: int = 0, node: str | None = None,
+        phase: str = "Pending", selector: dict[str, str] | None = None, tolerations: list | None = None,
+        affinity: dict | None = None) -> PodState:
+    limits = {"cpu": cpu, "memory": memory} | ({"nvidia.com/gpu": gpu} if gpu else {})
+    spec = {"containers": [{"name": "trainer", "resources": {"requests": dict(limits), "limits": dict(limits)}}],
+            "nodeSelector": selector or {}, "tolerations": tolerations or []}
+    if affinity:
+        spec["affinity"] = affinity
+    if node:
+        spec["nodeName"] = node
+    return PodState.from_body({"metadata": {"name": name, "uid": name, "labels": {}}, "spec": spec,
+                               "status": {"phase": phase}})
+
+
+def nodes(*bodies: dict) -> list[NodeState]:
+    return [NodeState.from_body(b) for b in bodies]
+
+
+def request(name: str, pods: list[PodState], age: int = 0) -> gang.GangRequest:
+    return gang.GangRequest("ns", name, T0 + timedelta(seconds=age), 0, tuple(pods))
+
+
+def test_quantities_and_effective_requests():
+    assert to_units("cpu", "250m") == 250 and to_units("cpu", "2") == 2000 and to_units("cpu", 0.5) == 500
+    assert to_units("memory", "1Gi") == 2**30 and to_units("memory", "1G") == 10**9
+    spec = {"containers": [{"resources": {"requests": {"cpu": "1"}}}, {"resources": {"limits": {"cpu": "500m"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "3", "memory": "1Gi"}}}],
+            "overhead": {"cpu": "100m"}}
+    r = pod_requests(spec)
+    assert r.get("cpu") == 3100 and r.get("memory") == 2**30 and r.get("pods") == 1
+    assert (Resources.of({"cpu": 5}) - Resources.of({"cpu": 5})) == Resources()
+
+
+def test_place_is_first_fit_decreasing_and_respects_capacity():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="12"))
+    free = gang.free_capacity(ns, [])
+    placement = gang.place([pod("small", cpu="2"), pod("big", cpu="10"), pod("mid", cpu="6")], ns, free)
+    # Biggest first: big -> b (a is too small), mid -> a, small -> a.
+    assert placement == {"big": "b", "mid": "a", "small": "a"}
+    assert free["a"].get("cpu") == 0 and free["b"].get("cpu") == 2000
+    assert gang.place([pod("x", cpu="3")], ns, free) is None
+    assert free["b"].get("cpu") == 2000  # a failed placement changes nothing
+
+
+def test_gpus_pods_slots_and_bound_pods_count():
+    ns = nodes(node_body("a", cpu="96", gpu=8))
+    bound = [pod("other", cpu="1", gpu=6, node="a", phase="Running"), pod("done", gpu=8, node="a", phase="Succeeded")]
+    free = gang.free_capacity(ns, bound)
+    assert free["a"].get("nvidia.com/gpu") == 2
+    assert gang.place([pod("g", gpu=4)], ns, dict(free)) is None
+    assert gang.place([pod("g", gpu=2)], ns, dict(free)) == {"g": "a"}
+    few_slots = node_body("s", cpu="96")
+    few_slots["status"]["allocatable"]["pods"] = "2"
+    ns = nodes(few_slots)
+    assert gang.place([pod(str(i), cpu="1") for i in range(3)], ns, gang.free_capacity(ns, [])) is None
+
+
+def test_taints_selectors_affinity_and_readiness():
+    taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    ns = nodes(node_body("tainted", taints=[taint], labels={"pool": "gpu"}), node_body("down", ready=False),
+               node_body("labelled", labels={"pool": "train"}))
+    free = gang.free_capacity(ns, [])
+    assert gang.place([pod("p")], ns, dict(free)) == {"p": "labelled"}
+    tolerant = pod("t", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                   selector={"pool": "gpu"})
+    assert gang.place([tolerant], ns, dict(free)) == {"t": "tainted"}
+    assert gang.place([pod("s", selector={"pool": "nope"})], ns, dict(free)) is None
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}]}]}}}
+    assert gang.place([pod("a", affinity=affinity)], ns, dict(free)) == {"a": "labelled"}
+    cordoned = node_body("c")
+    cordoned["spec"]["unschedulable"] = True
+    assert gang.place([pod("x")], nodes(cordoned), gang.free_capacity(nodes(cordoned), [])) is None
+    assert gang.tolerates([{"operator": "Exists"}], taint)
+    assert not gang.tolerates([{"key": "nvidia.com/gpu", "value": "absent"}], taint)
+
+
+def test_two_gangs_that_fit_only_one_at_a_time_admit_the_older_one():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    first = request("first", [pod("f0", cpu="6"), pod("f1", cpu="6")], age=1)
+    second = request("second", [pod("s0", cpu="6"), pod("s1", cpu="6")], age=0)
+    admitted = gang.plan_admission(ns, [], [], [first, second])
+    assert [a.request.name for a in admitted] == ["second"]  # created earlier
+    # Once released, the second gang is in flight: the first still does not fit.
+    assert gang.plan_admission(ns, [], [list(second.pods)], [first]) == []
+    # Bound and running, it still holds the capacity.
+    bound = [pod("s0", cpu="6", node="a", phase="Running"), pod("s1", cpu="6", node="b", phase="Running")]
+    assert gang.plan_admission(ns, bound, [], [first]) == []
+    # When it finishes the first goes.
+    done = [pod("s0", cpu="6", node="a", phase="Succeeded"), pod("s1", cpu="6", node="b", phase="Succeeded")]
+    assert [a.request.name for a in gang.plan_admission(ns, done, [], [first])] == ["first"]
+
+
+def test_a_later_small_gang_may_fill_room_the_head_cannot_use():
+    ns = nodes(node_body("a", cpu="8"))
+    big = request("big", [pod("b0", cpu="6"), pod("b1", cpu="6")], age=0)
+    small = request("small", [pod("s0", cpu="2")], age=5)
+    assert [a.request.name for a in gang.plan_admission(ns, [], [], [big, small])] == ["small"]
+
+
+def test_an_in_flight_gang_we_cannot_place_blocks_admission():
+    ns = nodes(node_body("a", cpu="8"))
+    stuck = [pod("x0", cpu="16")]
+    assert gang.plan_admission(ns, [], [stuck], [request("w", [pod("w0", cpu="1")])]) == []
+
+
+def test_a_gang_bigger_than_the_cluster_never_goes():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    assert gang.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []

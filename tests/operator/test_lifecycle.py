@@ -1,0 +1,396 @@
+"""The pure state machine, driven through whole scenarios on the in-memory FakeCluster."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tetrad.render import names
+from tetrad_operator import lifecycle
+from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
+
+from .fakes import FakeCluster, job_body, node_body, terminated
+
+FAST = {"backoffSeconds": 10, "backoffMaxSeconds": 40, "maxRestarts": 2}
+
+
+def cond(c: FakeCluster, type_: str) -> dict:
+    return next(x for x in c.status["conditions"] if x["type"] == type_)
+
+
+def running(c: FakeCluster, steps: int = 10) -> None:
+    for _ in range(steps):
+        c.reconcile()
+        c.tick()
+        if c.phase == "Running":
+            return
+    raise AssertionError(f"not Running: {c.status}")
+
+
+def test_first_reconcile_creates_every_object_and_fills_status():
+    c = FakeCluster(job_body(nodes=3))
+    d = c.reconcile(admit=False)
+    kinds = [type(a).__name__ for a in d.actions]
+    assert kinds == ["Ensure", "Ensure", "CreatePod", "CreatePod", "CreatePod"]
+    assert {a.obj["kind"] for a in d.actions if isinstance(a, Ensure)} == {"Service", "ConfigMap"}
+    assert [a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-0", "job-r0-1", "job-r0-2"]
+    s = c.status
+    assert s["phase"] == "Pending" and s["restarts"] == 0 and s["observedGeneration"] == 1
+    assert s["worldSize"] == 3 and s["mesh"] == "pp1.dpr1.dps3.cp1.tp1"
+    assert s["startTime"] == "2030-01-01T00:00:00Z"
+    assert cond(c, "Pending")["status"] == "True"
+    assert [e.reason for e in c.events] == ["Created"]
+    for pod in c.pods.values():
+        assert pod["spec"]["schedulingGates"] == [{"name": names.GANG_GATE}]
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
+
+
+def test_builtin_gang_waits_gated_then_runs_and_succeeds():
+    c = FakeCluster(job_body(nodes=2))
+    c.reconcile(admit=False)
+    d = c.reconcile(admit=False)
+    assert c.phase == "GangWaiting" and d.gang is not None
+    assert {p.name for p in d.gang.pods} == {"job-r0-0", "job-r0-1"}
+    assert cond(c, "GangReleased")["reason"] == "WaitingForCapacity"
+    running(c)
+    assert cond(c, "GangReleased")["status"] == "True"
+    assert cond(c, "GangWaiting")["status"] == "False" and cond(c, "Running")["status"] == "True"
+    c.finish(0, rank=1)
+    c.reconcile()
+    assert c.phase == "Running"  # rank 0 still runs
+    c.finish(0)
+    d = c.reconcile()
+    assert c.phase == "Succeeded" and c.status["completionTime"]
+    assert not d.actions and not c.alive()
+    assert [e.reason for e in c.events] == ["Created", "WaitingForCapacity", "AllPodsRunning", "Succeeded"]
+
+
+def test_steady_state_is_a_fixed_point():
+    c = FakeCluster(job_body(nodes=2))
+    running(c)
+    before = dict(c.status)
+    d1 = decide(c.job, c.pod_states(), c.node_states(), c.now)
+    d2 = decide(c.job, c.pod_states(), c.node_states(), c.now + timedelta(seconds=30))
+    assert d1.status == before and d2.status == before
+    assert d1.actions == d2.actions == [] and not d1.events
+
+
+def test_a_failed_pod_restarts_the_whole_gang_after_backoff():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.finish(1, rank=1)
+    d = c.reconcile()
+    assert c.phase == "Restarting" and c.status["restarts"] == 1
+    assert cond(c, "Restarting")["reason"] == "PodFailed"
+    assert "exit code 1" in c.status["message"]
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
+    assert d.requeue_after == 2  # polls while the old gang terminates
+    c.tick(1)  # the kubelet removes the old gang
+    assert not c.pods
+    d = c.reconcile()
+    assert not d.actions and 8 <= d.requeue_after <= 9  # backoff holds the new gang
+    c.tick(9)
+    d = c.reconcile()
+    created = [a for a in d.actions if isinstance(a, CreatePod)]
+    assert [a.name for a in created] == ["job-r1-0", "job-r1-1"]
+    env = {e["name"]: e.get("value") for e in created[0].obj["spec"]["containers"][0]["env"]}
+    assert env["TETRAD_RESTART"] == "1" and env["PET_RDZV_ID"].endswith("-1")
+    assert created[0].obj["metadata"]["labels"][names.LABEL_RESTART] == "1"
+    running(c)
+    c.finish(0)
+    c.reconcile()
+    assert c.phase == "Succeeded" and c.status["restarts"] == 1
+
+
+def test_backoff_doubles_and_is_capped():
+    p = lifecycle.RunPolicy(backoff_seconds=10, backoff_max_seconds=25)
+    assert [lifecycle.backoff_seconds(p, r) for r in range(5)] == [0, 10, 20, 25, 25]
+
+
+def test_max_restarts_exhausted_fails_with_reason():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "maxRestarts": 1}))
+    running(c)
+    c.finish(3, rank=0)
+    c.settle(15)
+    assert c.status["restarts"] == 1
+    running(c)
+    c.finish(3, rank=0)
+    c.reconcile()
+    assert c.phase == "Failed"
+    assert cond(c, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert "maxRestarts=1" in c.status["message"] and "exit code 3" in c.status["message"]
+    c.tick()
+    assert not c.alive()  # cleanPodPolicy Running removed the survivor
+
+
+def test_permanent_exit_code_fails_at_once():
+    c = FakeCluster(job_body(nodes=3, runPolicy=FAST))
+    running(c)
+    c.finish(78, rank=2)
+    d = c.reconcile()
+    assert c.phase == "Failed" and c.status["restarts"] == 0
+    assert cond(c, "Failed")["reason"] == "PermanentExitCode"
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
+
+
+@pytest.mark.parametrize(("retryable", "code", "phase"), [
+    ([42], 1, "Failed"), ([42], 42, "Restarting"), ([42], 75, "Restarting"), ([], 75, "Restarting")])
+def test_retryable_exit_codes(retryable, code, phase):
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "retryableExitCodes": retryable}))
+    running(c)
+    c.finish(code, rank=0)
+    c.reconcile()
+    assert c.phase == phase
+    if phase == "Failed":
+        assert cond(c, "Failed")["reason"] == "NonRetryableExitCode"
+
+
+def test_eviction_is_retryable_even_with_a_retryable_list():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "retryableExitCodes": [42]}))
+    running(c)
+    pod = c.pods["job-r0-0"]
+    pod["status"].update(phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodEvicted"
+
+
+def test_deleted_node_is_a_lost_pod_force_deleted():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST), nodes=[node_body("a", cpu="4"), node_body("b", cpu="4")])
+    running(c)
+    victim = next(p for p in c.pods.values() if p["spec"]["nodeName"] == "b")
+    c.tick(20)
+    del c.nodes["b"]
+    d = c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "NodeLost"
+    forced = {a.name for a in d.actions if isinstance(a, DeletePod) and a.force}
+    assert forced == {victim["metadata"]["name"]}
+
+
+def test_not_ready_node_is_lost_only_after_the_grace_period():
+    settings = lifecycle.Settings(node_lost_seconds=60)
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST), settings=settings)
+    running(c)
+    c.nodes["n0"] = node_body("n0", cpu="64", memory="256Gi", ready=False, since=c.now)
+    c.tick(30)
+    d = c.reconcile()
+    assert c.phase == "Running" and d.requeue_after == pytest.approx(30)
+    c.tick(31)
+    c.reconcile()
+    assert c.phase == "Restarting" and "not been Ready" in c.status["message"]
+
+
+def test_stuck_terminating_pod_is_force_deleted():
+    settings = lifecycle.Settings(stuck_terminating_seconds=5)
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST), settings=settings)
+    running(c)
+    c.finish(1)
+    c.reconcile()
+    c.tick(1, kubelet_deletes=False)
+    d = c.reconcile()
+    assert not [a for a in d.actions if isinstance(a, DeletePod) and a.force]
+    c.tick(40, kubelet_deletes=False)  # grace 30 + 5
+    d = c.reconcile()
+    assert [a.name for a in d.actions if isinstance(a, DeletePod) and a.force] == ["job-r0-0"]
+
+
+def test_externally_deleted_or_missing_pod_restarts_the_gang():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.pods["job-r0-1"]["metadata"]["deletionTimestamp"] = "2030-01-01T00:00:05Z"
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodDeleted"
+
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    del c.pods["job-r0-0"]
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodMissing"
+
+
+def test_restart_count_survives_a_lost_status():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.finish(1, rank=0)
+    c.settle(20)
+    assert c.status["restarts"] == 1 and c.phase == "Running"
+    c.job["status"] = {}  # e.g. restored from a backup without status
+    d = c.reconcile()
+    assert c.status["restarts"] == 1
+    assert not [a for a in d.actions if isinstance(a, CreatePod | DeletePod)]
+
+
+def test_suspend_deletes_pods_and_resume_recreates_them():
+    c = FakeCluster(job_body(nodes=2))
+    running(c)
+    c.job["spec"]["runPolicy"] = {"suspend": True}
+    c.job["metadata"]["generation"] = 2
+    d = c.reconcile()
+    assert c.phase == "Suspended" and c.status["observedGeneration"] == 2
+    assert "startTime" not in c.status
+    assert len([a for a in d.actions if isinstance(a, DeletePod)]) == 2
+    c.tick()
+    c.reconcile()
+    assert not c.pods
+    c.job["spec"]["runPolicy"] = {"suspend": False}
+    c.reconcile()
+    assert c.phase == "Pending" and cond(c, "Pending")["reason"] == "Resumed"
+    assert set(c.pods) == {"job-r0-0", "job-r0-1"} and c.status["restarts"] == 0
+    running(c)
+
+
+def test_created_suspended_never_creates_pods():
+    c = FakeCluster(job_body(nodes=2, runPolicy={"suspend": True}))
+    d = c.reconcile()
+    assert c.phase == "Suspended" and not d.actions and not c.pods
+
+
+def test_active_deadline_fails_the_job():
+    c = FakeCluster(job_body(nodes=2, runPolicy={"activeDeadlineSeconds": 100}))
+    running(c)
+    d = c.reconcile()
+    assert d.requeue_after is not None and d.requeue_after <= 100
+    c.tick(100)
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DeadlineExceeded"
+    c.tick()
+    assert not c.alive()
+
+
+def test_ttl_deletes_the_finished_job():
+    c = FakeCluster(job_body(nodes=1, runPolicy={"ttlSecondsAfterFinished": 30}))
+    running(c)
+    c.finish(0)
+    d = c.reconcile()
+    assert c.phase == "Succeeded" and d.requeue_after == 30
+    c.tick(29)
+    assert not any(isinstance(a, DeleteJob) for a in c.reconcile().actions)
+    c.tick(1)
+    c.reconcile()
+    assert c.job is None
+
+
+@pytest.mark.parametrize(("policy", "left"), [("All", set()), ("Running", {"job-r0-1"}), ("None", {"job-r0-0", "job-r0-1"})])
+def test_clean_pod_policy(policy, left):
+    c = FakeCluster(job_body(nodes=2, runPolicy={"cleanPodPolicy": policy}))
+    running(c)
+    c.finish(78, rank=1)
+    c.reconcile()
+    c.tick()
+    c.reconcile()
+    assert c.phase == "Failed" and set(c.pods) == left
+
+
+def test_spec_failing_deeper_checks_is_failed_with_the_field():
+    c = FakeCluster(job_body(nodes=2, parallelism={"dpShard": 2}, training={"globalBatch": 3}))
+    d = c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "InvalidSpec"
+    assert "spec.training.globalBatch" in c.status["message"]
+    assert not d.actions and d.events[0].type == "Warning"
+    c.reconcile()
+    assert c.phase == "Failed"
+
+
+def test_unparseable_spec_is_failed_not_raised():
+    body = job_body(nodes=2)
+    body["spec"]["nodes"] = "many"
+    c = FakeCluster(body)
+    c.reconcile()
+    assert c.phase == "Failed" and "spec.nodes" in c.status["message"]
+
+
+def test_partial_release_is_completed():
+    c = FakeCluster(job_body(nodes=3))
+    c.reconcile(admit=False)
+    c._ungate("job-r0-1")
+    d = c.reconcile(admit=False)
+    ungate = [a for a in d.actions if isinstance(a, Ungate)]
+    assert ungate and {n for n, _ in ungate[0].pods} == {"job-r0-0", "job-r0-2"}
+    assert d.gang is None
+
+
+def test_gang_timeout_recreates_the_gang_behind_its_gate():
+    c = FakeCluster(job_body(nodes=2, gang={"timeoutSeconds": 60}, runPolicy=FAST))
+    c.reconcile(admit=False)
+    c.reconcile()  # admitted and ungated
+    c.tick(schedule=False)
+    c.reconcile()
+    assert cond(c, "GangReleased")["status"] == "True"
+    c.tick(61, schedule=False)
+    d = c.reconcile()
+    assert cond(c, "GangReleased")["reason"] == "GangTimeout" and c.phase == "GangWaiting"
+    assert c.events[-1].reason == "GangTimeout" and c.events[-1].type == "Warning"
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
+    assert not c.pods  # unbound pods go at once
+    assert not c.reconcile().actions  # fixed backoff after a gang timeout
+    c.tick(10)
+    c.reconcile(admit=False)
+    assert set(c.pods) == {"job-r0-0", "job-r0-1"} and c.status["restarts"] == 0
+    assert all(p["spec"]["schedulingGates"] for p in c.pods.values())
+    running(c)
+
+
+def test_volcano_gets_a_pod_group_and_no_gate():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "volcano", "queue": "q"}))
+    d = c.reconcile()
+    groups = [a.obj for a in d.actions if isinstance(a, Ensure) and a.obj["kind"] == "PodGroup"]
+    assert groups and groups[0]["spec"]["minMember"] == 2
+    assert groups[0]["metadata"]["ownerReferences"][0]["kind"] == "ParallelTrainingJob"
+    assert all("schedulingGates" not in p["spec"] for p in c.pods.values())
+    c.reconcile()
+    assert c.phase == "GangWaiting" and cond(c, "GangWaiting")["reason"] == "WaitingForScheduler"
+    running(c)
+
+
+# ----------------------------------------------------------------------------- properties
+
+OPS = st.lists(st.sampled_from(["reconcile", "tick", "fail", "fail78", "evict", "succeed_one", "long_tick"]),
+               min_size=5, max_size=60)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=OPS)
+def test_invariants_hold_for_any_interleaving(ops):
+    c = FakeCluster(job_body(nodes=3, runPolicy={**FAST, "maxRestarts": 3}))
+    seen_restarts = 0
+    for op in ops:
+        if c.job is None:
+            break
+        if op == "reconcile":
+            c.reconcile()
+        elif op == "tick":
+            c.tick(1)
+        elif op == "long_tick":
+            c.tick(45)
+        else:
+            live = [p for p in c.pods.values() if p["status"]["phase"] == "Running"]
+            if live:
+                pod = live[0]
+                if op == "evict":
+                    pod["status"].update(phase="Failed", reason="Evicted")
+                else:
+                    terminated(pod, {"fail": 1, "fail78": 78, "succeed_one": 0}[op])
+        # Invariants after every step.
+        restarts = c.status.get("restarts", 0)
+        assert restarts >= seen_restarts and restarts <= 3
+        seen_restarts = restarts
+        live = [p for p in c.pods.values() if not p["metadata"].get("deletionTimestamp")]
+        incarnations = {p["metadata"]["labels"][names.LABEL_RESTART] for p in live
+                        if p["status"]["phase"] in ("Pending", "Running")}
+        assert len(incarnations) <= 1, f"two gangs alive at once: {incarnations}"
+        for name, pod in c.pods.items():
+            labels = pod["metadata"]["labels"]
+            assert name == names.pod("job", int(labels[names.LABEL_RESTART]), int(labels[names.LABEL_RANK]))
+            assert int(labels[names.LABEL_RESTART]) <= restarts
+    # With no more faults the job always ends.
+    for _ in range(80):
+        if c.job is None or c.phase in ("Succeeded", "Failed"):
+            break
+        c.reconcile()
+        c.tick(15)
+        c.finish(0)
+    assert c.job is None or c.phase in ("Succeeded", "Failed")
+    if c.phase == "Succeeded":
+        assert not c.alive()
