@@ -46,7 +46,7 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         del s["default"]
     if isinstance(s.get("additionalProperties"), bool):  # structural schemas prune instead
         del s["additionalProperties"]
-    if "exclusiveMinimum" in s:
+    if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):  # not converted yet (Optional fields recurse)
         s["minimum"], s["exclusiveMinimum"] = s["exclusiveMinimum"], True
     if "const" in s:
         s["enum"] = [s.pop("const")]
