@@ -5,6 +5,7 @@ The CEL rules are evaluated with cel-python here; tests/cluster also runs them i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -69,13 +70,20 @@ def _defaulted(doc: dict[str, Any]) -> Any:
     return celpy.json_to_cel(spec)
 
 
+def _cel_format(text: Any, args: Any) -> Any:
+    """The Kubernetes CEL strings extension's format() for %d/%s, which cel-python lacks."""
+    values = iter(args)
+    return celpy.celtypes.StringType(re.sub(r"%[ds]", lambda _: str(next(values)), str(text)))
+
+
 def _evaluate(rule: dict[str, str], activation: dict[str, Any]) -> tuple[bool, str]:
     env = celpy.Environment()
     ok = bool(env.program(env.compile(rule["rule"])).evaluate(activation))
     if ok:
         return True, ""
     if "messageExpression" in rule:
-        return False, str(env.program(env.compile(rule["messageExpression"])).evaluate(activation))
+        program = env.program(env.compile(rule["messageExpression"]), functions={"format": _cel_format})
+        return False, str(program.evaluate(activation))
     return False, rule["message"]
 
 

@@ -93,64 +93,63 @@ def _p(d: str) -> str:
     return f"self.parallelism.{d}"
 
 
+def _fmt(text: str, *args: str) -> str:
+    """A CEL messageExpression 'text'.format([args]) (%d per int argument).
+
+    The API server's cost estimator rejects string concatenation with string(int) (it assumes
+    unbounded strings), while format() of a list of ints passes.
+    """
+    return f"'{text}'.format([{', '.join(args)}])"
+
+
 def spec_rules() -> list[dict[str, str]]:
     heads, kv, layers, seq = (_preset_lookup(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
     product = "*".join(_p(d) for d in DEGREES)
     return [
         {
             "rule": f"!({_is_int(*DEGREES)}) || {product} == self.nodes * self.nprocPerNode",
-            "messageExpression": (
-                "'spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = ' + "
-                + " + '*' + ".join(f"string({_p(d)})" for d in DEGREES)
-                + f" + ' = ' + string({product}) + ' must equal nodes*nprocPerNode = ' + string(self.nodes) + '*'"
-                " + string(self.nprocPerNode) + ' = ' + string(self.nodes * self.nprocPerNode)"
-                " + '; change a degree or set dpShard: auto'"
-            ),
+            "messageExpression": _fmt(
+                "spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = %d*%d*%d*%d*%d = %d"
+                " must equal nodes*nprocPerNode = %d*%d = %d; change a degree or set dpShard: auto",
+                *(_p(d) for d in DEGREES), product, "self.nodes", "self.nprocPerNode", "self.nodes * self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism",
         },
         {
             "rule": f"!({_is_int('tp')}) || ({heads} % {_p('tp')} == 0 && {kv} % {_p('tp')} == 0)",
-            "messageExpression": (
-                f"'spec.parallelism.tp: tp=' + string({_p('tp')}) + ' must divide heads=' + string({heads})"
-                f" + ' and kvHeads=' + string({kv}) + '; use a common divisor of both'"
-            ),
+            "messageExpression": _fmt(
+                "spec.parallelism.tp: tp=%d must divide heads=%d and kvHeads=%d; use a common divisor of both",
+                _p("tp"), heads, kv),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.tp",
         },
         {
             "rule": f"!({_is_int('tp', 'cp')}) || {seq} % ({_p('tp')} * 2 * {_p('cp')}) == 0",
-            "messageExpression": (
-                f"'spec.model.seqLen: seqLen=' + string({seq}) + ' must be divisible by tp*2*cp = '"
-                f" + string({_p('tp')} * 2 * {_p('cp')}) + '; change seqLen, tp or cp'"
-            ),
+            "messageExpression": _fmt(
+                "spec.model.seqLen: seqLen=%d must be divisible by tp*2*cp = %d; change seqLen, tp or cp",
+                seq, f"{_p('tp')} * 2 * {_p('cp')}"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".model",
         },
         {
             "rule": f"!({_is_int('pp')}) || {_p('pp')} <= {layers}",
-            "messageExpression": (
-                f"'spec.parallelism.pp: pp=' + string({_p('pp')}) + ' exceeds layers=' + string({layers})"
-                f" + '; use pp <= ' + string({layers})"
-            ),
+            "messageExpression": _fmt("spec.parallelism.pp: pp=%d exceeds layers=%d; use pp <= %d", _p("pp"), layers, layers),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.pp",
         },
         {
             "rule": f"!({_is_int('pp')}) || !has(self.parallelism.ppMicrobatches) || self.parallelism.ppMicrobatches >= {_p('pp')}",
-            "messageExpression": (
-                "'spec.parallelism.ppMicrobatches: ppMicrobatches=' + string(self.parallelism.ppMicrobatches)"
-                f" + ' is below pp=' + string({_p('pp')}) + '; use ppMicrobatches >= ' + string({_p('pp')})"
-            ),
+            "messageExpression": _fmt(
+                "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below pp=%d; use ppMicrobatches >= %d",
+                "self.parallelism.ppMicrobatches", _p("pp"), _p("pp")),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.ppMicrobatches",
         },
         {
             "rule": "self.resources.gpu == 0 || self.resources.gpu == self.nprocPerNode",
-            "messageExpression": (
-                "'spec.resources.gpu: gpu=' + string(self.resources.gpu) + ' must equal nprocPerNode='"
-                " + string(self.nprocPerNode) + ' (one process per GPU), or be 0 for CPU'"
-            ),
+            "messageExpression": _fmt(
+                "spec.resources.gpu: gpu=%d must equal nprocPerNode=%d (one process per GPU), or be 0 for CPU",
+                "self.resources.gpu", "self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".resources.gpu",
         },
