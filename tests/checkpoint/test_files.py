@@ -1,0 +1,206 @@
+"""The checkpoint directory without process groups: durable writes, manifests, damage detection,
+`latest`, retention, and a single-process save → damage → fall back → resume cycle."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tetrad_trainer import checkpoint as ck
+from tetrad_trainer.preemption import node_exit_code
+from torch import nn
+
+from tests.checkpoint import toy
+from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+
+
+def make_step(root: Path, step: int, files: dict[str, bytes] | None = None) -> Path:
+    """A committed-looking step directory with a valid manifest."""
+    d = root / ck.step_dir_name(step)
+    d.mkdir(parents=True)
+    digests = {}
+    for name, data in (files or {"__0_0.distcp": b"x" * 100, ".metadata": b"meta"}).items():
+        (d / name).write_bytes(data)
+        size, crc = ck.file_digest(d / name)
+        digests[name] = {"size": size, "crc32": crc}
+    (d / ck.MANIFEST).write_bytes(ck.seal_manifest({"format": ck.FORMAT, "step": step, "files": digests}))
+    return d
+
+
+def test_write_durably_replaces_whole_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "latest"
+    ck.write_durably(target, b"step-00000001\n")
+    ck.write_durably(target, b"step-00000002\n")
+    assert target.read_bytes() == b"step-00000002\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+def test_file_digest_matches_zlib_over_chunks(tmp_path):
+    import zlib
+
+    data = os.urandom(3 * ck._CHUNK + 17)  # several chunks and a tail
+    (tmp_path / "f").write_bytes(data)
+    assert ck.file_digest(tmp_path / "f") == (len(data), f"{zlib.crc32(data):08x}")
+
+
+def test_manifest_round_trip_and_self_check(tmp_path):
+    d = make_step(tmp_path, 7)
+    assert ck.read_manifest(d)["step"] == 7
+    text = (d / ck.MANIFEST).read_text().replace('"step": 7', '"step": 8')
+    (d / ck.MANIFEST).write_text(text)
+    with pytest.raises(ck.CheckpointError, match="manifest checksum mismatch"):
+        ck.read_manifest(d)
+    (d / ck.MANIFEST).write_text(text[: len(text) // 2])
+    with pytest.raises(ck.CheckpointError, match="unreadable"):
+        ck.read_manifest(d)
+    (d / ck.MANIFEST).unlink()
+    with pytest.raises(ck.CheckpointError, match="never committed"):
+        ck.read_manifest(d)
+
+
+def test_verify_files_names_each_kind_of_damage(tmp_path):
+    d = make_step(tmp_path, 1, {"a": b"a" * 10, "b": b"b" * 10, "c": b"c" * 10, "d": b"d" * 10})
+    files = ck.read_manifest(d)["files"]
+    assert ck.verify_files(d, files) == []
+    (d / "a").unlink()
+    (d / "b").write_bytes(b"b" * 5)
+    (d / "c").write_bytes(b"c" * 9 + b"X")
+    problems = ck.verify_files(d, files)
+    assert problems[0] == "a: missing"
+    assert problems[1].startswith("b: 5 bytes, the manifest says 10 (truncated")
+    assert problems[2].startswith("c: CRC32") and problems[2].endswith("(corrupted)")
+    assert len(problems) == 3
+
+
+def test_candidates_follow_latest_then_older(tmp_path):
+    store = ck.CheckpointDir(tmp_path)
+    assert store.candidates() == []
+    for s in (2, 4, 6, 8):
+        make_step(tmp_path, s)
+    store.publish(6)  # step 8 was renamed but never published: not committed
+    assert [c.step for c in store.candidates()] == [6, 4, 2]
+    (tmp_path / ck.LATEST).unlink()
+    cands = store.candidates()
+    assert [c.step for c in cands] == [8, 6, 4, 2]
+    assert "missing" in cands[0].note
+    (tmp_path / ck.LATEST).write_text("garbage")
+    assert "not a step directory name" in store.candidates()[0].note
+
+
+def test_latest_naming_a_directory_without_manifest_is_still_a_candidate(tmp_path):
+    make_step(tmp_path, 2)
+    (tmp_path / ck.step_dir_name(4)).mkdir()
+    ck.CheckpointDir(tmp_path).publish(4)
+    assert [c.step for c in ck.CheckpointDir(tmp_path).candidates()] == [4, 2]
+
+
+def test_prune_keeps_the_newest_committed_and_drops_unpublished(tmp_path):
+    store = ck.CheckpointDir(tmp_path)
+    for s in (1, 2, 3, 4, 5):
+        make_step(tmp_path, s)
+    assert store.prune(2) == []  # nothing is committed before `latest` exists
+    store.publish(4)
+    assert store.prune(2) == [1, 2, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000003", "step-00000004"]
+
+
+def test_clean_garbage_removes_temporaries_only(tmp_path):
+    make_step(tmp_path, 1)
+    (tmp_path / ".tmp-step-00000002").mkdir()
+    (tmp_path / ".tmp-step-00000002" / "__0_0.distcp").write_bytes(b"half")
+    (tmp_path / ".trash-step-00000000.1.2").mkdir()
+    (tmp_path / ".tmp-latest.123").write_text("x")
+    ck.CheckpointDir(tmp_path).clean_garbage()
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000001"]
+
+
+@pytest.mark.parametrize(("torchrun", "workers", "nproc", "want"), [
+    (0, [], 4, 0),
+    (1, [EXIT_PREEMPTED] * 4, 4, EXIT_PREEMPTED),
+    (1, [EXIT_PREEMPTED] * 3, 4, 1),  # one worker never got to save
+    (1, [EXIT_PREEMPTED, EXIT_CONFIG_ERROR], 2, EXIT_CONFIG_ERROR),
+    (1, [], 4, 1),
+    (-9, [], 4, 137),
+])
+def test_node_exit_code(torchrun, workers, nproc, want):
+    assert node_exit_code(torchrun, workers, nproc) == want
+
+
+def test_merged_view_joins_pipeline_stages_under_full_names():
+    cfg = toy.config({}, "/unused")
+    full = toy.ToyLM(cfg)
+    first = toy.ToyLM(cfg, keep={0, 1}, last=False)
+    last = toy.ToyLM(cfg, keep={2}, first=False)
+    view = ck.merged_view([first, last])
+    assert sorted(n for n, _ in view.named_parameters()) == sorted(n for n, _ in full.named_parameters())
+    assert view.layers["2"] is last.layers["2"]
+    with pytest.raises(ck.CheckpointError, match="overlap in 'layers'"):
+        ck.merged_view([first, toy.ToyLM(cfg, keep={1}, first=False)])
+
+
+# -- one process, no process group --------------------------------------------------------------
+
+def tiny(path: Path, **ckpt) -> tuple[ck.Checkpointer, nn.Module, torch.optim.Optimizer]:
+    cfg = toy.config({}, path, **ckpt)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return ck.Checkpointer(cfg, model_parts=[model], optimizers=[opt], restart=3, logger=lambda m: None), model, opt
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for i in range(steps):
+        model(torch.full((3, 4), float(i))).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_single_process_damage_falls_back_to_previous(tmp_path):
+    saver, model, opt = tiny(tmp_path, keep_last=3)
+    for step in (1, 2, 3):
+        train_steps(model, opt, 1)
+        saver.save(step, extra={"at": step})
+        if step == 2:
+            at_two = {k: v.clone() for k, v in model.state_dict().items()}
+    assert (tmp_path / ck.LATEST).read_text() == "step-00000003\n"
+    data = tmp_path / "step-00000003" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+
+    lines: list[str] = []
+    loader, fresh, _ = tiny(tmp_path)
+    loader._say = lines.append
+    resumed = loader.resume()
+    assert resumed is not None and resumed.step == 2 and resumed.extra == {"at": 2} and resumed.restart == 3
+    assert any("refusing" in ln and "__0_0.distcp: CRC32" in ln and "(corrupted)" in ln for ln in lines)
+    assert any("falling back to the previous good checkpoint" in ln for ln in lines)
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, at_two[k]), k
+
+
+def test_single_process_all_damaged_is_refused(tmp_path):
+    saver, model, opt = tiny(tmp_path, keep_last=1)
+    train_steps(model, opt, 1)
+    saver.save(1)
+    with open(tmp_path / "step-00000001" / "__0_0.distcp", "r+b") as f:
+        f.truncate(10)
+    loader, _, _ = tiny(tmp_path)
+    with pytest.raises(ck.NoGoodCheckpoint, match=r"truncated or overwritten.*checkpoint.resume: false"):
+        loader.resume()
+
+
+def test_single_process_model_change_names_both_layouts(tmp_path):
+    saver, model, opt = tiny(tmp_path)
+    train_steps(model, opt, 1)
+    saver.save(1)
+    manifest = json.loads((tmp_path / "step-00000001" / ck.MANIFEST).read_text())
+    assert manifest["layout_label"] == "pp1.dpr1.dps1.cp1.tp1" and manifest["config"]["checkpoint"]["path"] == str(tmp_path)
+    other = toy.config({}, tmp_path, dims={**toy.DIMS, "dim": 48})
+    opt2 = torch.optim.AdamW(model.parameters())
+    loader = ck.Checkpointer(other, model_parts=[model], optimizers=[opt2], logger=lambda m: None)
+    with pytest.raises(ck.CheckpointMismatch, match=r"layout pp1\.dpr1\.dps1\.cp1\.tp1.*dim 32 -> 48"):
+        loader.resume()

@@ -1,0 +1,211 @@
+"""A small training job for exercising checkpoint.py alone: a few-layer MLP language model under
+FSDP2 and tensor parallelism, AdamW, a LambdaLR schedule and a data loader with per-rank state.
+
+`train(rank, world, spec)` runs in a gang (tests/checkpoint/gang.py): it resumes when a
+checkpoint exists, trains to spec["steps"], saves every spec["interval"] steps and returns its
+losses, the full parameters (rank 0) and the samples it consumed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tetrad_trainer import checkpoint
+from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.preemption import Preemption
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from tetrad.api import parse
+from tetrad.api.resolve import resolve
+from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.spec import EXIT_PREEMPTED
+
+DIMS = {"dim": 32, "layers": 3, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 64, "seqLen": 8}
+
+
+def config(layout: dict[str, int], path: str | Path, *, steps: int = 10, interval: int = 5, keep_last: int = 3,
+           async_save: bool = False, global_batch: int = 8, dims: dict[str, int] | None = None) -> ResolvedConfig:
+    world = 1
+    for d in layout.values():
+        world *= d
+    doc = {
+        "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+        "metadata": {"name": "toy"},
+        "spec": {
+            "nodes": 1, "nprocPerNode": world,
+            "parallelism": {"pp": 1, "dpShard": 1, "tp": 1, "cp": 1, **layout},
+            "model": {"preset": None, **(dims or DIMS)},
+            "training": {"steps": steps, "globalBatch": global_batch, "precision": "fp32", "lr": 3e-2,
+                         "warmupSteps": 2},
+            "checkpoint": {"enabled": True, "path": str(path), "interval": interval, "keepLast": keep_last,
+                           "async": async_save},
+        },
+    }
+    job, problems = parse(doc)
+    assert job is not None, problems
+    return resolve(job)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w2(F.gelu(self.w1(x)))
+
+
+class ToyLM(nn.Module):
+    """Named like the real model (tok_embeddings, layers.N, output) so stages can be cut the same way."""
+
+    def __init__(self, cfg: ResolvedConfig, keep: set[int] | None = None, first: bool = True, last: bool = True):
+        super().__init__()
+        m = cfg.model
+        self.tok_embeddings = nn.Embedding(m.vocab, m.dim) if first else None
+        self.layers = nn.ModuleDict({str(i): Block(m.dim, m.ffn_dim) for i in range(m.layers)
+                                     if keep is None or i in keep})
+        self.output = nn.Linear(m.dim, m.vocab, bias=False) if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for block in self.layers.values():
+            h = block(h)
+        return self.output(h) if self.output is not None else h
+
+
+def build_model(cfg: ResolvedConfig, seed: int = 0) -> tuple[nn.Module, Any]:
+    """The toy model initialised from the seed (identically for every layout), then parallelised."""
+    torch.manual_seed(seed)
+    model = ToyLM(cfg)
+    lay = cfg.layout
+    mesh = init_device_mesh("cpu", (lay.dp_shard, lay.tp), mesh_dim_names=("dp_shard", "tp"))
+    if lay.tp > 1:
+        parallelize_module(model, mesh["tp"], {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
+            "output": ColwiseParallel(output_layouts=Replicate()),
+            **{f"layers.{i}.w1": ColwiseParallel() for i in model.layers},
+            **{f"layers.{i}.w2": RowwiseParallel() for i in model.layers},
+        })
+    if lay.dp_shard > 1:
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp_shard"])
+        fully_shard(model, mesh=mesh["dp_shard"])
+    return model, mesh
+
+
+def sample(index: int, seq: int, vocab: int) -> torch.Tensor:
+    """seq+1 tokens of global sample `index`, the index itself first (so tests can see it)."""
+    body = (index * 7 + torch.arange(seq) * (1 + index % 5)) % vocab
+    return torch.cat([torch.tensor([index]), body])
+
+
+class ToyLoader:
+    """Global batch s is samples [s*B, (s+1)*B); DP rank d takes the slice d of it.
+
+    Its state is per DP rank (the next sample it will read), unlike the trainer's loader, to
+    exercise `load_resharded_state`.
+    """
+
+    def __init__(self, cfg: ResolvedConfig, dp_rank: int):
+        self.cfg, self.dp_rank = cfg, dp_rank
+        self.local = cfg.training.global_batch // cfg.layout.dp
+        self.next_sample = dp_rank * self.local
+        self.consumed: list[int] = []
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        m = self.cfg.model
+        idx = list(range(self.next_sample, self.next_sample + self.local))
+        self.consumed += idx
+        self.next_sample += self.cfg.training.global_batch
+        rows = torch.stack([sample(i, m.seq_len, m.vocab) for i in idx])
+        return rows[:, 1:-1], rows[:, 2:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_sample": self.next_sample, "local": self.local}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_sample = state["next_sample"]
+
+    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
+        # Old DP rank d was at global_index + d * old_local; the global index is the same for all.
+        globals_ = {s["next_sample"] - d * s["local"] for d, s in enumerate(states)}
+        assert len(globals_) == 1, f"old DP ranks disagree on the global sample index: {globals_}"
+        self.next_sample = globals_.pop() + self.dp_rank * self.local
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+
+
+def _progress(spec: dict[str, Any], rank: int, event: str) -> None:
+    if spec.get("progress"):
+        with open(Path(spec["progress"]) / f"rank-{rank}", "a") as f:
+            f.write(event + "\n")
+
+
+def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    cfg = config(spec["layout"], spec["path"], steps=spec.get("steps", 10), interval=spec.get("interval", 5),
+                 keep_last=spec.get("keep_last", 3), async_save=spec.get("async", False),
+                 dims=spec.get("dims"))
+    model, mesh = build_model(cfg)
+    dp_rank = mesh["dp_shard"].get_local_rank()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3) * 0.9 ** s)
+    loader = ToyLoader(cfg, dp_rank)
+    log: list[str] = []
+    ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], lr_schedulers=[sched], data_loader=loader,
+                        dp_rank=dp_rank, logger=log.append)
+    preemption = Preemption() if spec.get("preemptible") else None
+
+    die = spec.get("die")  # {"rank": r, "phase": "dcp-written", "step": 5}: SIGKILL ourselves there
+    current = {"step": 0}
+    if die and die["rank"] == rank and die.get("phase"):
+        def hook(phase: str) -> None:
+            if phase == die["phase"] and current["step"] == die["step"]:
+                os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint.phase_hook = hook
+
+    resumed = ckpt.resume()
+    step = resumed.step if resumed else 0
+    losses: dict[int, float] = {}
+    while step < cfg.training.steps:
+        step += 1
+        _progress(spec, rank, f"step {step}")
+        x, y = loader.next_batch()
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        reduced = loss.detach().clone()
+        dist.all_reduce(reduced)
+        losses[step] = reduced.item() / world
+        if die and die["rank"] == rank and die.get("after_step") == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if ckpt.due(step):
+            current["step"] = step
+            _progress(spec, rank, f"save {step}")
+            ckpt.save(step, extra={"loss": losses[step]})
+            _progress(spec, rank, f"saved {step}")
+        if preemption is not None and preemption.requested():
+            current["step"] = step
+            ckpt.save(step, blocking=True)
+            ckpt.close()
+            raise SystemExit(EXIT_PREEMPTED)
+    ckpt.close()
+    params = full_params(model)
+    return {"losses": losses, "params": params if rank == 0 else None, "consumed": loader.consumed,
+            "resumed": None if resumed is None else {"step": resumed.step, "saved_layout": resumed.saved_layout,
+                                                     "extra": resumed.extra, "refused": resumed.refused},
+            "log": log, "lr": sched.get_last_lr(), "stats": ckpt.last_stats}

@@ -1,0 +1,117 @@
+"""Preemption: SIGTERM → every rank finishes its step, a checkpoint is saved, exit 75.
+
+Kubernetes sends SIGTERM to the container's first process and SIGKILLs it after the pod's
+terminationGracePeriodSeconds. torchrun forwards SIGTERM to its workers, waits for them (at most
+its --shutdown-timeout, PET_SHUTDOWN_TIMEOUT, default 30 s) and then exits 1, whatever the
+workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
+
+- In each worker, `Preemption` records the signal; `requested()`, called by every rank once per
+  step, agrees across ranks (an all-reduce of the flag), so all ranks stop after the same step
+  even when only some of them were signalled. The trainer then saves and calls `exit_with(75)`.
+- `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM
+  and SIGINT, and exits with the workers' own code: 75 when every local worker reported 75,
+  78 (EXIT_CONFIG_ERROR) when any reported it, torchrun's code otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+import torch
+import torch.distributed as dist
+
+from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+
+ENV_EXIT_DIR = "TETRAD_EXIT_DIR"
+
+
+class Preemption:
+    """Records SIGTERM (and the other given signals) instead of dying; see `requested`."""
+
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
+        self.received: signal.Signals | None = None
+        self.received_at: float | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+        # Our own gloo group: a CPU flag, never a device sync, and no interleaving with the
+        # training collectives.
+        self._pg = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received, self.received_at = signal.Signals(signum), time.monotonic()
+
+    def requested(self) -> bool:
+        """True on every rank when any rank was signalled. Collective: call it on all ranks."""
+        flag = torch.tensor([0 if self.received is None else 1], dtype=torch.int32)
+        if self._pg is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
+        return bool(flag.item())
+
+    def seconds_since_signal(self) -> float | None:
+        return None if self.received_at is None else time.monotonic() - self.received_at
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+
+def report_exit(code: int) -> None:
+    """Tell the supervising `python -m tetrad_trainer.preemption` this worker's exit code."""
+    directory = os.environ.get(ENV_EXIT_DIR)
+    if directory:
+        rank = os.environ.get("RANK", str(os.getpid()))
+        tmp = Path(directory) / f".rank-{rank}"
+        tmp.write_text(str(code))
+        tmp.replace(Path(directory) / f"rank-{rank}")
+
+
+def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | None) -> int:
+    """The exit code of a node from torchrun's and its workers' reported codes."""
+    if torchrun_code == 0:
+        return 0
+    if EXIT_CONFIG_ERROR in worker_codes:
+        return EXIT_CONFIG_ERROR
+    if worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes) and (nproc is None or len(worker_codes) == nproc):
+        return EXIT_PREEMPTED
+    return torchrun_code if torchrun_code > 0 else 128 - torchrun_code  # -N: killed by signal N
+
+
+def supervise(command: list[str]) -> int:
+    """Run `command` (torchrun ...) with signals forwarded; return the node's exit code."""
+    with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
+        env = {**os.environ, ENV_EXIT_DIR: exit_dir}
+        child = subprocess.Popen(command, env=env)
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            child.send_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
+        code = child.wait()
+        reported = [int(p.read_text()) for p in Path(exit_dir).glob("rank-*")]
+    nproc = os.environ.get("PET_NPROC_PER_NODE")
+    final = node_exit_code(code, reported, int(nproc) if nproc and nproc.isdigit() else None)
+    if final != code:
+        print(f"[tetrad] torchrun exited {code}; the workers reported {sorted(set(reported))}: exiting {final}",
+              file=sys.stderr, flush=True)
+    return final
+
+
+def main() -> None:
+    command = sys.argv[1:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        sys.exit("usage: python -m tetrad_trainer.preemption torchrun [ARGS...]")
+    sys.exit(supervise(command))
+
+
+if __name__ == "__main__":
+    main()
