@@ -1,0 +1,1 @@
+"""The Tetrad operator: runs ParallelTrainingJobs as gang-scheduled pods (kopf; no torch)."""

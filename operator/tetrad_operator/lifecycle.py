@@ -23,11 +23,12 @@ from typing import Any
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse, resolve
 from tetrad.api.spec import EXIT_PREEMPTED, CleanPodPolicy, Phase, RunPolicy, Scheduler
 from tetrad.render import render
-
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
 
 GANG_RELEASED = "GangReleased"
+# pod.status.reason values of a kubelet or the node lifecycle taking the pod away.
+EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"})
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 
 
@@ -235,7 +236,7 @@ def _failures(m: _Machine, current: Sequence[PodState], expect_deleting: bool) -
     out = []
     for p in sorted(current, key=lambda p: p.rank):
         if p.phase == "Failed":
-            infra = p.reason in ("Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated") or p.disrupted is not None
+            infra = p.reason in EVICTED_REASONS or p.disrupted is not None
             why = p.disrupted or p.reason
             if infra:
                 out.append(Failure(p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))

@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.render import names
-
 from tetrad_operator.quantity import Resources, pod_requests
 
 # Pod conditions and reasons that mean "taken away by the cluster", not "the trainer failed".
 DISRUPTION_CONDITION = "DisruptionTarget"
-EVICTED_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "NodeLost", "NodeShutdown", "UnexpectedAdmissionError"})
+# Set on a pod when the built-in gang admission removes its gate (with the time).
+RELEASED_ANNOTATION = "tetrad.dev/gang-released"
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -38,9 +38,11 @@ class PodState:
     restart: int
     rank: int
     phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    namespace: str = ""
     node: str | None = None
     ip: str | None = None
     gated: bool = False  # still holds the tetrad gang gate
+    released: bool = False  # the built-in admission removed the gate
     other_gates: bool = False  # holds gates of someone else (e.g. Kueue admission)
     deleting_since: datetime | None = None
     grace_seconds: int = 0
@@ -82,12 +84,14 @@ class PodState:
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             job=labels.get(names.LABEL_JOB, ""),
+            namespace=meta.get("namespace", ""),
             restart=_int(labels.get(names.LABEL_RESTART)),
             rank=_int(labels.get(names.LABEL_RANK)),
             phase=status.get("phase") or "Pending",
             node=spec.get("nodeName") or None,
             ip=status.get("podIP") or None,
             gated=names.GANG_GATE in gates,
+            released=RELEASED_ANNOTATION in (meta.get("annotations") or {}),
             other_gates=any(g != names.GANG_GATE for g in gates),
             deleting_since=parse_time(meta.get("deletionTimestamp")),
             grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),

@@ -11,9 +11,10 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tetrad.render import names
 from tetrad_operator import gang, lifecycle
 from tetrad_operator.state import NodeState, PodState, format_time
+
+from tetrad.render import names
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from tetrad.render import names
 from tetrad_operator import lifecycle
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
+
+from tetrad.render import names
 
 from .fakes import FakeCluster, job_body, node_body, terminated
 

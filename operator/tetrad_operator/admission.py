@@ -1,0 +1,141 @@
+"""The built-in gang admission loop: one decision at a time for the whole operator.
+
+Job reconciles register complete, gated gangs here. A single task, woken by capacity changes
+(pods ending, nodes changing) and by new requests, takes a consistent LIST of every unfinished
+pod in the cluster, asks `gang.plan_admission` which gangs fit, and removes their gates. Because
+decisions are serialized and gangs released but not yet bound are counted from that LIST, two
+gangs that fit only one at a time can never both be released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from tetrad.render import names
+from tetrad_operator import gang
+from tetrad_operator.kube import STRATEGIC, ApiError, Kube, path
+from tetrad_operator.metrics import Metrics
+from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
+
+log = logging.getLogger(__name__)
+UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+
+Key = tuple[str, str]
+
+
+def ungate_patch(now: datetime) -> dict[str, object]:
+    """Remove only the tetrad gate (strategic merge on the list's `name` key) and stamp the release."""
+    return {"metadata": {"annotations": {RELEASED_ANNOTATION: format_time(now)}},
+            "spec": {"schedulingGates": [{"name": names.GANG_GATE, "$patch": "delete"}]}}
+
+
+async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:
+    patch = ungate_patch(datetime.now(UTC))
+
+    async def one(name: str, uid: str) -> None:
+        async with limit:
+            # The uid guards against a pod of the same name re-created in the meantime.
+            body = {**patch, "metadata": {**patch["metadata"], "uid": uid}}  # type: ignore[dict-item]
+            await kube.patch(path("v1", "pods", namespace, name), body, STRATEGIC, ok=(404, 409, 422))
+
+    await asyncio.gather(*(one(n, u) for n, u in pods))
+
+
+class Admission:
+    def __init__(self, kube: Kube, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
+                 metrics: Metrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
+                 retry_seconds: float = 5.0, batch_seconds: float = 0.05):
+        self.kube = kube
+        self.nodes = nodes
+        self.wake = wake
+        self.metrics = metrics
+        self.limit = limit
+        self.namespaces = namespaces  # None: list pods cluster-wide
+        self.retry_seconds = retry_seconds
+        self.batch_seconds = batch_seconds
+        self.waiting: dict[Key, gang.GangRequest] = {}
+        self.first_seen: dict[tuple[Key, int], float] = {}
+        self.lock = asyncio.Lock()
+        self._kick = asyncio.Event()
+        self._cluster_wide = namespaces is None
+
+    def request(self, req: gang.GangRequest) -> None:
+        known = self.waiting.get(req.key)
+        self.waiting[req.key] = req
+        self.first_seen.setdefault((req.key, req.restart), time.monotonic())
+        if known is None or known.restart != req.restart:
+            self._kick.set()
+
+    def withdraw(self, key: Key) -> None:
+        if self.waiting.pop(key, None) is not None:
+            for k in [k for k in self.first_seen if k[0] == key]:
+                del self.first_seen[k]
+
+    def kick(self) -> None:
+        """Capacity may have changed."""
+        if self.waiting:
+            self._kick.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=self.retry_seconds if self.waiting else None)
+            self._kick.clear()
+            if not self.waiting:
+                continue
+            await asyncio.sleep(self.batch_seconds)
+            try:
+                await self.admit_once()
+            except Exception:
+                log.exception("gang admission failed; retrying in %ss", self.retry_seconds)
+
+    async def _unfinished_pods(self) -> list[PodState]:
+        if self._cluster_wide:
+            try:
+                return [PodState.from_body(b) for b in await self.kube.list("/api/v1/pods", fieldSelector=UNFINISHED)]
+            except ApiError as e:
+                if e.status != 403 or not self.namespaces:
+                    raise
+                log.warning("cannot list pods cluster-wide (%s); counting only the watched namespaces", e)
+                self._cluster_wide = False
+        out: list[PodState] = []
+        for ns in self.namespaces or []:
+            out += [PodState.from_body(b) for b in await self.kube.list(path("v1", "pods", ns), fieldSelector=UNFINISHED)]
+        return out
+
+    async def admit_once(self) -> list[gang.Admission]:
+        async with self.lock:
+            pods = await self._unfinished_pods()
+            by_name = {(p.namespace, p.name): p for p in pods}
+            bound = [p for p in pods if p.node]
+            groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
+            for p in pods:
+                if p.job:
+                    groups[(p.namespace, p.job, p.restart)].append(p)
+            in_flight = [g for g in groups.values() if any(p.released for p in g) and any(p.node is None for p in g)]
+            waiting = []
+            for req in list(self.waiting.values()):
+                fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
+                if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
+                    waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
+                                                    tuple(f for f in fresh if f is not None)))
+            plan = gang.plan_admission(self.nodes(), bound, in_flight, waiting)
+            for a in plan:
+                req = a.request
+                await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
+                if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
+                    del self.waiting[req.key]
+                started = self.first_seen.pop((req.key, req.restart), None)
+                if started is not None:
+                    self.metrics.gang_wait.observe(time.monotonic() - started)
+                self.metrics.gangs_admitted.inc()
+                log.info("released the gang of %s/%s (restart %d, %d pods)", req.namespace, req.name, req.restart,
+                         len(req.pods))
+                self.wake(req.key)
+            return plan

@@ -1,0 +1,347 @@
+"""Per-job reconciliation: read the cluster, decide through `lifecycle.decide`, write the outcome.
+
+One loop per job (run by a kopf daemon) wakes on the job's pod events, node changes, spec
+changes and its own requeue time. Each pass reads the job fresh from the API server and its pods
+and the nodes from kopf's indexes, asks the pure state machine what to do, then writes: the
+status first (guarded by resourceVersion, so a stale pass cannot double-count a restart), then
+the actions. Nothing the operator remembers in memory is needed for correctness; the memory
+below only avoids redundant API calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from tetrad.api.spec import API_VERSION, KIND, PLURAL
+from tetrad_operator import lifecycle, scrape
+from tetrad_operator.admission import Admission, ungate
+from tetrad_operator.kube import ApiError, Kube, object_path, path
+from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate
+from tetrad_operator.metrics import Metrics
+from tetrad_operator.settings import OperatorSettings
+from tetrad_operator.state import NodeState, PodState, format_time
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]
+EXPECTATION_SECONDS = 30.0  # how long a created pod may take to show up in the watch
+COMPONENT = "tetrad-operator"
+
+
+class Controller:
+    def __init__(self, kube: Kube, settings: OperatorSettings, namespaces: list[str] | None = None):
+        self.kube = kube
+        self.settings = settings
+        self.phases: dict[Key, str] = {}
+        self.metrics = Metrics(lambda: self.phases)
+        kube.on_error = self.metrics.api_error
+        self.limit = asyncio.Semaphore(settings.api_concurrency)
+        self.pods_index: Any = None  # kopf.Index: (namespace, job) -> Store[PodState]
+        self.nodes_index: Any = None  # kopf.Index: name -> Store[NodeState]
+        self.wakers: dict[Key, asyncio.Event] = {}
+        self.expected: dict[Key, dict[str, float]] = {}  # created, not yet in the index
+        self.node_ready: dict[str, bool] = {}
+        self.scrapes: dict[Key, asyncio.Task[None]] = {}
+        self.next_scrape: dict[Key, float] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.admission = Admission(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
+                                   retry_seconds=settings.admission_retry_seconds,
+                                   batch_seconds=settings.batch_seconds)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.instance = socket.gethostname()
+
+    # ------------------------------------------------------------------ lifetime
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession()
+        self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
+
+    async def stop(self) -> None:
+        for t in [*self._tasks, *self.scrapes.values()]:
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self.scrapes.values(), return_exceptions=True)
+        if self.session:
+            await self.session.close()
+        self.kube.close()
+
+    # ------------------------------------------------------------------ observations
+
+    def pods(self, key: Key) -> list[PodState]:
+        if self.pods_index is None:
+            return []
+        return list(self.pods_index.get(key, ()))
+
+    def nodes(self) -> list[NodeState]:
+        if self.nodes_index is None:
+            return []
+        return [n for store in self.nodes_index.values() for n in store]
+
+    # ------------------------------------------------------------------ wake-ups
+
+    def wake(self, key: Key) -> None:
+        if (ev := self.wakers.get(key)) is not None:
+            ev.set()
+
+    def on_pod_event(self, namespace: str, job: str, event_type: str | None, phase: str | None,
+                     deleting: bool) -> None:
+        self.wake((namespace, job))
+        if event_type == "DELETED" or deleting or phase in ("Succeeded", "Failed"):
+            self.admission.kick()
+
+    def on_node_event(self, name: str, event_type: str | None, node: NodeState | None) -> None:
+        self.admission.kick()
+        ready = None if event_type == "DELETED" or node is None else node.ready
+        if self.node_ready.get(name) == ready:
+            return
+        if ready is None:
+            self.node_ready.pop(name, None)
+        else:
+            self.node_ready[name] = ready
+        if self.pods_index is None:
+            return
+        for key, store in list(self.pods_index.items()):
+            if any(p.node == name for p in store):
+                self.wake(key)
+
+    # ------------------------------------------------------------------ the per-job loop
+
+    async def run_job(self, namespace: str, name: str, stopped: Any) -> None:
+        """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us."""
+        key = (namespace, name)
+        wake = self.wakers[key] = asyncio.Event()
+        failures = 0
+        delay: float | None = 0.0
+        try:
+            while not stopped:
+                if delay:
+                    await _sleep(wake, stopped, delay)
+                    if stopped:
+                        break
+                    await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
+                wake.clear()
+                try:
+                    delay = await self.reconcile(namespace, name)
+                    failures = 0
+                except Exception as e:
+                    failures += 1
+                    delay = min(0.5 * 2 ** failures, 30.0)
+                    self.metrics.reconcile_errors.inc()
+                    log.warning("reconcile of %s/%s failed (%s); retrying in %.1fs", namespace, name, e, delay,
+                                exc_info=not isinstance(e, ApiError))
+                if delay is None:
+                    break
+        finally:
+            if self.wakers.get(key) is wake:
+                del self.wakers[key]
+            self.admission.withdraw(key)
+            self.phases.pop(key, None)
+            self.expected.pop(key, None)
+            self.next_scrape.pop(key, None)
+            if (task := self.scrapes.pop(key, None)) is not None:
+                task.cancel()
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """One read-decide-write pass; the delay until the next one, or None when the job is gone."""
+        started = time.perf_counter()
+        key = (namespace, name)
+        job_path = path(API_VERSION, PLURAL, namespace, name)
+        body = await self.kube.get(job_path)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None  # ownerReferences let the garbage collector remove the rest
+        now = datetime.now(UTC)
+        pods = self.pods(key)
+        nodes = {n.name: n for n in self.nodes()}
+        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle)
+        old = body.get("status") or {}
+        if not await self._write_status(job_path, body, old, decision.status):
+            return 0.05  # the job changed under us: read it again
+        self._count(old, decision.status)
+        self.phases[key] = decision.status.get("phase") or ""
+        if decision.events:
+            await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events))
+        await self._apply(body, key, pods, decision.actions)
+        if decision.gang is not None:
+            self.admission.request(decision.gang)
+        else:
+            self.admission.withdraw(key)
+        delay = min(decision.requeue_after if decision.requeue_after is not None else self.settings.resync_seconds,
+                    self.settings.resync_seconds)
+        if decision.status.get("phase") == "Running":
+            self._maybe_scrape(body, pods, decision.status)
+            delay = min(delay, self.settings.scrape_interval_seconds)
+        self.metrics.reconcile_duration.observe(time.perf_counter() - started)
+        return delay
+
+    # ------------------------------------------------------------------ writes
+
+    async def _write_status(self, job_path: str, body: dict[str, Any], old: dict[str, Any],
+                            new: dict[str, Any]) -> bool:
+        current = {k: v for k, v in old.items() if k != "training"}
+        if new == current:
+            return True
+        patch: dict[str, Any] = dict(new)
+        for k in current:
+            if k not in new:
+                patch[k] = None  # merge patch: null removes the field
+        rv = body["metadata"]["resourceVersion"]
+        rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
+                                    ok=(404, 409))
+        return rsp is not None
+
+    def _count(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        before, after = old.get("phase"), new.get("phase")
+        if before is None and after is not None:
+            self.metrics.jobs_created.inc()
+        if before == after:
+            return
+        reason = next((c.get("reason", "") for c in new.get("conditions") or [] if c.get("type") == after), "")
+        if after == "Succeeded":
+            self.metrics.jobs_succeeded.inc()
+        elif after == "Failed":
+            self.metrics.jobs_failed.labels(reason).inc()
+        elif after == "Restarting" and (new.get("restarts") or 0) > (old.get("restarts") or 0):
+            self.metrics.restarts.labels(reason).inc()
+
+    async def _post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = job["metadata"]
+        now = format_time(datetime.now(UTC))
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               "resourceVersion": meta.get("resourceVersion")},
+            "type": type_, "reason": reason, "message": message[:1000],
+            "source": {"component": COMPONENT}, "reportingComponent": f"tetrad.dev/{COMPONENT}",
+            "reportingInstance": self.instance, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            await self.kube.create(path("v1", "events", meta["namespace"]), event)
+        except ApiError as e:
+            log.warning("could not record event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
+
+    def _expected(self, key: Key, observed: Iterable[PodState]) -> dict[str, float]:
+        """Pods this operator created that the watch has not shown yet (stale entries expire)."""
+        exp = self.expected.setdefault(key, {})
+        seen = {p.name for p in observed}
+        cutoff = time.monotonic() - EXPECTATION_SECONDS
+        for name in [n for n, t in exp.items() if n in seen or t < cutoff]:
+            del exp[name]
+        return exp
+
+    async def _apply(self, job: dict[str, Any], key: Key, pods: list[PodState], actions: list[lifecycle.Action]) -> None:
+        namespace = key[0]
+        expected = self._expected(key, pods)
+        if not expected:  # objects of an incarnation whose creation is under way are ensured already
+            for a in actions:
+                if isinstance(a, Ensure):
+                    await self._ensure(job, a.obj)
+        calls: list[Awaitable[None]] = []
+        for a in actions:
+            if isinstance(a, CreatePod) and a.name not in expected:
+                calls.append(self._create_pod(job, key, a))
+            elif isinstance(a, DeletePod):
+                expected.pop(a.name, None)
+                calls.append(self._delete_pod(namespace, a))
+        ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
+        if ungates:
+            calls.append(ungate(self.kube, namespace, ungates, self.limit))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        if any(isinstance(a, DeleteJob) for a in actions):
+            meta = job["metadata"]
+            log.info("deleting %s/%s: ttlSecondsAfterFinished ran out", namespace, meta["name"])
+            await self.kube.delete(path(API_VERSION, PLURAL, namespace, meta["name"]), uid=meta["uid"],
+                                   propagation="Background")
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
+        url = object_path(obj)
+        collection = url.rsplit("/", 1)[0]
+        if await self.kube.create(collection, obj) is not None:
+            return
+        existing = await self.kube.get(url)
+        if existing is None:
+            raise ApiError(409, "POST", collection, {"message": "exists and vanished; retrying"})
+        owners = {r.get("uid") for r in existing["metadata"].get("ownerReferences") or []}
+        if job["metadata"]["uid"] not in owners:
+            message = f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this job; delete it or rename the job"
+            await self._post_event(job, "Warning", "ObjectConflict", message)
+            raise ApiError(409, "POST", collection, {"message": message})
+        desired = {k: obj[k] for k in ("data", "spec") if k in obj}
+        if _differs(existing, desired):
+            await self.kube.patch(url, desired)
+
+    async def _create_pod(self, job: dict[str, Any], key: Key, action: CreatePod) -> None:
+        async with self.limit:
+            try:
+                created = await self.kube.create(path("v1", "pods", key[0]), action.obj)
+            except ApiError as e:
+                if e.status in (400, 403, 422):  # quota, admission webhooks, invalid template: tell the user
+                    await self._post_event(job, "Warning", "FailedCreatePod", f"pod {action.name}: {e}")
+                raise
+        self.expected.setdefault(key, {})[action.name] = time.monotonic()
+        if created is not None:
+            self.metrics.pods_created.inc()
+
+    async def _delete_pod(self, namespace: str, action: DeletePod) -> None:
+        async with self.limit:
+            await self.kube.delete(path("v1", "pods", namespace, action.name), uid=action.uid,
+                                   grace_seconds=0 if action.force else None)
+        self.metrics.pods_deleted.labels(str(action.force).lower()).inc()
+
+    # ------------------------------------------------------------------ live training figures
+
+    def _maybe_scrape(self, job: dict[str, Any], pods: list[PodState], status: dict[str, Any]) -> None:
+        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+        now = time.monotonic()
+        running = self.scrapes.get(key)
+        if (running is not None and not running.done()) or now < self.next_scrape.get(key, 0.0):
+            return
+        restart = status.get("restarts") or 0
+        rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
+        host = self.settings.scrape_host or (rank0.ip if rank0 else None)
+        if not host or self.session is None:
+            return
+        port = int(((job.get("spec") or {}).get("metrics") or {}).get("port") or 9400)
+        self.next_scrape[key] = now + self.settings.scrape_interval_seconds
+        self.scrapes[key] = asyncio.create_task(self._scrape(key, host, port), name=f"scrape {key}")
+
+    async def _scrape(self, key: Key, host: str, port: int) -> None:
+        assert self.session is not None
+        figures = await scrape.fetch(self.session, host, port, self.settings.scrape_timeout_seconds)
+        if figures is None:
+            self.metrics.scrapes.labels("unreachable").inc()
+            return
+        figures["updated"] = format_time(datetime.now(UTC))
+        try:
+            await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": {"training": figures}})
+            self.metrics.scrapes.labels("ok").inc()
+        except ApiError as e:
+            self.metrics.scrapes.labels("error").inc()
+            log.warning("could not write training figures of %s/%s: %s", key[0], key[1], e)
+
+
+async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
+    """Until woken, stopped, or the timeout."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+
+
+def _differs(existing: Any, desired: Any) -> bool:
+    """Whether `desired` sets something `existing` lacks (fields the server defaulted are ignored)."""
+    if isinstance(desired, dict):
+        return not isinstance(existing, dict) or any(_differs(existing.get(k), v) for k, v in desired.items())
+    return bool(existing != desired)

@@ -1,0 +1,76 @@
+"""kopf registrations: thin adapters from kopf's watch events to the Controller.
+
+- two indexes keep compact views of the operator's pods (by job) and of every node;
+- event handlers only wake the right job loop (and the gang admission);
+- one daemon per ParallelTrainingJob runs that job's reconcile loop; kopf stops it when the
+  job is deleted or when peering pauses this replica, and starts it again on resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from tetrad.api.spec import GROUP, PLURAL, VERSION
+from tetrad.render import names
+from tetrad_operator.controller import Controller
+from tetrad_operator.kube import Kube
+from tetrad_operator.state import NodeState, PodState
+
+JOBS = (GROUP, VERSION, PLURAL)
+OWN_PODS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@kopf.on.startup()
+async def start(memo: kopf.Memo, pods_by_job: kopf.Index[Any, Any], nodes_by_name: kopf.Index[Any, Any], **_: Any) -> None:
+    controller = Controller(Kube(workers=memo.config.api_concurrency), memo.config, memo.namespaces)
+    controller.pods_index = pods_by_job
+    controller.nodes_index = nodes_by_name
+    await controller.start()
+    memo.controller = controller
+    if memo.metrics_port:
+        memo.metrics_server = controller.metrics.serve(memo.metrics_port)
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    if getattr(memo, "metrics_server", None) is not None:
+        memo.metrics_server.shutdown()
+        memo.metrics_server.server_close()
+    if getattr(memo, "controller", None) is not None:
+        await memo.controller.stop()
+
+
+@kopf.index("pods", labels=OWN_PODS)
+def pods_by_job(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, PodState]:
+    return {(namespace, labels[names.LABEL_JOB]): PodState.from_body(body)}
+
+
+@kopf.index("nodes")
+def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, NodeState]:
+    return {name: NodeState.from_body(body)}
+
+
+@kopf.on.event("pods", labels=OWN_PODS)
+def pod_changed(namespace: str, labels: kopf.Labels, type: str | None, body: kopf.Body, memo: kopf.Memo,
+                **_: Any) -> None:
+    memo.controller.on_pod_event(namespace, labels[names.LABEL_JOB], type, body.get("status", {}).get("phase"),
+                                 bool(body.meta.get("deletionTimestamp")))
+
+
+@kopf.on.event("nodes")
+def node_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.controller.on_node_event(name, type, None if type == "DELETED" else NodeState.from_body(body))
+
+
+@kopf.on.event(*JOBS)
+def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    # Our own status writes come back here too; only a new spec generation needs a reconcile.
+    if body.meta.get("generation") != body.get("status", {}).get("observedGeneration"):
+        memo.controller.wake((namespace, name))
+
+
+@kopf.daemon(*JOBS, cancellation_timeout=10.0)
+async def job_loop(namespace: str, name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+    await memo.controller.run_job(namespace, name, stopped)

@@ -1,0 +1,49 @@
+"""Read live training figures from rank 0's Prometheus endpoint into status.training."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+# Trainer gauge -> status.training field (camelCase, as stored).
+GAUGES = {
+    "tetrad_step": "step",
+    "tetrad_loss": "loss",
+    "tetrad_tokens_per_second": "tokensPerSecond",
+    "tetrad_mfu": "mfu",
+    "tetrad_peak_memory_bytes": "peakMemoryBytes",
+}
+INTEGERS = {"step", "peakMemoryBytes"}
+
+
+def parse(text: str) -> dict[str, Any]:
+    """The training figures in a Prometheus text exposition; a sample labelled rank="0" wins."""
+    out: dict[str, Any] = {}
+    chosen_rank0: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = GAUGES.get(sample.name) or GAUGES.get(sample.name.removesuffix("_total"))
+            if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
+                continue
+            rank0 = sample.labels.get("rank") == "0"
+            if key in out and not rank0:
+                continue
+            out[key] = int(sample.value) if key in INTEGERS else float(sample.value)
+            if rank0:
+                chosen_rank0.add(key)
+    return out
+
+
+async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> dict[str, Any] | None:
+    """The figures, or None when the endpoint cannot be read in time (never raises)."""
+    url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
+            if rsp.status != 200:
+                return None
+            return parse(await rsp.text())
+    except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
+        return None
