@@ -1,0 +1,106 @@
+"""Deterministic, layout-independent batches.
+
+A source maps a global sample index to seq_len+1 tokens (inputs plus the shifted labels). The
+global batch of step s is samples [s*B, (s+1)*B) for every layout; data-parallel rank r of dp
+takes the contiguous slice r of it. The loader's whole state is the next global sample index,
+so a checkpoint taken with one dp degree resumes under another. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.spec import DataSource
+from tetrad_trainer.config import ConfigError
+
+
+class TokenSource(Protocol):
+    def sample(self, index: int) -> np.ndarray:
+        """The seq_len+1 tokens of global sample index."""
+
+
+class SyntheticTokens:
+    """Each sample repeats a random motif of 4..32 tokens: copying it is learnable, so the loss falls."""
+
+    def __init__(self, seed: int, vocab: int, seq_len: int):
+        self.seed, self.vocab, self.seq_len = seed, vocab, seq_len
+
+    def sample(self, index: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, index))
+        motif = rng.integers(0, self.vocab, size=int(rng.integers(4, 33)))
+        return np.resize(motif, self.seq_len + 1)
+
+
+class TokenArray:
+    """Consecutive windows of a token stream (in memory or memory-mapped), wrapping around."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, vocab: int, what: str):
+        self.windows = (len(tokens) - 1) // seq_len
+        if self.windows < 1:
+            raise ConfigError(f"{what} has {len(tokens)} tokens, fewer than seqLen+1 = {seq_len + 1}")
+        self.tokens, self.seq_len, self.vocab, self.what = tokens, seq_len, vocab, what
+
+    def sample(self, index: int) -> np.ndarray:
+        start = (index % self.windows) * self.seq_len
+        window = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
+        if window.max() >= self.vocab:
+            raise ConfigError(f"{self.what} holds token id {int(window.max())}, outside the model's vocab of {self.vocab}")
+        return window
+
+
+def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
+    if tokenizer == "byte":
+        if vocab < 256:
+            raise ConfigError(f"the byte tokenizer needs vocab >= 256, the model has {vocab}")
+        return np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    from tokenizers import Tokenizer
+
+    if not Path(tokenizer).is_file():
+        raise ConfigError(f"data.tokenizer {tokenizer!r} is neither 'byte' nor an existing tokenizer.json")
+    tok = Tokenizer.from_file(tokenizer)
+    if tok.get_vocab_size() > vocab:
+        raise ConfigError(f"tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the model's vocab of {vocab}")
+    return np.asarray(tok.encode(path.read_text(encoding="utf-8")).ids, dtype=np.int64)
+
+
+def build_source(cfg: ResolvedConfig) -> TokenSource:
+    d, m = cfg.data, cfg.model
+    if d.source == DataSource.SYNTHETIC:
+        return SyntheticTokens(cfg.training.seed, m.vocab, m.seq_len)
+    path = Path(d.path or "")
+    if not path.is_file():
+        raise ConfigError(f"data.path {d.path!r} is not a file (data.source={d.source.value})")
+    if d.source == DataSource.TEXT:
+        return TokenArray(_tokenize(path, d.tokenizer, m.vocab), m.seq_len, m.vocab, f"text file {path}")
+    tokens = np.memmap(path, dtype=np.dtype(d.token_dtype), mode="r")
+    return TokenArray(tokens, m.seq_len, m.vocab, f"token file {path}")
+
+
+class BatchLoader:
+    """Yields this data-parallel rank's (inputs, labels), each (global_batch/dp, seq_len) int64."""
+
+    def __init__(self, source: TokenSource, global_batch: int, dp_rank: int, dp_size: int):
+        if global_batch % dp_size:
+            raise ConfigError(f"globalBatch={global_batch} is not divisible by dp={dp_size}")
+        self.source, self.global_batch = source, global_batch
+        self.local_batch = global_batch // dp_size
+        self.dp_rank = dp_rank
+        self.sample_index = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        first = self.sample_index + self.dp_rank * self.local_batch
+        rows = np.stack([self.source.sample(i) for i in range(first, first + self.local_batch)])
+        self.sample_index += self.global_batch
+        tokens = torch.from_numpy(rows.astype(np.int64))
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"sample_index": self.sample_index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sample_index = int(state["sample_index"])

@@ -1,0 +1,159 @@
+"""Throughput, MFU and memory: a Prometheus endpoint on every rank, JSON lines from rank 0.
+
+The operator scrapes rank 0 and reads tetrad_step, tetrad_loss, tetrad_tokens_per_second,
+tetrad_mfu and tetrad_peak_memory_bytes; docs/trainer.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+import torch
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+# Dense bf16 tensor-core peak per GPU, TFLOPS (datasheets). Longer names first: "H100 PCIe" before "H100".
+GPU_PEAK_TFLOPS = {
+    "GB200": 2500.0,
+    "B200": 2250.0,
+    "H200": 989.0,
+    "H100 PCIE": 756.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "H20": 148.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "MI325X": 1307.0,
+    "MI300X": 1307.0,
+    "V100": 125.0,  # fp16: V100 has no bf16
+}
+
+
+def gpu_peak_tflops(name: str) -> float | None:
+    """The table's peak for a GPU name as CUDA or the job reports it, e.g. 'NVIDIA H100 80GB HBM3'."""
+    upper = name.upper().replace("-", " ")
+    for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+        if key in upper:
+            return GPU_PEAK_TFLOPS[key]
+    return None
+
+
+def measure_cpu_tflops(seconds: float = 0.2, n: int = 512) -> float:
+    """Achieved fp32 matmul TFLOPS of this process on the CPU, with its current thread count."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm up
+    reps, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / elapsed / 1e12
+
+
+def peak_tflops(device: torch.device, configured: float | None, gpu_type: str | None) -> tuple[float, str]:
+    """Peak TFLOPS of one device for MFU, and where the figure comes from."""
+    if configured:
+        return configured, "metrics.peakTflops"
+    if device.type == "cuda":
+        name = gpu_type or torch.cuda.get_device_name(device)
+        if (peak := gpu_peak_tflops(name)) is not None:
+            return peak, f"datasheet bf16 peak of {name}"
+        return measure_gpu_tflops(device), f"measured bf16 matmul on {name} (not in the peak table)"
+    return measure_cpu_tflops(), "measured fp32 matmul on the CPU"
+
+
+def measure_gpu_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float:
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a @ a
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ a
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, int]:
+    """(peak allocated, peak reserved) device memory; on the CPU both are the peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return rss, rss
+
+
+@dataclass
+class StepRecord:
+    """One logged step; the JSON line rank 0 writes has exactly these keys."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time_s: float
+    tokens_per_second: float
+    tokens_per_second_per_device: float
+    tflops: float  # achieved model TFLOPS per device
+    mfu: float
+    peak_memory_bytes: int
+    peak_memory_reserved_bytes: int
+
+
+class Metrics:
+    """Prometheus gauges of one rank, plus rank 0's JSON lines."""
+
+    def __init__(self, *, port: int | None, rank: int, labels: dict[str, str], jsonl: Path | None):
+        self.rank = rank
+        self.registry = CollectorRegistry()
+        gauge = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
+        self.gauges = {
+            "step": gauge("tetrad_step", "Last completed optimizer step."),
+            "loss": gauge("tetrad_loss", "Training loss of the last logged step (mean over the global batch)."),
+            "grad_norm": gauge("tetrad_grad_norm", "Global gradient L2 norm before clipping."),
+            "lr": gauge("tetrad_learning_rate", "Learning rate of the last step."),
+            "step_time_s": gauge("tetrad_step_time_seconds", "Mean wall time of the steps since the last log."),
+            "tokens_per_second": gauge("tetrad_tokens_per_second", "Global training throughput in tokens per second."),
+            "tokens_per_second_per_device": gauge("tetrad_tokens_per_second_per_device", "Throughput per process/GPU."),
+            "tflops": gauge("tetrad_tflops", "Achieved model TFLOPS per device (6N + attention FLOPs per token)."),
+            "mfu": gauge("tetrad_mfu", "Model FLOPs utilization per device, 0..1."),
+            "peak_memory_bytes": gauge("tetrad_peak_memory_bytes", "Peak device memory allocated (CUDA) or peak RSS (CPU)."),
+            "peak_memory_reserved_bytes": gauge("tetrad_peak_memory_reserved_bytes", "Peak device memory reserved by the allocator."),
+        }
+        info = Gauge("tetrad_info", "Constant 1, labelled with the job and this rank's place.", list(labels),
+                     registry=self.registry)
+        info.labels(**labels).set(1)
+        self._server = None
+        self.port = self._serve(port) if port is not None else None
+        self.jsonl: IO[str] | None = jsonl.open("a", buffering=1) if jsonl is not None and rank == 0 else None
+
+    def _serve(self, port: int) -> int | None:
+        try:
+            self._server, _ = start_http_server(port, registry=self.registry)
+            return port
+        except OSError as e:  # metrics are for watching; a busy port must not stop training
+            print(f"[tetrad rank {self.rank}] metrics endpoint not started on port {port}: {e}", file=sys.stderr, flush=True)
+            return None
+
+    def log(self, record: StepRecord) -> None:
+        for key, value in asdict(record).items():
+            self.gauges[key].set(value)
+        if self.rank == 0:
+            line = json.dumps(asdict(record))
+            print(line, flush=True)
+            if self.jsonl is not None:
+                self.jsonl.write(line + "\n")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self.jsonl is not None:
+            self.jsonl.close()

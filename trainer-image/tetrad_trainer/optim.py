@@ -1,0 +1,56 @@
+"""AdamW, the learning-rate schedule and gradient clipping across every mesh dim."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from tetrad.api.spec import LRSchedule, Training
+
+
+def build_optimizer(params: list[nn.Parameter], training: Training) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr_at(1, training), betas=(0.9, 0.95), eps=1e-8,
+                             weight_decay=training.weight_decay)
+
+
+def lr_at(step: int, training: Training) -> float:
+    """Learning rate of optimizer step `step` (1-based): linear warmup, then decay to min_lr at the last step."""
+    t = training
+    if step <= t.warmup_steps:
+        return t.lr * step / t.warmup_steps
+    if t.lr_schedule == LRSchedule.CONSTANT:
+        return t.lr
+    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+    progress = min(progress, 1.0)
+    if t.lr_schedule == LRSchedule.LINEAR:
+        return t.min_lr + (t.lr - t.min_lr) * (1.0 - progress)
+    return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+@torch.no_grad()
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The global L2 norm of all gradients; scales them down to max_norm when max_norm > 0.
+
+    Gradients are DTensors sharded over FSDP and TP dims: full_tensor() of the DTensor norm sums
+    the squares over those. Pipeline stages hold disjoint parameters: add their squares across pp.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if pp_group is not None:
+        squared = norm**2
+        dist.all_reduce(squared, group=pp_group)
+        norm = squared.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm

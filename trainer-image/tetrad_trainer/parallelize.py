@@ -1,0 +1,265 @@
+"""From a meta-device model to this rank's parallelized, materialized model parts.
+
+A straight line, in this order:
+    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile → apply_fsdp / apply_ddp → init_weights
+Each step is a plain function of a model part, so a reader can follow what each rank holds.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed._composable.checkpoint_activation import checkpoint
+from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
+from tetrad_trainer import cp as context_parallel
+from tetrad_trainer.config import ConfigError
+from tetrad_trainer.mesh import Mesh
+from tetrad_trainer.model import Transformer, canonical_name, init_weights
+
+SCHEDULES = {
+    PPSchedule.GPIPE: ScheduleGPipe,
+    PPSchedule.ONE_F_ONE_B: Schedule1F1B,
+    PPSchedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
+    PPSchedule.ZERO_BUBBLE: ScheduleZBVZeroBubble,
+}
+MULTI_STAGE = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss; under loss parallelism logits is a DTensor sharded on the vocab."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+@dataclass
+class ParallelModel:
+    parts: list[Transformer]  # the model, or this rank's pipeline stages
+    schedule: _PipelineSchedule | None  # None without pipeline parallelism
+    has_first_stage: bool
+    has_last_stage: bool
+    loss_parallel: bool  # logits are vocab-sharded DTensors: compute the loss under loss_parallel()
+    autocast: bool  # bf16 without FSDP's mixed precision: run forward under autocast
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+
+# --- pipeline parallelism -------------------------------------------------------------------------
+
+def stage_layers(n_layers: int, n_stages: int) -> list[list[int]]:
+    """The blocks of each stage: an even split that counts the embedding and the output as one layer each."""
+    units = n_layers + 2  # unit 0 is the embedding, 1..n_layers the blocks, n_layers+1 the output
+    base, extra = divmod(units, n_stages)
+    stages, start = [], 0
+    for s in range(n_stages):
+        end = start + base + (1 if s < extra else 0)
+        stages.append([u - 1 for u in range(start, end) if 1 <= u <= n_layers])
+        start = end
+    return stages
+
+
+def stage_ids(schedule: PPSchedule, pp: int, pp_rank: int, per_rank: int) -> list[int]:
+    """Stages held by pp_rank: looped (rank, rank+pp, ...) or V-shaped (rank, 2pp-1-rank) for zero bubble."""
+    if schedule == PPSchedule.ZERO_BUBBLE:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(per_rank)]
+
+
+def pipeline_split(model: Transformer, stage: int, n_stages: int) -> Transformer:
+    """A copy of model holding only what stage computes."""
+    part = copy.deepcopy(model)
+    keep = {str(i) for i in stage_layers(model.cfg.layers, n_stages)[stage]}
+    for name in [n for n in part.layers if n not in keep]:
+        del part.layers[name]
+    if stage != 0:
+        part.tok_embeddings = None
+    if stage != n_stages - 1:
+        part.norm = None
+        part.output = None
+    return part
+
+
+def check_pipeline(cfg: ResolvedConfig) -> None:
+    """The pipeline conditions validation also checks, repeated for configs written by hand."""
+    pp, spr, n_mb = cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches
+    stages = pp * spr
+    if cfg.pp_schedule in MULTI_STAGE and spr < 2:
+        raise ConfigError(f"ppSchedule={cfg.pp_schedule.value} needs ppStagesPerRank >= 2, got {spr}")
+    if cfg.pp_schedule == PPSchedule.ZERO_BUBBLE and spr != 2:
+        raise ConfigError(f"ppSchedule=ZeroBubble runs 2 stages per rank in V order, got ppStagesPerRank={spr}")
+    if cfg.pp_schedule not in MULTI_STAGE and spr != 1:
+        raise ConfigError(f"ppSchedule={cfg.pp_schedule.value} runs one stage per rank, got ppStagesPerRank={spr}")
+    if stages > cfg.model.layers + 2:
+        raise ConfigError(f"{stages} pipeline stages (pp={pp} x {spr}) exceed the model's {cfg.model.layers} layers + 2")
+    if n_mb < stages:
+        raise ConfigError(f"ppMicrobatches={n_mb} is below the {stages} pipeline stages (pp={pp} x {spr} per rank)")
+    local_batch = cfg.training.global_batch // cfg.layout.dp
+    if local_batch % n_mb:
+        raise ConfigError(f"the per-rank batch globalBatch/dp = {local_batch} does not split into ppMicrobatches={n_mb}")
+
+
+# --- tensor, context and data parallelism -----------------------------------------------------------
+
+def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style TP: column-wise in, row-wise out; sequence parallel norms; vocab-sharded logits."""
+    top = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+    parallelize_module(model, tp_mesh, {name: style for name, style in top.items() if getattr(model, name) is not None})
+    gather_sequence = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": gather_sequence,
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+
+
+def apply_cp(model: Transformer, cp_mesh: DeviceMesh) -> None:
+    """Shard the sequence: load-balanced RoPE positions and attention over the gathered K/V."""
+    group, rank = cp_mesh.get_group(), cp_mesh.get_local_rank()
+    model.set_positions(context_parallel.shard_sequence(model.positions, 0, cp_mesh.size(), rank))
+    for block in model.layers.values():
+        block.attention.core = context_parallel.ContextParallelAttention(group)
+
+
+def apply_ac(model: Transformer, mode: ActivationCheckpointing) -> None:
+    """Recompute blocks in backward: every block (full) or every other block (selective)."""
+    for name, block in model.layers.items():
+        if mode == ActivationCheckpointing.FULL or int(name) % 2 == 0:
+            checkpoint(block)
+
+
+def apply_compile(model: Transformer) -> None:
+    """torch.compile each block: blocks are identical, so one compilation serves all."""
+    for name, block in model.layers.items():
+        model.layers[name] = torch.compile(block)
+
+
+def _mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
+    if precision == Precision.BF16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool) -> None:
+    """FSDP2 per block, then the root (embedding, final norm, output). A 2D dp_mesh gives HSDP."""
+    mp = _mixed_precision(precision)
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision) -> None:
+    """Plain data parallelism: replicated parameters, gradients all-reduced per block."""
+    mp = _mixed_precision(precision)
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh, mp_policy=mp)
+    replicate(model, mesh=dp_mesh, mp_policy=mp)
+
+
+# --- the straight line -------------------------------------------------------------------------------
+
+def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> ParallelModel:
+    layout, training = cfg.layout, cfg.training
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+
+    if layout.pp > 1:
+        check_pipeline(cfg)
+        n_stages = layout.pp * cfg.pp_stages_per_rank
+        ids = stage_ids(cfg.pp_schedule, layout.pp, mesh.local_rank("pp"), cfg.pp_stages_per_rank)
+        parts = [pipeline_split(model, s, n_stages) for s in ids]
+    else:
+        n_stages, ids, parts = 1, [0], [model]
+
+    shard = layout.dp_shard * layout.cp > 1
+    for part in parts:
+        if layout.tp > 1:
+            apply_tp(part, mesh["tp"])
+        if layout.cp > 1:
+            apply_cp(part, mesh["cp"])
+        if training.activation_checkpointing != ActivationCheckpointing.NONE:
+            apply_ac(part, training.activation_checkpointing)
+        if training.compile:
+            apply_compile(part)
+        if shard:
+            # With a pipeline each stage runs several microbatches: keep its parameters gathered.
+            dp_mesh = mesh.hsdp if layout.dp_replicate > 1 else mesh.dp_shard_cp
+            apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=layout.pp == 1)
+        elif layout.dp_replicate > 1:
+            apply_ddp(part, mesh["dp_replicate"], training.precision)
+        init_weights(part, device, training.seed)
+
+    schedule = None
+    if layout.pp > 1:
+        group = mesh["pp"].get_group()
+        stages = [PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, ids, strict=True)]
+        cls = SCHEDULES[cfg.pp_schedule]
+        schedule = cls(stages if cfg.pp_schedule in MULTI_STAGE else stages[0],
+                       n_microbatches=cfg.pp_microbatches, loss_fn=cross_entropy, scale_grads=True)
+
+    return ParallelModel(
+        parts=parts,
+        schedule=schedule,
+        has_first_stage=0 in ids,
+        has_last_stage=n_stages - 1 in ids,
+        loss_parallel=layout.tp > 1,
+        autocast=training.precision == Precision.BF16 and not (shard or layout.dp_replicate > 1),
+    )
+
+
+def full_parameters(model: ParallelModel, mesh: Mesh) -> dict[str, torch.Tensor] | None:
+    """Every parameter, whole and on the CPU, keyed by its name in the plain model; on rank 0 only.
+
+    Collective: every rank must call it.
+    """
+    local = {}
+    for part in model.parts:
+        for fqn, p in part.named_parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            local[canonical_name(fqn)] = full.detach().float().cpu()
+    # One rank per pipeline stage holds the stage: the one at coordinate 0 of every other dim.
+    if any(mesh.local_rank(d) for d in ("dp_replicate", "dp_shard", "cp", "tp")):
+        return None
+    pp_group = mesh["pp"].get_group()
+    gathered: list[dict[str, torch.Tensor]] | None = [{} for _ in range(mesh["pp"].size())] if dist.get_rank() == 0 else None
+    dist.gather_object(local, gathered, group=pp_group, group_dst=0)
+    if gathered is None:
+        return None
+    return {k: v for part in gathered for k, v in part.items()}

@@ -1,0 +1,198 @@
+"""The training loop. Run one process per device under torchrun:
+
+    torchrun -m tetrad_trainer.train --config /etc/tetrad/config.json [--steps N] [--jsonl PATH]
+
+Rank 0 writes one JSON line per logged step to stdout (and to --jsonl / $TETRAD_JSONL); every
+rank serves Prometheus metrics on $TETRAD_METRICS_PORT + LOCAL_RANK. A config the trainer cannot
+run exits with 78 (EXIT_CONFIG_ERROR), which the operator never retries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.render.env import ENV_CONFIG, ENV_METRICS_PORT
+from tetrad_trainer.config import ConfigError, load_config
+from tetrad_trainer.cp import shard_sequence
+from tetrad_trainer.data import BatchLoader, build_source
+from tetrad_trainer.mesh import build_mesh, init_distributed
+from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
+from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from tetrad_trainer.parallelize import cross_entropy, full_parameters, parallelize
+
+ENV_JSONL = "TETRAD_JSONL"
+
+
+def log(msg: str) -> None:
+    print(f"[tetrad rank {os.environ.get('RANK', '0')}] {msg}", file=sys.stderr, flush=True)
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class Trainer:
+    def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None):
+        self.cfg, self.device = cfg, device
+        self.mesh = build_mesh(cfg.layout, device)
+        self.model = parallelize(cfg, self.mesh, device)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
+        self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch,
+                                  dp_rank=self.mesh.dp.get_local_rank(), dp_size=cfg.layout.dp)
+        self.cp_rank = self.mesh.local_rank("cp")
+        self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
+        self.step = 0
+
+        rank = dist.get_rank()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        base_port = int(os.environ.get(ENV_METRICS_PORT, cfg.metrics.port))
+        self.metrics = Metrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
+                               labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
+        self.peak_tflops, peak_source = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
+        if rank == 0:
+            m = cfg.model
+            log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type} processes,"
+                f" model {m.name} ({m.num_params() / 1e6:.1f}M params), {cfg.training.steps} steps;"
+                f" MFU peak {self.peak_tflops:.3g} TFLOPS ({peak_source})")
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.model.loss_parallel:
+                stack.enter_context(loss_parallel())
+            if self.model.autocast:
+                stack.enter_context(torch.autocast(self.device.type, dtype=torch.bfloat16))
+            yield
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Gradient accumulation over micro batches; returns the mean loss of this rank's batch."""
+        (model,) = self.model.parts
+        n = inputs.shape[0] // self.cfg.training.micro_batch
+        total = torch.zeros((), device=self.device)
+        for x, y in zip(inputs.chunk(n), labels.chunk(n), strict=True):
+            loss = cross_entropy(model(x), y) / n
+            loss.backward()
+            total += plain(loss.detach())
+        return total
+
+    def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One pipeline schedule; returns the mean microbatch loss on the last stage, 0 elsewhere."""
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.model.has_first_stage else ()
+        kwargs = {"target": labels, "losses": losses} if self.model.has_last_stage else {}
+        self.model.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([plain(x.detach()) for x in losses]).mean()
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        inputs, labels = self.loader.next_batch()
+        cp = self.cfg.layout.cp
+        inputs = shard_sequence(inputs, 1, cp, self.cp_rank).to(self.device)
+        labels = shard_sequence(labels, 1, cp, self.cp_rank).to(self.device)
+
+        lr = lr_at(self.step, self.cfg.training)
+        set_lr(self.optimizer, lr)
+        self.optimizer.zero_grad()
+        with self.step_context():
+            if self.model.schedule is not None:
+                loss = self.pipeline_forward_backward(inputs, labels)
+            else:
+                loss = self.forward_backward(inputs, labels)
+        grad_norm = clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip, self.pp_group)
+        self.optimizer.step()
+        return loss, grad_norm, lr
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        """Mean over the global batch: sum the last stage's loss across pp, average over dp x cp."""
+        loss = loss.detach().float().reshape(1).clone()
+        if self.pp_group is not None:
+            dist.all_reduce(loss, group=self.pp_group)
+        dist.all_reduce(loss, group=self.mesh.dp_cp.get_group())
+        return loss.item() / self.mesh.dp_cp.size()
+
+    def train(self) -> None:
+        t = self.cfg.training
+        tokens_per_step = t.global_batch * self.cfg.model.seq_len
+        flops_per_token = self.cfg.model.flops_per_token()
+        world = dist.get_world_size()
+        last_log, steps_since = time.perf_counter(), 0
+        while self.step < t.steps:
+            self.step += 1
+            loss, grad_norm, lr = self.train_step()
+            steps_since += 1
+            if self.step % self.cfg.metrics.log_interval and self.step != t.steps:
+                continue
+            global_loss = self.global_loss(loss)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            now = time.perf_counter()
+            step_time = (now - last_log) / steps_since
+            tps = tokens_per_step / step_time
+            tflops = flops_per_token * tps / world / 1e12
+            peak, reserved = peak_memory_bytes(self.device)
+            self.metrics.log(StepRecord(
+                step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
+                tokens_per_second=tps, tokens_per_second_per_device=tps / world,
+                tflops=tflops, mfu=tflops / self.peak_tflops,
+                peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
+            ))
+            last_log, steps_since = time.perf_counter(), 0
+
+    def save_full_parameters(self, path: Path) -> None:
+        """Write every parameter, gathered whole, to path (rank 0); for tests and debugging."""
+        params = full_parameters(self.model, self.mesh)
+        if params is not None:
+            torch.save(params, path)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tetrad_trainer.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=os.environ.get(ENV_CONFIG), help=f"resolved config JSON (default ${ENV_CONFIG})")
+    p.add_argument("--steps", type=int, default=None, help="train this many steps instead of training.steps (the LR schedule follows)")
+    p.add_argument("--jsonl", type=Path, default=os.environ.get(ENV_JSONL), help=f"also append rank 0's JSON lines here (default ${ENV_JSONL})")
+    p.add_argument("--save-full-parameters", type=Path, default=None, metavar="PATH",
+                   help="after training, save the gathered parameters to PATH (torch.save of a dict)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if not args.config:
+            raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
+        cfg = load_config(args.config, steps=args.steps)
+        device = init_distributed()
+    except ConfigError as e:
+        log(f"config error: {e}")
+        return EXIT_CONFIG_ERROR
+    try:
+        trainer = Trainer(cfg, device, jsonl=args.jsonl)
+        trainer.train()
+        if args.save_full_parameters is not None:
+            trainer.save_full_parameters(args.save_full_parameters)
+        trainer.metrics.close()
+    except ConfigError as e:
+        log(f"config error: {e}")
+        return EXIT_CONFIG_ERROR
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
