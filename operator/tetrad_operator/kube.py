@@ -59,12 +59,12 @@ def object_path(obj: Mapping[str, Any]) -> str:
     return path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
 
 
-def load_api_client(workers: int) -> client.ApiClient:
+def load_api_client(workers: int, kubeconfig: str | None = None) -> client.ApiClient:
     configuration = client.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)
     else:
-        config.load_kube_config(client_configuration=configuration)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = workers
     return client.ApiClient(configuration)
 
@@ -81,8 +81,9 @@ class Kube:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.api.close()
 
-    def _call(self, verb: str, url_path: str, query: Mapping[str, Any] | None, body: Any,
-              content_type: str | None) -> tuple[int, Any]:
+    def call(self, verb: str, url_path: str, query: Mapping[str, Any] | None = None, body: Any = None,
+             content_type: str | None = None) -> tuple[int, Any]:
+        """One blocking request: (HTTP status, decoded body). No retries, no raising on status."""
         headers = {"Accept": "application/json"}
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -110,7 +111,7 @@ class Kube:
         delay = 0.2
         for attempt in range(4):
             try:
-                status, data = await loop.run_in_executor(self.pool, self._call, verb, url_path, query, body, content_type)
+                status, data = await loop.run_in_executor(self.pool, self.call, verb, url_path, query, body, content_type)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 self.on_error(verb, 0)
                 if attempt == 3:

@@ -17,8 +17,9 @@ from tetrad_operator.settings import OperatorSettings
 FINALIZER = "tetrad.dev/operator"
 
 
-def kopf_settings() -> kopf.OperatorSettings:
+def kopf_settings(config: OperatorSettings) -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
+    s.peering.lifetime = config.peering_lifetime_seconds
     s.posting.level = logging.WARNING  # our own Events describe the jobs; kopf posts only problems
     s.scanning.disabled = True  # exact namespaces: no RBAC to list namespaces or CRDs
     s.persistence.finalizer = FINALIZER  # kopf's daemons hold it so a job's loop stops before it goes
@@ -37,13 +38,13 @@ async def serve(namespaces: list[str], all_namespaces: bool, metrics_port: int, 
     from tetrad_operator import handlers  # noqa: F401  (registers the handlers)
 
     memo = memo if memo is not None else kopf.Memo()
-    memo.config = config or OperatorSettings.from_env()
+    memo.config = config = config or OperatorSettings.from_env()
     memo.namespaces = None if all_namespaces else list(namespaces)
     memo.metrics_port = metrics_port
     await kopf.operator(
         clusterwide=all_namespaces, namespaces=[] if all_namespaces else list(namespaces),
         standalone=True if standalone else None, peering_name=peering, priority=priority,
-        settings=kopf_settings(), memo=memo, stop_flag=stop_flag, ready_flag=ready_flag,
+        settings=kopf_settings(config), memo=memo, stop_flag=stop_flag, ready_flag=ready_flag,
         liveness_endpoint=os.environ.get("TETRAD_OPERATOR_LIVENESS") or None,
     )
 

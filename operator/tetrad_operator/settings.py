@@ -22,6 +22,7 @@ class OperatorSettings:
     node_lost_seconds: float = 60.0
     stuck_terminating_seconds: float = 30.0
     node_unknown_seconds: float = 10.0
+    peering_lifetime_seconds: int = 60  # a silent replica is presumed dead after this long
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
 
     @classmethod

@@ -1,0 +1,143 @@
+"""Fixtures for the operator's cluster tests: CRDs, a REST helper, and operators to run.
+
+Cluster tests (marked `cluster`) use the real control plane of tests/cluster_fixtures.py with
+kwok nodes. The operator runs in-process (a thread with its own event loop) for most tests,
+and as a `python -m tetrad_operator` subprocess where it must be SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = "tests.cluster_fixtures"
+CRDS = [REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml", REPO / "deploy" / "kopf-peering.yaml",
+        *sorted((Path(__file__).parent / "crds").glob("*.yaml"))]
+
+# Fast operator settings for tests (seconds).
+FAST_ENV = {
+    "TETRAD_OPERATOR_RESYNC_SECONDS": "2",
+    "TETRAD_OPERATOR_BATCH_SECONDS": "0.02",
+    "TETRAD_OPERATOR_ADMISSION_RETRY_SECONDS": "1",
+    "TETRAD_OPERATOR_SCRAPE_INTERVAL_SECONDS": "1",
+    "TETRAD_OPERATOR_NODE_LOST_SECONDS": "5",
+    "TETRAD_OPERATOR_STUCK_TERMINATING_SECONDS": "5",
+    "TETRAD_OPERATOR_NODE_UNKNOWN_SECONDS": "2",
+    "TETRAD_OPERATOR_PEERING_LIFETIME_SECONDS": "10",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin(PLUGIN):
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        config.pluginmanager.import_plugin(PLUGIN)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def operator_cluster(cluster: Any) -> Iterator[Any]:
+    """The cluster with the operator's CRDs installed and KUBECONFIG pointing at it."""
+    for crd in CRDS:
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    try:
+        yield cluster
+    finally:
+        if previous is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = previous
+
+
+@pytest.fixture(scope="session")
+def api(operator_cluster: Any) -> Any:
+    from tests.operator.helpers import Api
+
+    return Api(operator_cluster.kubeconfig)
+
+
+@dataclass
+class InProcessOperator:
+    namespaces: list[str]
+    metrics_port: int
+    memo: Any
+    stop: threading.Event
+    thread: threading.Thread
+    errors: list[BaseException] = field(default_factory=list)
+
+    @property
+    def controller(self) -> Any:
+        return self.memo.controller
+
+    def shutdown(self, timeout: float = 30) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the operator did not stop"
+        assert not self.errors, f"the operator crashed: {self.errors!r}"
+
+
+@contextmanager
+def operator_in_thread(namespaces: list[str], *, peering: str | None = None, priority: int | None = None,
+                       env: dict[str, str] | None = None) -> Iterator[InProcessOperator]:
+    import kopf
+    from tetrad_operator.main import serve
+    from tetrad_operator.settings import OperatorSettings
+
+    config = OperatorSettings.from_env({**FAST_ENV, **(env or {})})
+    stop, ready = threading.Event(), threading.Event()
+    memo = kopf.Memo()
+    port = free_port()
+    op: InProcessOperator
+
+    def target() -> None:
+        try:
+            asyncio.run(serve(namespaces, False, port, peering, peering is None, config=config, priority=priority,
+                              stop_flag=stop, ready_flag=ready, memo=memo))
+        except BaseException as e:  # surfaced by shutdown()
+            op.errors.append(e)
+
+    thread = threading.Thread(target=target, name=f"operator {namespaces}", daemon=True)
+    op = InProcessOperator(namespaces, port, memo, stop, thread)
+    thread.start()
+    assert ready.wait(60), "the operator did not start"
+    try:
+        yield op
+    finally:
+        op.shutdown()
+
+
+@pytest.fixture
+def operator(operator_cluster: Any, namespace: str) -> Iterator[InProcessOperator]:
+    """An in-process operator watching only this test's namespace."""
+    with operator_in_thread([namespace]) as op:
+        yield op
+
+
+def operator_process(namespace: str, *, kubeconfig: Path | str, log: Path, env: dict[str, str] | None = None,
+                     metrics_port: int = 0) -> subprocess.Popen[bytes]:
+    """`python -m tetrad_operator -n NS --standalone` as a child process (SIGKILL-able)."""
+    full_env = {**os.environ, **FAST_ENV, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tetrad_operator", "-n", namespace, "--standalone", "--metrics-port", str(metrics_port)],
+            env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)

@@ -1,0 +1,111 @@
+"""Gang scheduling in a real cluster: capacity holds, competing gangs, and the scheduler adapters."""
+
+from __future__ import annotations
+
+import pytest
+
+from tetrad.render import names
+
+from .helpers import condition, fake_node, finish_all, ptj, wait_for, wait_phase, wait_running
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def pool(api, namespace):
+    """Nodes of this test only (8 cpu each), selected by a label; removed afterwards."""
+    label = {"tetrad.dev/test-pool": namespace}
+    created: list[str] = []
+
+    def add(n: int = 1, cpu: str = "8") -> None:
+        for _ in range(n):
+            name = f"{namespace}-n{len(created)}"
+            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels=label))
+            created.append(name)
+
+    add.label = label  # type: ignore[attr-defined]
+    yield add
+    for name in created:
+        api.delete(f"/api/v1/nodes/{name}")
+
+
+def pool_job(name: str, pool, nodes: int, cpu: str = "6"):
+    return ptj(name, nodes=nodes, cpu=cpu, template={"nodeSelector": pool.label})
+
+
+def gated(api, ns, job):
+    pods = api.pods(ns, job)
+    return pods and all(p["spec"].get("schedulingGates") == [{"name": names.GANG_GATE}] for p in pods)
+
+
+def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator, namespace, pool):
+    ns = namespace
+    pool(2)
+    api.create_job(ns, pool_job("big", pool, nodes=3))
+    st = wait_phase(api, ns, "big", "GangWaiting")
+    assert condition(st, "GangReleased")["reason"] == "WaitingForCapacity"
+    wait_for(lambda: gated(api, ns, "big") and len(api.pods(ns, "big")) == 3, what="3 gated pods")
+    # Nothing was released part-way: no pod of the gang is bound while it waits.
+    assert not [p for p in api.pods(ns, "big") if p["spec"].get("nodeName")]
+    pool(1)
+    pods = wait_running(api, ns, "big", 3, timeout=30)
+    assert len({p["spec"]["nodeName"] for p in pods}) == 3
+
+
+def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, namespace, pool):
+    ns = namespace
+    pool(2)
+    # Each gang takes 6 of a node's 8 cpus on both nodes: either fits alone, not both together.
+    api.create_job(ns, pool_job("first", pool, nodes=2))
+    api.create_job(ns, pool_job("second", pool, nodes=2))
+    wait_running(api, ns, "first", 2)
+    wait_phase(api, ns, "second", "GangWaiting")
+    assert gated(api, ns, "second")
+    assert not [p for p in api.pods(ns, "second") if p["spec"].get("nodeName")]
+    finish_all(api, ns, "first", 0)
+    wait_phase(api, ns, "first", "Succeeded")
+    wait_running(api, ns, "second", 2, timeout=30)
+
+
+def test_volcano_pod_group(api, operator, namespace):
+    ns = namespace
+    api.create_job(ns, ptj("vj", nodes=3, cpu="2", gang={"scheduler": "volcano", "queue": "research"}))
+    pg = wait_for(lambda: api.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/vj"), what="PodGroup")
+    assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"] == "research"
+    assert pg["spec"]["minResources"] == {"cpu": "6", "memory": "3Gi"}
+    assert pg["metadata"]["ownerReferences"][0]["name"] == "vj"
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == 3 else None)(api.pods(ns, "vj")), what="3 pods")
+    for p in pods:
+        assert p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "vj"
+        assert p["spec"]["schedulerName"] == "volcano"
+        assert not p["spec"].get("schedulingGates")
+    # No Volcano scheduler runs here: the gang waits for it.
+    st = wait_phase(api, ns, "vj", "GangWaiting")
+    assert condition(st, "GangWaiting")["reason"] == "WaitingForScheduler"
+
+
+def test_coscheduling_pod_group(api, operator, namespace):
+    ns = namespace
+    api.create_job(ns, ptj("cj", nodes=2, gang={"scheduler": "coscheduling", "timeoutSeconds": 120}))
+    pg = wait_for(lambda: api.get(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/cj"), what="PodGroup")
+    assert pg["spec"] == {"minMember": 2, "minResources": {"cpu": "2", "memory": "2Gi"}, "scheduleTimeoutSeconds": 120}
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == 2 else None)(api.pods(ns, "cj")), what="2 pods")
+    for p in pods:
+        assert p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "cj"
+        assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+def test_kueue_labels_and_admission_by_unsuspending(api, operator, namespace):
+    ns = namespace
+    api.create_job(ns, ptj("kj", nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}, runPolicy={"suspend": True}))
+    st = wait_phase(api, ns, "kj", "Suspended")
+    assert "startTime" not in st
+    assert not api.pods(ns, "kj"), "a suspended job creates no pods"
+    # Kueue admits a job by setting suspend to false.
+    api.patch(f"/apis/tetrad.dev/v1alpha1/namespaces/{ns}/paralleltrainingjobs/kj", {"spec": {"runPolicy": {"suspend": False}}})
+    pods = wait_running(api, ns, "kj", 2)
+    for p in pods:
+        labels, ann = p["metadata"]["labels"], p["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "kj"
+        assert ann["kueue.x-k8s.io/pod-group-total-count"] == "2"

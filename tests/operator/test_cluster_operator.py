@@ -1,0 +1,151 @@
+"""The operator process: validation at apply, bad specs, live figures, metrics, peering, RBAC."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from .conftest import REPO, free_port, operator_in_thread, operator_process
+from .helpers import condition, finish_all, ptj, wait_for, wait_phase, wait_running
+
+pytestmark = pytest.mark.cluster
+
+
+def test_the_api_server_rejects_bad_specs_with_the_cel_messages(operator_cluster, namespace):
+    bad = ptj("bad", nodes=2, parallelism={"dpShard": 2, "tp": 2})
+    proc = operator_cluster.run_kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad))
+    assert proc.returncode != 0
+    assert "the product of the degrees dpReplicate*dpShard*tp*cp*pp = 1*2*2*1*1 = 4 must equal nodes*nprocPerNode = 2*1 = 2" in proc.stderr
+    bad = ptj("bad", nodes=2, gang={"scheduler": "kueue"})
+    proc = operator_cluster.run_kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad))
+    assert proc.returncode != 0 and "gang.scheduler=kueue needs gang.queue" in proc.stderr
+    bad = ptj("bad", nodes=0)
+    proc = operator_cluster.run_kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(bad))
+    assert proc.returncode != 0 and "spec.nodes" in proc.stderr
+
+
+def test_a_spec_failing_deeper_checks_is_failed_and_the_operator_carries_on(api, operator, namespace):
+    ns = namespace
+    # CEL cannot see this: the batch does not split over dpShard=2 (Python validation does).
+    api.create_job(ns, ptj("odd-batch", nodes=2, parallelism={"dpShard": 2}, training={"globalBatch": 3}))
+    st = wait_phase(api, ns, "odd-batch", "Failed")
+    assert condition(st, "Failed")["reason"] == "InvalidSpec"
+    assert "spec.training.globalBatch" in st["message"]
+    assert not api.pods(ns, "odd-batch")
+    assert "InvalidSpec" in [e["reason"] for e in api.events(ns, "odd-batch")]
+    api.create_job(ns, ptj("fine", nodes=1))
+    wait_running(api, ns, "fine", 1)
+    assert operator.thread.is_alive() and not operator.errors
+
+
+def test_live_training_figures_from_rank_0(api, operator_cluster, namespace):
+    registry = CollectorRegistry()
+    gauges = {n: Gauge(n, n, registry=registry) for n in
+              ("tetrad_step", "tetrad_loss", "tetrad_tokens_per_second", "tetrad_mfu", "tetrad_peak_memory_bytes")}
+    gauges["tetrad_step"].set(42)
+    gauges["tetrad_loss"].set(3.25)
+    gauges["tetrad_tokens_per_second"].set(12345.5)
+    gauges["tetrad_mfu"].set(0.41)
+    gauges["tetrad_peak_memory_bytes"].set(2**33)
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        with operator_in_thread([namespace], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
+            api.create_job(namespace, ptj("live", nodes=2, metrics={"port": port}))
+            wait_running(api, namespace, "live", 2)
+            t = wait_for(lambda: api.status(namespace, "live").get("training"), what="training figures")
+            assert t["step"] == 42 and t["loss"] == 3.25 and t["tokensPerSecond"] == 12345.5
+            assert t["mfu"] == 0.41 and t["peakMemoryBytes"] == 2**33 and t["updated"]
+            gauges["tetrad_step"].set(43)
+            wait_for(lambda: api.status(namespace, "live")["training"]["step"] == 43, what="figures refreshed")
+            # An unreachable endpoint never blocks the job.
+            server.shutdown()
+            finish_all(api, namespace, "live", 0)
+            wait_phase(api, namespace, "live", "Succeeded")
+    finally:
+        server.server_close()
+
+
+def test_operator_metrics(api, operator, namespace):
+    api.create_job(namespace, ptj("counted", nodes=2))
+    wait_running(api, namespace, "counted", 2)
+    finish_all(api, namespace, "counted", 0)
+    wait_phase(api, namespace, "counted", "Succeeded")
+
+    def metrics() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line and not line.startswith("#")}
+
+    m = wait_for(lambda: (lambda m: m if m.get('tetrad_operator_jobs{phase="Succeeded"}') == 1 else None)(metrics()),
+                 what="jobs gauge")
+    assert m["tetrad_operator_jobs_created_total"] == 1
+    assert m["tetrad_operator_jobs_succeeded_total"] == 1
+    assert m["tetrad_operator_pods_created_total"] == 2
+    assert m["tetrad_operator_gangs_admitted_total"] == 1
+    assert m["tetrad_operator_gang_wait_seconds_count"] == 1
+    assert m["tetrad_operator_reconcile_duration_seconds_count"] >= 3
+    assert 'tetrad_operator_jobs{phase="Running"}' in m
+
+
+def test_two_replicas_with_peering_run_one_at_a_time(api, operator_cluster, namespace):
+    ns = namespace
+    api.create(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings",
+               {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "tetrad"}})
+    with operator_in_thread([ns], peering="tetrad", priority=200) as high, \
+            operator_in_thread([ns], peering="tetrad", priority=100) as low:
+        peering = f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/tetrad"
+        wait_for(lambda: len((api.get(peering) or {}).get("status") or {}) == 2, what="both replicas in the peering")
+        time.sleep(1)  # the low one sees the high one and pauses
+        api.create_job(ns, ptj("peered", nodes=2))
+        wait_running(api, ns, "peered", 2)
+        wait_for(lambda: high.controller.phases.get((ns, "peered")) == "Running", what="the active replica's view")
+        assert (ns, "peered") not in low.controller.phases, "the paused replica must not reconcile"
+        high.shutdown()  # it leaves the peering; the other resumes
+        finish_all(api, ns, "peered", 0)
+        wait_phase(api, ns, "peered", "Succeeded", timeout=60)
+        assert low.controller.phases.get((ns, "peered")) == "Succeeded"
+    assert len(api.pods(ns, "peered")) == 2
+
+
+def test_least_privilege_rbac_is_enough(api, operator_cluster, namespace, tmp_path):
+    cluster = operator_cluster
+    cluster.kubectl("apply", "-f", str(REPO / "deploy" / "rbac.yaml"))
+    sa = "system:serviceaccount:tetrad-system:tetrad-operator"
+    for verb, resource in (("get", "secrets"), ("list", "secrets"), ("delete", "nodes"), ("create", "clusterroles"),
+                           ("update", "paralleltrainingjobs.tetrad.dev"), ("delete", "services")):
+        assert cluster.run_kubectl("auth", "can-i", verb, resource, "--as", sa).stdout.strip() == "no", (verb, resource)
+    for verb, resource in (("create", "pods"), ("patch", "paralleltrainingjobs.tetrad.dev/status"), ("list", "nodes")):
+        assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", namespace, "--as", sa).stdout.strip() == "yes"
+
+    token = cluster.kubectl("create", "token", "tetrad-operator", "-n", "tetrad-system", "--duration", "1h").strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    ca = server.get("certificate-authority-data") or base64.b64encode(Path(server["certificate-authority"]).read_bytes()).decode()
+    kubeconfig = tmp_path / "operator.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "op",
+        "clusters": [{"name": "c", "cluster": {"server": server["server"], "certificate-authority-data": ca}}],
+        "users": [{"name": "op", "user": {"token": token}}],
+        "contexts": [{"name": "op", "context": {"cluster": "c", "user": "op"}}],
+    }))
+    log = tmp_path / "operator.log"
+    proc = operator_process(namespace, kubeconfig=kubeconfig, log=log)
+    try:
+        api.create_job(namespace, ptj("rbac", nodes=2))
+        wait_running(api, namespace, "rbac", 2, timeout=60)
+        finish_all(api, namespace, "rbac", 0)
+        wait_phase(api, namespace, "rbac", "Succeeded")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = log.read_text()
+    assert "403" not in text and "Forbidden" not in text, text[-3000:]
