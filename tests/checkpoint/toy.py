@@ -206,6 +206,7 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     ckpt.close()
     params = full_params(model)
     return {"losses": losses, "params": params if rank == 0 else None, "consumed": loader.consumed,
+            "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
             "resumed": None if resumed is None else {"step": resumed.step, "saved_layout": resumed.saved_layout,
                                                      "extra": resumed.extra, "refused": resumed.refused},
             "log": log, "lr": sched.get_last_lr(), "stats": ckpt.last_stats}
