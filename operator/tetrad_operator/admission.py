@@ -25,6 +25,7 @@ from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, form
 
 log = logging.getLogger(__name__)
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
+MIN_INTERVAL = 0.25  # seconds between two admission rounds (each LISTs every unfinished pod)
 
 Key = tuple[str, str]
 
@@ -64,6 +65,7 @@ class Admission:
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
         self._cluster_wide = namespaces is None
+        self._last = 0.0
 
     def request(self, req: gang.GangRequest) -> None:
         known = self.waiting.get(req.key)
@@ -89,7 +91,8 @@ class Admission:
             self._kick.clear()
             if not self.waiting:
                 continue
-            await asyncio.sleep(self.batch_seconds)
+            await asyncio.sleep(max(self.batch_seconds, MIN_INTERVAL - (time.monotonic() - self._last)))
+            self._last = time.monotonic()
             try:
                 await self.admit_once()
             except Exception:

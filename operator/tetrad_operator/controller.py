@@ -47,7 +47,7 @@ class Controller:
         self.nodes_index: Any = None  # kopf.Index: name -> Store[NodeState]
         self.wakers: dict[Key, asyncio.Event] = {}
         self.expected: dict[Key, dict[str, float]] = {}  # created, not yet in the index
-        self.node_ready: dict[str, bool] = {}
+        self.node_seen: dict[str, NodeState] = {}
         self.scrapes: dict[Key, asyncio.Task[None]] = {}
         self.next_scrape: dict[Key, float] = {}
         self.session: aiohttp.ClientSession | None = None
@@ -96,14 +96,17 @@ class Controller:
             self.admission.kick()
 
     def on_node_event(self, name: str, event_type: str | None, node: NodeState | None) -> None:
-        self.admission.kick()
-        ready = None if event_type == "DELETED" or node is None else node.ready
-        if self.node_ready.get(name) == ready:
-            return
-        if ready is None:
-            self.node_ready.pop(name, None)
+        node = None if event_type == "DELETED" else node
+        before = self.node_seen.get(name)
+        if before == node:
+            return  # a heartbeat: nothing the decisions look at changed
+        if node is None:
+            self.node_seen.pop(name, None)
         else:
-            self.node_ready[name] = ready
+            self.node_seen[name] = node
+        self.admission.kick()
+        if before is not None and node is not None and before.ready == node.ready:
+            return
         if self.pods_index is None:
             return
         for key, store in list(self.pods_index.items()):
@@ -173,6 +176,7 @@ class Controller:
             self.admission.withdraw(key)
         delay = min(decision.requeue_after if decision.requeue_after is not None else self.settings.resync_seconds,
                     self.settings.resync_seconds)
+        delay = max(delay, 0.1)
         if decision.status.get("phase") == "Running":
             self._maybe_scrape(body, pods, decision.status)
             delay = min(delay, self.settings.scrape_interval_seconds)
