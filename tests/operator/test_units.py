@@ -1,0 +1,110 @@
+"""Small pure pieces: observed-state parsing, the metrics reader, settings, REST paths."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+from tetrad_operator import scrape
+from tetrad_operator.admission import ungate_patch
+from tetrad_operator.controller import _differs
+from tetrad_operator.kube import path
+from tetrad_operator.settings import OperatorSettings
+from tetrad_operator.state import NodeState, PodState
+
+from tetrad.render import names
+
+from .conftest import free_port
+from .fakes import T0
+
+
+def pod_body(**status) -> dict:
+    return {"metadata": {"name": "j-r2-1", "uid": "u", "namespace": "ns",
+                         "labels": {names.LABEL_JOB: "j", names.LABEL_RESTART: "2", names.LABEL_RANK: "1"}},
+            "spec": {"containers": [{"name": "trainer"}], "schedulingGates": [{"name": names.GANG_GATE}, {"name": "other"}]},
+            "status": status}
+
+
+def test_pod_state_reads_labels_gates_and_exit_codes():
+    p = PodState.from_body(pod_body(phase="Failed", containerStatuses=[
+        {"name": "sidecar", "state": {"terminated": {"exitCode": 9}}},
+        {"name": "trainer", "state": {"terminated": {"exitCode": 75}}}]))
+    assert (p.job, p.restart, p.rank, p.namespace) == ("j", 2, 1, "ns")
+    assert p.gated and p.other_gates and not p.released
+    assert (p.exit_code, p.container) == (75, "trainer")  # the trainer's code wins
+    init = PodState.from_body(pod_body(phase="Failed", initContainerStatuses=[
+        {"name": "wait-for-master", "state": {"terminated": {"exitCode": 1}}}]))
+    assert (init.exit_code, init.container) == (1, "wait-for-master")
+    evicted = PodState.from_body(pod_body(phase="Failed", reason="Evicted", conditions=[
+        {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]))
+    assert evicted.exit_code is None and evicted.disrupted == "TerminationByKubelet"
+
+
+def test_node_state():
+    n = NodeState.from_body({"metadata": {"name": "n", "labels": {"a": "b"}},
+                             "spec": {"unschedulable": True, "taints": [{"key": "k", "effect": "NoSchedule"}]},
+                             "status": {"allocatable": {"cpu": "500m", "nvidia.com/gpu": "8"},
+                                        "conditions": [{"type": "Ready", "status": "False",
+                                                        "lastTransitionTime": "2030-01-01T00:00:00Z"}]}})
+    assert not n.ready and n.unschedulable and n.ready_changed == T0
+    assert n.allocatable.get("cpu") == 500 and n.allocatable.get("nvidia.com/gpu") == 8
+    assert n.label_map == {"a": "b"}
+
+
+def test_scrape_parses_a_real_exposition():
+    r = CollectorRegistry()
+    Gauge("tetrad_step", "", registry=r).set(12)
+    Gauge("tetrad_loss", "", registry=r).set(float("nan"))  # not JSON: left out
+    g = Gauge("tetrad_tokens_per_second", "", ["rank"], registry=r)
+    g.labels("1").set(5.0)
+    g.labels("0").set(7.5)
+    Counter("tetrad_mfu", "", registry=r).inc(0.5)  # a counter is read too (sample tetrad_mfu_total)
+    Gauge("other_metric", "", registry=r).set(1)
+    out = scrape.parse(generate_latest(r).decode())
+    assert out == {"step": 12, "tokensPerSecond": 7.5, "mfu": 0.5}
+    assert isinstance(out["step"], int) and not any(isinstance(v, float) and math.isnan(v) for v in out.values())
+
+
+def test_scrape_fetch_reads_an_endpoint_and_never_raises():
+    r = CollectorRegistry()
+    Gauge("tetrad_peak_memory_bytes", "", registry=r).set(2**40)
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=r)
+
+    async def go():
+        import aiohttp
+
+        async with aiohttp.ClientSession() as s:
+            ok = await scrape.fetch(s, "127.0.0.1", port, 2.0)
+            closed = await scrape.fetch(s, "127.0.0.1", free_port(), 0.5)
+            unroutable = await scrape.fetch(s, "10.255.255.1", 9, 0.2)
+            return ok, closed, unroutable
+
+    try:
+        ok, closed, unroutable = asyncio.run(go())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ok == {"peakMemoryBytes": 2**40} and closed is None and unroutable is None
+
+
+def test_settings_from_env():
+    s = OperatorSettings.from_env({"TETRAD_OPERATOR_RESYNC_SECONDS": "4", "TETRAD_OPERATOR_NODE_LOST_SECONDS": "7",
+                                   "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1", "UNRELATED": "x"})
+    assert s.resync_seconds == 4.0 and s.scrape_host == "127.0.0.1"
+    assert s.lifecycle.node_lost_seconds == 7.0
+    with pytest.raises(ValueError, match="TETRAD_OPERATOR_API_CONCURRENCY"):
+        OperatorSettings.from_env({"TETRAD_OPERATOR_API_CONCURRENCY": "lots"})
+
+
+def test_rest_paths_and_patches():
+    assert path("v1", "Pod", "ns", "p") == "/api/v1/namespaces/ns/pods/p"
+    assert path("tetrad.dev/v1alpha1", "paralleltrainingjobs", "ns", "j", "status") == \
+        "/apis/tetrad.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/j/status"
+    assert path("v1", "nodes") == "/api/v1/nodes"
+    patch = ungate_patch(T0)
+    assert patch["spec"] == {"schedulingGates": [{"name": names.GANG_GATE, "$patch": "delete"}]}
+    assert _differs({"spec": {"a": 1, "defaulted": 2}}, {"spec": {"a": 1}}) is False
+    assert _differs({"data": {"x": "1"}}, {"data": {"x": "2"}}) is True
