@@ -129,7 +129,7 @@ class Metrics:
         }
         info = Gauge("tetrad_info", "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
-        info.labels(**labels).set(1)
+        (info.labels(**labels) if labels else info).set(1)
         self._server = None
         self.port = self._serve(port) if port is not None else None
         self.jsonl: IO[str] | None = jsonl.open("a", buffering=1) if jsonl is not None and rank == 0 else None

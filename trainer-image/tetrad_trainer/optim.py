@@ -18,14 +18,14 @@ def build_optimizer(params: list[nn.Parameter], training: Training) -> torch.opt
 
 
 def lr_at(step: int, training: Training) -> float:
-    """Learning rate of optimizer step `step` (1-based): linear warmup, then decay to min_lr at the last step."""
+    """Learning rate of optimizer step `step` (1-based): linear warmup to lr, then decay from lr at the
+    first step after warmup to min_lr at the last step."""
     t = training
     if step <= t.warmup_steps:
         return t.lr * step / t.warmup_steps
     if t.lr_schedule == LRSchedule.CONSTANT:
         return t.lr
-    progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
-    progress = min(progress, 1.0)
+    progress = min(1.0, (step - t.warmup_steps - 1) / max(1, t.steps - t.warmup_steps - 1))
     if t.lr_schedule == LRSchedule.LINEAR:
         return t.min_lr + (t.lr - t.min_lr) * (1.0 - progress)
     return t.min_lr + (t.lr - t.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -1,0 +1,60 @@
+"""Entry points run on every rank by the harness (`run_ranks("tests.trainer.probes:NAME", argv, ...)`).
+
+Each returns 0 when its check holds on this rank and prints what differed otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from tetrad_trainer.config import load_config
+from tetrad_trainer.cp import ContextParallelAttention, shard_sequence
+from tetrad_trainer.mesh import build_mesh, init_distributed
+from tetrad_trainer.parallelize import full_parameters, parallelize
+
+
+def initial_parameters(argv: list[str]) -> int:
+    """Build and materialize the parallel model, then save its parameters gathered whole (rank 0)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    device = init_distributed()
+    mesh = build_mesh(cfg.layout, device)
+    params = full_parameters(parallelize(cfg, mesh, device), mesh)
+    if params is not None:
+        torch.save(params, args.out)
+    dist.destroy_process_group()
+    return 0
+
+
+def cp_attention(argv: list[str]) -> int:
+    """ContextParallelAttention on load-balanced shards equals causal attention on the whole sequence."""
+    dist.init_process_group("gloo")
+    cp, rank = dist.get_world_size(), dist.get_rank()
+    g = torch.Generator().manual_seed(0)
+    b, heads, kv_heads, seq, d = 2, 4, 2, 8 * cp, 16
+    q = torch.randn(b, heads, seq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, kv_heads, seq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, kv_heads, seq, d, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(b, heads, seq, d, generator=g, dtype=torch.float64)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    (ref * w).sum().backward()
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return shard_sequence(t.detach(), 2, cp, rank)
+
+    ql, kl, vl = (local(t).requires_grad_() for t in (q, k, v))
+    out = ContextParallelAttention(dist.group.WORLD)(ql, kl, vl)
+    (out * local(w)).sum().backward()
+    checks = {"out": (out, local(ref)), "dq": (ql.grad, local(q.grad)), "dk": (kl.grad, local(k.grad)),
+              "dv": (vl.grad, local(v.grad))}
+    bad = {name: (a - b).abs().max().item() for name, (a, b) in checks.items() if not torch.allclose(a, b, atol=1e-10)}
+    print(f"rank {rank} of cp={cp}: mismatches {bad}" if bad else f"rank {rank} of cp={cp}: exact", flush=True)
+    dist.destroy_process_group()
+    return 1 if bad else 0

@@ -1,0 +1,82 @@
+"""The core guarantee: every layout trains the same model as one process does.
+
+fp32 on CPU/gloo, the debug model (seqLen 64), 5 steps, gradient clipping active (the norms are
+above 1): per-step losses within 1e-4 relative and the final parameters, gathered whole, within
+1e-4 of the single-process run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.harness import Run, job, run_trainer
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TRAINING = {"steps": 5, "globalBatch": 8, "microBatch": 2, "precision": "fp32", "lr": 1e-3, "warmupSteps": 2,
+            "gradClip": 1.0, "seed": 7}
+MODEL = {"seqLen": 64}
+# name: (parallelism, nodes, processes per node)
+LAYOUTS: dict[str, tuple[dict[str, object], int, int]] = {
+    "dpReplicate2": ({"dpReplicate": 2}, 1, 2),
+    "dpShard2": ({"dpShard": 2}, 1, 2),
+    "tp2": ({"tp": 2}, 1, 2),
+    "cp2": ({"cp": 2}, 1, 2),
+    "pp2-GPipe": ({"pp": 2, "ppSchedule": "GPipe"}, 1, 2),
+    "pp2-1F1B": ({"pp": 2, "ppSchedule": "1F1B"}, 1, 2),
+    "pp2-Interleaved1F1B": ({"pp": 2, "ppSchedule": "Interleaved1F1B"}, 1, 2),
+    "pp2-ZeroBubble": ({"pp": 2, "ppSchedule": "ZeroBubble"}, 1, 2),
+    "dpShard2-tp2": ({"dpShard": 2, "tp": 2}, 1, 4),
+    "dpReplicate2-dpShard2": ({"dpReplicate": 2, "dpShard": 2}, 1, 4),
+    "dpReplicate2-tp2": ({"dpReplicate": 2, "tp": 2}, 1, 4),
+    "pp2-tp2": ({"pp": 2, "tp": 2}, 1, 4),
+    "dpShard2-cp2-tp2": ({"dpShard": 2, "cp": 2, "tp": 2}, 2, 4),
+    "pp2-dpShard2-tp2": ({"pp": 2, "dpShard": 2, "tp": 2}, 2, 4),
+    "pp2-dpShard2-cp2-tp2": ({"pp": 2, "dpShard": 2, "cp": 2, "tp": 2}, 2, 8),
+}
+LOSS_RTOL = 1e-4
+PARAM_ATOL = 1e-4
+
+
+def train(tmp: Path, parallelism: dict[str, object], nodes: int, nproc: int) -> tuple[Run, dict[str, torch.Tensor]]:
+    cfg = job(parallelism, nodes=nodes, nproc=nproc, model=MODEL, training=TRAINING)
+    params = tmp / "params.pt"
+    run = run_trainer(cfg, tmp, args=("--save-full-parameters", str(params)), timeout=480)
+    assert run.codes == [0] * cfg.world_size, run.logs()
+    return run, torch.load(params)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[float], dict[str, torch.Tensor]]:
+    run, params = train(tmp_path_factory.mktemp("single"), {}, 1, 1)
+    losses = [r["loss"] for r in run.records]
+    assert len(losses) == TRAINING["steps"]
+    return losses, params
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_matches_single_process(name: str, reference: tuple[list[float], dict[str, torch.Tensor]],
+                                       tmp_path: Path) -> None:
+    ref_losses, ref_params = reference
+    run, params = train(tmp_path, *LAYOUTS[name])
+    losses = [r["loss"] for r in run.records]
+    assert [r["step"] for r in run.records] == list(range(1, TRAINING["steps"] + 1))
+    loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    assert params.keys() == ref_params.keys()
+    param_diff = max((params[k] - ref_params[k]).abs().max().item() for k in ref_params)
+    moved = min((ref_params[k] - initial).abs().max().item() for k, initial in _initial(ref_params).items())
+    print(f"\n[equivalence] {name:24s} world {len(run.codes):2d}  max loss rel diff {loss_rel:.2e}"
+          f"  max param abs diff {param_diff:.2e}  ({run.seconds:.1f} s)")
+    assert loss_rel < LOSS_RTOL, (losses, ref_losses)
+    assert param_diff < PARAM_ATOL
+    assert moved > 10 * PARAM_ATOL, "training barely moved the weights: the comparison would prove nothing"
+
+
+def _initial(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    from tetrad_trainer.model import initial_value
+
+    cfg = job({}, nproc=1, model=MODEL, training=TRAINING)
+    return {k: initial_value(k, v.shape, cfg.model, cfg.training.seed) for k, v in params.items()}

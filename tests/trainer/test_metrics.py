@@ -1,0 +1,63 @@
+"""Prometheus names, the JSON line, and the MFU peak table."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.harness import free_port
+from tetrad_trainer.metrics import Metrics, StepRecord, gpu_peak_tflops, measure_cpu_tflops, peak_tflops
+
+RECORD = StepRecord(step=3, loss=2.5, grad_norm=0.7, lr=1e-4, step_time_s=0.5, tokens_per_second=4096.0,
+                    tokens_per_second_per_device=1024.0, tflops=0.2, mfu=0.31, peak_memory_bytes=123456789,
+                    peak_memory_reserved_bytes=200000000)
+JSON_KEYS = {"step", "loss", "tokens_per_second", "mfu", "tflops", "peak_memory_bytes", "step_time_s"}
+
+
+def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    metrics = Metrics(port=port, rank=0, labels={"job": "j", "rank": "0", "mesh": "m"}, jsonl=tmp_path / "m.jsonl")
+    try:
+        metrics.log(RECORD)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        metrics.close()
+    for line in ("tetrad_step 3.0", "tetrad_loss 2.5", "tetrad_tokens_per_second 4096.0", "tetrad_mfu 0.31",
+                 "tetrad_peak_memory_bytes 1.23456789e+08", "tetrad_tflops 0.2", "tetrad_step_time_seconds 0.5",
+                 "tetrad_grad_norm 0.7", "tetrad_learning_rate 0.0001", "tetrad_tokens_per_second_per_device 1024.0",
+                 'tetrad_info{job="j",mesh="m",rank="0"} 1.0'):
+        assert f"\n{line}\n" in body, line
+    printed = json.loads(capsys.readouterr().out.strip())
+    written = json.loads((tmp_path / "m.jsonl").read_text())
+    assert printed == written and JSON_KEYS <= printed.keys() and printed["step"] == 3
+
+
+def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tmp_path: Path,
+                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    first = Metrics(port=port, rank=0, labels={}, jsonl=None)
+    second = Metrics(port=port, rank=1, labels={}, jsonl=tmp_path / "x.jsonl")
+    try:
+        assert first.port == port and second.port is None
+        second.log(RECORD)
+        assert capsys.readouterr().out == "" and not (tmp_path / "x.jsonl").exists()
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("h100", 989.0),
+                                        ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Tesla T4", None)])
+def test_gpu_peak_table(name: str, peak: float | None) -> None:
+    assert gpu_peak_tflops(name) == peak
+
+
+def test_cpu_peak_is_measured_unless_configured() -> None:
+    assert measure_cpu_tflops(seconds=0.05, n=128) > 0
+    assert peak_tflops(torch.device("cpu"), 2.5, None) == (2.5, "metrics.peakTflops")
+    assert peak_tflops(torch.device("cpu"), None, "H100")[1] == "measured fp32 matmul on the CPU"

@@ -1,0 +1,102 @@
+"""The model, its deterministic initialization and the pipeline split, in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.trainer.harness import job
+from tetrad.api.spec import PPSchedule
+from tetrad_trainer.cp import shard_sequence
+from tetrad_trainer.model import Transformer, canonical_name, init_weights, initial_value
+from tetrad_trainer.parallelize import pipeline_split, stage_ids, stage_layers
+
+CFG = job({}, nproc=1, model={"seqLen": 32, "layers": 4}).model
+
+
+def build(seed: int = 0) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(CFG)
+    init_weights(model, torch.device("cpu"), seed)
+    return model
+
+
+def test_forward_gives_logits_per_position_and_parameter_count_matches_the_api() -> None:
+    model = build()
+    tokens = torch.randint(0, CFG.vocab, (2, CFG.seq_len))
+    assert model(tokens).shape == (2, CFG.seq_len, CFG.vocab)
+    assert sum(p.numel() for p in model.parameters()) == CFG.num_params()
+
+
+def test_attention_is_causal() -> None:
+    model = build()
+    tokens = torch.randint(0, CFG.vocab, (1, CFG.seq_len))
+    changed = tokens.clone()
+    changed[0, 20:] = (changed[0, 20:] + 1) % CFG.vocab
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    assert torch.equal(a[0, :20], b[0, :20])
+    assert not torch.allclose(a[0, 20:], b[0, 20:])
+
+
+def test_initialization_is_a_function_of_seed_and_name_only() -> None:
+    a, b, c = build(seed=1), build(seed=1), build(seed=2)
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+        assert torch.equal(pa, initial_value(name, pa.shape, CFG, 1)), name
+        if "norm" not in name:
+            assert not torch.equal(pa, pc), name
+    # Different tensors of the same shape get different values.
+    assert not torch.equal(a.layers["0"].attention.wk.weight, a.layers["0"].attention.wv.weight)
+    assert not torch.equal(a.layers["0"].attention.wq.weight, a.layers["1"].attention.wq.weight)
+
+
+def test_init_statistics_follow_the_recipe() -> None:
+    m = build()
+    assert torch.equal(m.layers["2"].ffn_norm.weight, torch.ones(CFG.dim))
+    assert m.tok_embeddings.weight.std().item() == pytest.approx(1.0, rel=0.05)
+    assert m.layers["0"].attention.wq.weight.std().item() == pytest.approx(0.02 * 0.88, rel=0.1)  # truncated at 2 std
+    # Residual-branch outputs shrink with depth.
+    assert m.layers["3"].attention.wo.weight.std() < m.layers["0"].attention.wo.weight.std()
+
+
+def test_canonical_name_strips_wrapper_prefixes() -> None:
+    assert canonical_name("layers.3._orig_mod._checkpoint_wrapped_module.attention.wq.weight") == "layers.3.attention.wq.weight"
+
+
+def test_rope_follows_the_context_parallel_positions() -> None:
+    model = build()
+    model.set_positions(shard_sequence(torch.arange(CFG.seq_len), 0, 2, 1))
+    model.init_buffers()
+    full = build().rope
+    assert torch.equal(model.rope, shard_sequence(full, 0, 2, 1))
+
+
+@pytest.mark.parametrize("layers, stages, expected", [
+    (4, 2, [[0, 1], [2, 3]]),  # embedding+2 blocks | 2 blocks+output
+    (4, 4, [[0], [1, 2], [3], []]),  # 6 units over 4 stages: the last holds only the output
+    (2, 4, [[], [0], [1], []]),
+    (16, 3, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]),
+])
+def test_stage_layers_count_embedding_and_output_as_layers(layers: int, stages: int, expected: list[list[int]]) -> None:
+    split = stage_layers(layers, stages)
+    assert split == expected
+    assert sum(split, []) == list(range(layers))
+
+
+def test_stage_ids_loop_or_v_shape() -> None:
+    assert stage_ids(PPSchedule.INTERLEAVED_1F1B, 2, 1, 2) == [1, 3]
+    assert stage_ids(PPSchedule.ZERO_BUBBLE, 2, 1, 2) == [1, 2]
+    assert stage_ids(PPSchedule.ONE_F_ONE_B, 4, 3, 1) == [3]
+
+
+def test_pipeline_stages_keep_the_full_models_names_and_compose_to_it() -> None:
+    model = build()
+    stages = [pipeline_split(model, s, 2) for s in range(2)]
+    names = [set(dict(s.named_parameters())) for s in stages]
+    assert not names[0] & names[1]
+    assert names[0] | names[1] == set(dict(model.named_parameters()))
+    assert stages[0].output is None and stages[1].tok_embeddings is None
+    tokens = torch.randint(0, CFG.vocab, (2, CFG.seq_len))
+    with torch.no_grad():
+        assert torch.equal(stages[1](stages[0](tokens)), model(tokens))

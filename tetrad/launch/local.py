@@ -1,0 +1,239 @@
+"""`tetrad run`: a job on this machine, started exactly as the operator starts it in a cluster.
+
+One torchrun agent per node, each a local process with the node's environment from
+`tetrad.render.env.torchrun_env` and the pod's command from `tetrad.render.objects`, so a job
+behaves the same here and in Kubernetes. Agents log to WORKDIR/node-N.log; rank 0's JSON lines
+drive a live progress bar and the summary. If any node fails, or on Ctrl-C, every agent and
+every worker is stopped: nothing is left running.
+
+This module imports neither torch nor the trainer: the trainer runs in the agents' processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, resolve
+from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.render import names
+from tetrad.render.env import torchrun_env
+from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND
+
+MASTER_ADDR = "127.0.0.1"
+ENV_JSONL = "TETRAD_JSONL"  # read by tetrad_trainer.train: rank 0 appends its JSON lines there
+STOP_GRACE_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((MASTER_ADDR, 0))
+        return int(s.getsockname()[1])
+
+
+def local_command(config_path: Path) -> list[str]:
+    """The pod's command, with this interpreter for `torchrun`/`python` and the local config path."""
+    command: list[str] = []
+    for arg in TRAIN_COMMAND:
+        if arg == "torchrun":
+            command += [sys.executable, "-m", "torch.distributed.run"]
+        elif arg == "python":
+            command.append(sys.executable)
+        else:
+            command.append(str(config_path) if arg == CONFIG_PATH else arg)
+    return command
+
+
+@dataclass
+class Agent:
+    node: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Records:
+    """Rank 0's JSON lines, read incrementally from the file it appends to."""
+
+    path: Path
+    offset: int = 0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def poll(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        self.offset += len(complete)
+        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        self.rows += new
+        return new
+
+
+def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path,
+                 *, rdzv_timeout: int, extra_args: list[str] | None = None) -> list[Agent]:
+    """One torchrun agent per node, each in its own session so it can be stopped as a group."""
+    master_port = free_port()
+    threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
+    agents = []
+    for node in range(cfg.nodes):
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
+            **torchrun_env(cfg, node_rank=node, master_addr=MASTER_ADDR, master_port=master_port,
+                           rdzv_id=names.rendezvous_id(cfg.job_name, None, 0), restart=0,
+                           config_path=str(config_path), rdzv_timeout=rdzv_timeout,
+                           # Nodes share this machine: give each its own block of metrics ports.
+                           metrics_port=cfg.metrics.port + node * cfg.nproc_per_node),
+        }
+        if node == 0:
+            env[ENV_JSONL] = str(jsonl)
+        log = workdir / f"node-{node}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([*local_command(config_path), *(extra_args or [])], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        agents.append(Agent(node, proc, log))
+    return agents
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    """Every live descendant of roots (Linux /proc; torchrun starts each worker in its own session)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        ppid = int(text[text.rfind(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_agents(agents: list[Agent], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM every agent (torchrun stops its workers), then SIGKILL whatever is left, workers included."""
+    running = [a for a in agents if a.proc.poll() is None]
+    everyone = [a.proc.pid for a in running] + _descendants([a.proc.pid for a in running])
+    for a in running:
+        _signal_group(a.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(a.proc.poll() is None for a in running):
+        time.sleep(0.1)
+    for pid in everyone:  # agents and workers lead their own process groups
+        _signal_group(pid, signal.SIGKILL)
+    for a in agents:
+        a.proc.wait()
+
+
+def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jsonl: Path, workdir: Path) -> Table:
+    table = Table(title=f"tetrad run: {cfg.job_name}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("mesh", f"{cfg.layout.label()} ({cfg.nodes} nodes x {cfg.nproc_per_node} processes)")
+    table.add_row("model", f"{cfg.model.name}, {cfg.model.num_params() / 1e6:.1f}M parameters")
+    if rows:
+        steady = rows[1:] or rows  # the first step includes warm-up (lazy init, shape inference)
+        table.add_row("steps", f"{rows[-1]['step']} / {cfg.training.steps}")
+        table.add_row("loss", f"{rows[0]['loss']:.4f} → {rows[-1]['loss']:.4f}")
+        table.add_row("tokens/s", f"{statistics.median(r['tokens_per_second'] for r in steady):,.0f} (median)")
+        table.add_row("MFU", f"{statistics.median(r['mfu'] for r in steady):.2%}"
+                             f"  ({statistics.median(r['tflops'] for r in steady):.3g} TFLOPS per device)")
+        table.add_row("step time", f"{statistics.median(r['step_time_s'] for r in steady):.3f} s (median)")
+        table.add_row("peak memory", f"{max(r['peak_memory_bytes'] for r in rows) / 2**30:.2f} GiB (rank 0)")
+    table.add_row("wall time", f"{wall_s:.1f} s")
+    table.add_row("metrics", str(jsonl))
+    table.add_row("logs", str(workdir))
+    return table
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path | None = None,
+              workdir: Path | None = None) -> int:
+    """Run job on this machine; returns 0 on success, else the failing node's exit code (130 on Ctrl-C)."""
+    console = Console(stderr=True, highlight=False)
+    try:
+        cfg = resolve(job)
+    except InvalidJob as e:
+        for problem in e.problems:
+            console.print(f"[red]error[/red] {problem}")
+        return EXIT_CONFIG_ERROR
+    if steps is not None:
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": steps})})
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"tetrad-{cfg.job_name}-")) if workdir is None else workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_path = workdir / names.CONFIG_FILE
+    config_path.write_text(cfg.to_json())
+    jsonl = jsonl if jsonl is not None else workdir / "metrics.jsonl"
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    jsonl.write_text("")
+    records = Records(jsonl)
+
+    console.print(f"tetrad run: {cfg.job_name}: {cfg.nodes} node(s) x {cfg.nproc_per_node} process(es),"
+                  f" mesh {cfg.layout.label()}, {cfg.training.steps} steps; logs in {workdir}")
+    start = time.monotonic()
+    agents = start_agents(cfg, config_path, workdir, jsonl, rdzv_timeout=job.spec.rendezvous.timeout_seconds)
+    failed: Agent | None = None
+    code = 0
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    try:
+        with progress:
+            task = progress.add_task("starting", total=cfg.training.steps)
+            while True:
+                for row in records.poll():
+                    progress.update(task, completed=row["step"], description=(
+                        f"loss {row['loss']:.4f}  {row['tokens_per_second']:,.0f} tok/s  MFU {row['mfu']:.1%}"))
+                codes = [a.proc.poll() for a in agents]
+                failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
+                if failed is not None or all(c == 0 for c in codes):
+                    break
+                time.sleep(0.2)
+            records.poll()
+    except KeyboardInterrupt:
+        code = 130
+        console.print("[yellow]interrupted: stopping every agent and worker[/yellow]")
+    finally:
+        stop_agents(agents)
+    if failed is not None:
+        rc = failed.proc.returncode
+        code = rc if rc > 0 else 128 - rc  # -N: killed by signal N
+        reason = " (a config error: the job cannot run as written)" if code == EXIT_CONFIG_ERROR else ""
+        console.print(f"[red]node {failed.node} exited with code {code}{reason}; the other nodes were stopped."
+                      f" Last lines of {failed.log}:[/red]")
+        console.print(_tail(failed.log), markup=False)
+    console.print(_summary(cfg, records.rows, time.monotonic() - start, jsonl, workdir))
+    return code
