@@ -3,8 +3,11 @@
     torchrun -m tetrad_trainer.train --config /etc/tetrad/config.json [--steps N] [--jsonl PATH]
 
 Rank 0 writes one JSON line per logged step to stdout (and to --jsonl / $TETRAD_JSONL); every
-rank serves Prometheus metrics on $TETRAD_METRICS_PORT + LOCAL_RANK. A config the trainer cannot
-run exits with 78 (EXIT_CONFIG_ERROR), which the operator never retries.
+rank serves Prometheus metrics on $TETRAD_METRICS_PORT + LOCAL_RANK. With checkpointing on, the
+run resumes from the latest good checkpoint and saves every checkpoint.interval steps and at the
+end. Exit codes: 78 (EXIT_CONFIG_ERROR) for a config the trainer cannot run, which the operator
+never retries; 75 (EXIT_PREEMPTED) after SIGTERM, once every rank has finished the step and the
+checkpoint is saved.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from tetrad.api.resolved import ResolvedConfig
-from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from tetrad.render.env import ENV_CONFIG, ENV_METRICS_PORT
+from tetrad_trainer.checkpoint import Checkpointer, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
@@ -32,12 +36,17 @@ from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import cross_entropy, full_parameters, parallelize
+from tetrad_trainer.preemption import Preemption, report_exit
 
 ENV_JSONL = "TETRAD_JSONL"
 
 
 def log(msg: str) -> None:
     print(f"[tetrad rank {os.environ.get('RANK', '0')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Preempted(Exception):
+    """SIGTERM reached a rank: every rank stopped after the same step and the checkpoint is saved."""
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -50,8 +59,11 @@ class Trainer:
         self.mesh = build_mesh(cfg.layout, device)
         self.model = parallelize(cfg, self.mesh, device)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
-        self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch,
-                                  dp_rank=self.mesh.dp.get_local_rank(), dp_size=cfg.layout.dp)
+        dp_rank = self.mesh.dp.get_local_rank()
+        self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
+        self.checkpointer = Checkpointer(cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
+                                         data_loader=self.loader, dp_rank=dp_rank, logger=log)
+        self.preemption = Preemption()
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
@@ -129,11 +141,18 @@ class Trainer:
         tokens_per_step = t.global_batch * self.cfg.model.seq_len
         flops_per_token = self.cfg.model.flops_per_token()
         world = dist.get_world_size()
+        if resumed := self.checkpointer.resume():
+            self.step = resumed.step
         last_log, steps_since = time.perf_counter(), 0
         while self.step < t.steps:
             self.step += 1
             loss, grad_norm, lr = self.train_step()
             steps_since += 1
+            if self.preemption.requested():
+                self.checkpointer.save(self.step, blocking=True)
+                raise Preempted(f"stopped after step {self.step} on SIGTERM")
+            if self.checkpointer.due(self.step) or self.step == t.steps:
+                self.checkpointer.save(self.step)
             if self.step % self.cfg.metrics.log_interval and self.step != t.steps:
                 continue
             global_loss = self.global_loss(loss)
@@ -170,8 +189,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
     try:
         if not args.config:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
@@ -182,16 +200,28 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG_ERROR
     try:
         trainer = Trainer(cfg, device, jsonl=args.jsonl)
-        trainer.train()
-        if args.save_full_parameters is not None:
-            trainer.save_full_parameters(args.save_full_parameters)
-        trainer.metrics.close()
-    except ConfigError as e:
+        try:
+            trainer.train()
+            if args.save_full_parameters is not None:
+                trainer.save_full_parameters(args.save_full_parameters)
+        finally:
+            trainer.checkpointer.close()
+            trainer.metrics.close()
+    except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
+    except Preempted as e:
+        log(str(e))
+        return EXIT_PREEMPTED
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    code = run(parse_args(argv))
+    report_exit(code)  # for the node's exit-code supervisor (tetrad_trainer.preemption)
+    return code
 
 
 if __name__ == "__main__":
