@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -173,11 +174,18 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jso
     return table
 
 
-def _tail(path: Path, lines: int = 40) -> str:
+# The lines of a node's log that say why it failed: the trainer's own errors, the last line of each
+# worker traceback (torchrun prefixes them with [rankN]:), and torchrun's exit-code summary.
+_CAUSE = re.compile(r"^\[tetrad rank \d+\] .*error|^\[rank\d+\]: [\w.]*(Error|Exception)\b|^\s*exitcode\s*:", re.IGNORECASE)
+
+
+def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
+    causes = list(dict.fromkeys(line.strip() for line in lines if _CAUSE.search(line)))
+    return "\n".join(causes[-20:] if causes else lines[-fallback_lines:])
 
 
 def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path | None = None,
@@ -233,7 +241,7 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
         code = rc if rc > 0 else 128 - rc  # -N: killed by signal N
         reason = " (a config error: the job cannot run as written)" if code == EXIT_CONFIG_ERROR else ""
         console.print(f"[red]node {failed.node} exited with code {code}{reason}; the other nodes were stopped."
-                      f" Last lines of {failed.log}:[/red]")
-        console.print(_tail(failed.log), markup=False)
+                      f" From {failed.log}:[/red]")
+        console.print(failure_excerpt(failed.log), markup=False)
     console.print(_summary(cfg, records.rows, time.monotonic() - start, jsonl, workdir))
     return code
