@@ -47,11 +47,15 @@ def test_exact_resume(tmp_path, straight, layout, async_save):
     assert len(m["ranks"]) == world_of(LAYOUTS[layout])
 
 
-@pytest.mark.parametrize(("before", "after"), [("dps4", "tp2xdps2"), ("tp2xdps2", "dps1")])
-def test_reshard(tmp_path, straight, before, after):
+@pytest.mark.parametrize(("before", "after", "loader"), [
+    ("dps4", "tp2xdps2", "toy"),  # a loader with per-DP-rank state: load_resharded_state
+    ("tp2xdps2", "dps1", "toy"),
+    ("dps2", "dps4", "trainer"),  # the trainer's loader: the same global sample index on every rank
+])
+def test_reshard(tmp_path, straight, before, after, loader):
     a = straight(before)
-    killed_after_commit(before, tmp_path)
-    b = run_toy(after, tmp_path, steps=10, interval=5)
+    killed_after_commit(before, tmp_path, loader=loader)
+    b = run_toy(after, tmp_path, steps=10, interval=5, loader=loader)
     r = b[0]["resumed"]
     assert r["step"] == 5 and r["saved_layout"] != toy.config(LAYOUTS[after], tmp_path).layout.label()
     assert any("layout changed" in line for line in b[0]["log"])

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tetrad_trainer import checkpoint
 from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.data import BatchLoader
 from tetrad_trainer.preemption import Preemption
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -104,10 +107,21 @@ def build_model(cfg: ResolvedConfig, seed: int = 0) -> tuple[nn.Module, Any]:
     return model, mesh
 
 
-def sample(index: int, seq: int, vocab: int) -> torch.Tensor:
-    """seq+1 tokens of global sample `index`, the index itself first (so tests can see it)."""
-    body = (index * 7 + torch.arange(seq) * (1 + index % 5)) % vocab
-    return torch.cat([torch.tensor([index]), body])
+def tokens(index: int, n: int, vocab: int) -> np.ndarray:
+    """n tokens of global sample `index`: a deterministic, learnable progression."""
+    return (index * 7 + np.arange(n) * (1 + index % 5)) % vocab
+
+
+class RecordingSource:
+    """A token source for the trainer's BatchLoader that remembers which samples were read."""
+
+    def __init__(self, cfg: ResolvedConfig):
+        self.n, self.vocab = cfg.model.seq_len + 1, cfg.model.vocab
+        self.seen: list[int] = []
+
+    def sample(self, index: int) -> np.ndarray:
+        self.seen.append(index)
+        return tokens(index, self.n, self.vocab)
 
 
 class ToyLoader:
@@ -128,8 +142,8 @@ class ToyLoader:
         idx = list(range(self.next_sample, self.next_sample + self.local))
         self.consumed += idx
         self.next_sample += self.cfg.training.global_batch
-        rows = torch.stack([sample(i, m.seq_len, m.vocab) for i in idx])
-        return rows[:, 1:-1], rows[:, 2:]
+        rows = torch.from_numpy(np.stack([tokens(i, m.seq_len + 1, m.vocab) for i in idx]))
+        return rows[:, :-1], rows[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_sample": self.next_sample, "local": self.local}
@@ -148,6 +162,14 @@ def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
 
 
+def die_at(phase: str, step: int) -> Callable[[str, int], None]:
+    """A checkpoint.phase_hook that SIGKILLs this process when the save of `step` reaches `phase`."""
+    def hook(name: str, at: int) -> None:
+        if (name, at) == (phase, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
 def _progress(spec: dict[str, Any], rank: int, event: str) -> None:
     if spec.get("progress"):
         with open(Path(spec["progress"]) / f"rank-{rank}", "a") as f:
@@ -162,19 +184,21 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     dp_rank = mesh["dp_shard"].get_local_rank()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, weight_decay=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3) * 0.9 ** s)
-    loader = ToyLoader(cfg, dp_rank)
+    if spec.get("loader") == "trainer":  # the trainer's own loader: its state is the global sample index
+        source = RecordingSource(cfg)
+        loader: Any = BatchLoader(source, cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
+        consumed = source.seen
+    else:
+        loader = ToyLoader(cfg, dp_rank)
+        consumed = loader.consumed
     log: list[str] = []
     ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], lr_schedulers=[sched], data_loader=loader,
                         dp_rank=dp_rank, logger=log.append)
     preemption = Preemption() if spec.get("preemptible") else None
 
     die = spec.get("die")  # {"rank": r, "phase": "dcp-written", "step": 5}: SIGKILL ourselves there
-    current = {"step": 0}
     if die and die["rank"] == rank and die.get("phase"):
-        def hook(phase: str) -> None:
-            if phase == die["phase"] and current["step"] == die["step"]:
-                os.kill(os.getpid(), signal.SIGKILL)
-        checkpoint.phase_hook = hook
+        checkpoint.phase_hook = die_at(die["phase"], die["step"])
 
     resumed = ckpt.resume()
     step = resumed.step if resumed else 0
@@ -194,18 +218,16 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         if die and die["rank"] == rank and die.get("after_step") == step:
             os.kill(os.getpid(), signal.SIGKILL)
         if ckpt.due(step):
-            current["step"] = step
             _progress(spec, rank, f"save {step}")
             ckpt.save(step, extra={"loss": losses[step]})
             _progress(spec, rank, f"saved {step}")
         if preemption is not None and preemption.requested():
-            current["step"] = step
             ckpt.save(step, blocking=True)
             ckpt.close()
             raise SystemExit(EXIT_PREEMPTED)
     ckpt.close()
     params = full_params(model)
-    return {"losses": losses, "params": params if rank == 0 else None, "consumed": loader.consumed,
+    return {"losses": losses, "params": params if rank == 0 else None, "consumed": consumed,
             "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
             "resumed": None if resumed is None else {"step": resumed.step, "saved_layout": resumed.saved_layout,
                                                      "extra": resumed.extra, "refused": resumed.refused},

@@ -76,13 +76,14 @@ _OPTIM_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # may change between runs.
 MODEL_KEYS = ("dim", "layers", "heads", "kv_heads", "vocab", "ffn_dim")
 
-# Test seam: called with the name of each commit phase on every rank (see tests/checkpoint).
-phase_hook: Callable[[str], None] | None = None
+# Test seam: called with (phase, step) at each phase of a save, on the ranks that pass through it
+# (the commit phases are rank 0's); the kill tests SIGKILL a rank there.
+phase_hook: Callable[[str, int], None] | None = None
 
 
-def _phase(name: str) -> None:
+def _phase(name: str, step: int) -> None:
     if phase_hook is not None:
-        phase_hook(name)
+        phase_hook(name, step)
 
 
 class CheckpointError(RuntimeError):
@@ -478,7 +479,7 @@ class Checkpointer:
         blob = self._rank_state(step, extra)
         if async_save:
             state = self._stage(state)
-            _phase("staged")
+            _phase("staged", step)
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tetrad-ckpt")
             stall = time.perf_counter() - t0
@@ -520,13 +521,13 @@ class Checkpointer:
             writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True)
             with _quiet_single_process(self.distributed):
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
-            _phase("dcp-written")
+            _phase("dcp-written", step)
             own = tmp / rank_file_name(self.rank)
             with open(own, "wb") as f:
                 f.write(blob)
                 f.flush()
                 os.fsync(f.fileno())
-            _phase("rank-file-written")
+            _phase("rank-file-written", step)
             mine = [own.name] + [p.name for p in tmp.iterdir() if p.name.startswith(f"__{self.rank}_")]
             report["files"] = {n: dict(zip(("size", "crc32"), file_digest(tmp / n), strict=True)) for n in mine}
         except Exception as e:  # every rank must still reach the gather below
@@ -587,19 +588,19 @@ class Checkpointer:
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(tmp)
-        _phase("manifest-written")
+        _phase("manifest-written", step)
         final = self.dir.root / step_dir_name(step)
         if final.exists():  # left by a save killed before its publication, or a run with resume off
             self.dir.discard(final)
         os.rename(tmp, final)
         fsync_dir(self.dir.root)
-        _phase("renamed")
+        _phase("renamed", step)
         self.dir.publish(step)
-        _phase("published")
+        _phase("published", step)
         deleted = self.dir.prune(self.settings.keep_last)
         if deleted:
             self._info(f"retention (keepLast={self.settings.keep_last}) removed steps {deleted}")
-        _phase("pruned")
+        _phase("pruned", step)
         return f"ok {sum(f['size'] for f in files.values())}"
 
     # -- resuming -------------------------------------------------------------------------------
