@@ -96,7 +96,8 @@ class Run:
         return [json.loads(line) for line in (self.out / "rank-0.log").read_text().splitlines() if line.startswith("{")]
 
     def log(self, rank: int = 0) -> str:
-        return (self.out / f"rank-{rank}.log").read_text()
+        path = self.out / f"rank-{rank}.log"
+        return path.read_text() if path.exists() else "(no log: the rank did not start)"
 
     def logs(self) -> str:
         return "\n".join(f"--- rank {r} ---\n{self.log(r)[-3000:]}" for r in range(len(self.codes)))
@@ -129,7 +130,7 @@ def run_ranks(target: str, argv: list[str], nodes: int, nproc: int, out: Path, *
             "TETRAD_METRICS_PORT": str(metrics + rank // nproc * nproc), **(env or {}),
         }
         procs.append(ctx.Process(target=_rank_main, args=(target, argv, rank_env, str(out / f"rank-{rank}.log")),
-                                 daemon=True))
+                                 daemon=False))  # a daemon may not start children (compile workers)
     start = time.monotonic()
     for p in procs:
         p.start()

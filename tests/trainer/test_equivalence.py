@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 TRAINING = {"steps": 5, "globalBatch": 8, "microBatch": 2, "precision": "fp32", "lr": 1e-3, "warmupSteps": 2,
             "gradClip": 1.0, "seed": 7}
 MODEL = {"seqLen": 64}
-# name: (parallelism, nodes, processes per node)
-LAYOUTS: dict[str, tuple[dict[str, object], int, int]] = {
+# name: (parallelism, nodes, processes per node[, training overrides])
+LAYOUTS: dict[str, tuple[dict[str, object], int, int] | tuple[dict[str, object], int, int, dict[str, object]]] = {
     "dpReplicate2": ({"dpReplicate": 2}, 1, 2),
     "dpShard2": ({"dpShard": 2}, 1, 2),
     "tp2": ({"tp": 2}, 1, 2),
@@ -36,13 +36,17 @@ LAYOUTS: dict[str, tuple[dict[str, object], int, int]] = {
     "dpShard2-cp2-tp2": ({"dpShard": 2, "cp": 2, "tp": 2}, 2, 4),
     "pp2-dpShard2-tp2": ({"pp": 2, "dpShard": 2, "tp": 2}, 2, 4),
     "pp2-dpShard2-cp2-tp2": ({"pp": 2, "dpShard": 2, "cp": 2, "tp": 2}, 2, 8),
+    # Recomputation must not change the numbers.
+    "dpShard2-tp2-fullAC": ({"dpShard": 2, "tp": 2}, 1, 4, {"activationCheckpointing": "full"}),
+    "pp2-cp2-selectiveAC": ({"pp": 2, "cp": 2}, 1, 4, {"activationCheckpointing": "selective"}),
 }
 LOSS_RTOL = 1e-4
 PARAM_ATOL = 1e-4
 
 
-def train(tmp: Path, parallelism: dict[str, object], nodes: int, nproc: int) -> tuple[Run, dict[str, torch.Tensor]]:
-    cfg = job(parallelism, nodes=nodes, nproc=nproc, model=MODEL, training=TRAINING)
+def train(tmp: Path, parallelism: dict[str, object], nodes: int, nproc: int,
+          training: dict[str, object] | None = None) -> tuple[Run, dict[str, torch.Tensor]]:
+    cfg = job(parallelism, nodes=nodes, nproc=nproc, model=MODEL, training={**TRAINING, **(training or {})})
     params = tmp / "params.pt"
     run = run_trainer(cfg, tmp, args=("--save-full-parameters", str(params)), timeout=480)
     assert run.codes == [0] * cfg.world_size, run.logs()

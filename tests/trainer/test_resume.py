@@ -24,10 +24,12 @@ def test_resume_from_step_2_under_another_layout_continues_the_same_run(tmp_path
     assert full.codes == [0, 0], full.logs()
     assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000002", "step-00000004"]
 
-    # Forget the last checkpoint: the next run resumes after step 2, on a TP x PP layout.
+    # Forget the last checkpoint: the next run resumes after step 2, on a TP x PP layout with
+    # checkpoint-wrapped blocks (their parameter names carry a wrapper prefix).
     shutil.rmtree(ckpt / "step-00000004")
     (ckpt / "latest").write_text("step-00000002\n")
-    second = job({"pp": 2, "tp": 2}, nproc=4, model=model, training=TRAINING, checkpoint=checkpoint)
+    second = job({"pp": 2, "tp": 2}, nproc=4, model=model, training={**TRAINING, "activationCheckpointing": "full"},
+                 checkpoint=checkpoint)
     resumed = run_trainer(second, tmp_path / "resumed", args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
     assert resumed.codes == [0] * 4, resumed.logs()
     assert "resumed step 2" in resumed.log(0)

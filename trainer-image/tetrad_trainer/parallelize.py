@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed._composable.checkpoint_activation import checkpoint
 from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.pipelining import (
@@ -162,7 +162,7 @@ def apply_ac(model: Transformer, mode: ActivationCheckpointing) -> None:
     """Recompute blocks in backward: every block (full) or every other block (selective)."""
     for name, block in model.layers.items():
         if mode == ActivationCheckpointing.FULL or int(name) % 2 == 0:
-            checkpoint(block)
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_compile(model: Transformer) -> None:
