@@ -101,6 +101,16 @@ build() {
   fi
   command -v go >/dev/null || { echo "k8s-tools: go is required to build ${stale[*]}" >&2; exit 1; }
   mkdir -p "$BIN"
+  # One builder at a time (parallel test workers may all ask); re-check after waiting.
+  exec 9>"$BIN/.lock"
+  if ! flock -n 9; then
+    echo "k8s-tools: waiting for another build to finish ..."
+    flock 9
+    local -a still=()
+    for t in "${stale[@]}"; do is_fresh "$t" || still+=("$t"); done
+    ((${#still[@]})) || { echo "k8s-tools: all up to date in $BIN"; return 0; }
+    stale=("${still[@]}")
+  fi
   export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly"
   local jobs=${TETRAD_GO_JOBS:-2} start=$SECONDS
   for t in "${stale[@]}"; do

@@ -1,0 +1,631 @@
+#!/usr/bin/env bash
+# A real local Kubernetes control plane for tests: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler and a kwok controller that plays
+# the kubelet for fake GPU nodes. Binaries come from hack/k8s-tools.sh; no
+# containers, loopback only, everything under one state directory.
+#
+#   hack/cluster.sh up [--name N] [--nodes N] [--gpus-per-node G]
+#   hack/cluster.sh down [--name N]
+#   hack/cluster.sh status [--name N]
+#   hack/cluster.sh kubeconfig [--name N]   print the admin kubeconfig path
+#   hack/cluster.sh env [--name N]          print the cluster's env file path
+#
+# Environment (flags win):
+#   TETRAD_CLUSTER_NAME    instance name (default: tetrad); one state dir each
+#   TETRAD_NODES           fake nodes (default 4)
+#   TETRAD_GPUS_PER_NODE   nvidia.com/gpu per node (default 8)
+#   TETRAD_NODE_CPU / TETRAD_NODE_MEMORY / TETRAD_NODE_PODS
+#                          per-node capacity (default 96 / 1536Gi / 110)
+#   TETRAD_NODES_PER_NVLINK  nodes sharing one NVLink domain (default 1)
+#   TETRAD_NODES_PER_RACK    nodes per rack (default 2)
+#   TETRAD_RACKS_PER_ZONE    racks per zone (default 2)
+#   TETRAD_GPU_PRODUCT     nvidia.com/gpu.product label (default NVIDIA-H100-80GB-HBM3)
+#   TETRAD_NODE_TAINT      optional taint on every node, e.g. nvidia.com/gpu=present:NoSchedule
+#   TETRAD_APISERVER_PORT  fixed apiserver port (default: a free one)
+#   TETRAD_{APISERVER,CONTROLLER_MANAGER,SCHEDULER,KWOK,ETCD}_ARGS
+#                          extra flags appended to that component
+#   TETRAD_CACHE           cache root (see hack/k8s-tools.sh)
+set -euo pipefail
+
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=$("$HACK/k8s-tools.sh" bindir)
+CACHE=$(dirname "$BIN")
+
+NAME=${TETRAD_CLUSTER_NAME:-tetrad}
+NODES=${TETRAD_NODES:-4}
+GPUS=${TETRAD_GPUS_PER_NODE:-8}
+NODE_CPU=${TETRAD_NODE_CPU:-96}
+NODE_MEMORY=${TETRAD_NODE_MEMORY:-1536Gi}
+NODE_PODS=${TETRAD_NODE_PODS:-110}
+PER_NVLINK=${TETRAD_NODES_PER_NVLINK:-1}
+PER_RACK=${TETRAD_NODES_PER_RACK:-2}
+RACKS_PER_ZONE=${TETRAD_RACKS_PER_ZONE:-2}
+GPU_PRODUCT=${TETRAD_GPU_PRODUCT:-NVIDIA-H100-80GB-HBM3}
+NODE_TAINT=${TETRAD_NODE_TAINT:-}
+SERVICE_CIDR=10.96.0.0/16
+COMPONENTS="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
+
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+
+CMD=${1:-}; [[ -n $CMD ]] || usage; shift
+while (($#)); do
+  case $1 in
+    --name) NAME=$2; shift 2 ;;
+    --nodes) NODES=$2; shift 2 ;;
+    --gpus-per-node) GPUS=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+  esac
+done
+[[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
+
+STATE=$CACHE/clusters/$NAME
+PKI=$STATE/pki RUN=$STATE/run LOGS=$STATE/logs ETC=$STATE/etc
+
+log() { echo "cluster[$NAME]: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ---------------------------------------------------------------- processes
+
+# Listening TCP ports (decimal), from /proc so no extra tools are needed.
+listening_ports() {
+  local hex
+  for hex in $(awk '$4 == "0A" { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    echo $((16#$hex))
+  done
+}
+
+free_port() {
+  local used p i
+  used=" $(listening_ports | tr '\n' ' ') $* "
+  for i in $(seq 1 200); do
+    p=$((20000 + RANDOM % 12000))   # below the usual ephemeral range
+    [[ $used == *" $p "* ]] || { echo "$p"; return; }
+  done
+  die "no free port found"
+}
+
+# /proc/PID/stat fields after "pid (comm) ": 1 state, 3 pgrp, 20 starttime.
+stat_field() {
+  local line rest
+  { read -r line < "/proc/$1/stat"; } 2>/dev/null || return 1
+  rest=${line##*) }
+  awk -v n="$2" '{ print $n }' <<< "$rest"
+}
+
+# A pid file holds "pid starttime" so a recycled pid is never mistaken for ours.
+proc_start() { stat_field "$1" 20; }
+
+# Live (non-zombie) members of process group $1. Zombies count as gone: the
+# init process of a container does not always reap orphans promptly.
+group_alive() {
+  local f line rest
+  local -a a
+  for f in /proc/[0-9]*/stat; do
+    { read -r line < "$f"; } 2>/dev/null || continue
+    rest=${line##*) }
+    read -ra a <<< "$rest"
+    [[ ${a[2]} == "$1" && ${a[0]} != Z ]] && return 0
+  done
+  return 1
+}
+
+alive() {
+  local f=$RUN/$1.pid pid start
+  [[ -f $f ]] || return 1
+  read -r pid start < "$f"
+  [[ -n $pid && $(proc_start "$pid") == "$start" && $(stat_field "$pid" 1) != Z ]]
+}
+
+# start NAME ARGS...: run a binary from $BIN in its own session (so its whole
+# process group can be signalled), logging to $LOGS/NAME.log.
+start() {
+  local name=$1; shift
+  setsid "$BIN/$name" "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
+  local pid=$!
+  echo "$pid $(proc_start "$pid")" > "$RUN/$name.pid"
+}
+
+stop() {
+  local name=$1 f=$RUN/$1.pid pid start i
+  [[ -f $f ]] || return 0
+  read -r pid start < "$f"
+  if [[ -n $pid && $(proc_start "$pid") == "$start" ]]; then
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do group_alive "$pid" || break; sleep 0.1; done
+    if group_alive "$pid"; then
+      log "$name did not exit on SIGTERM within 10s, killing"
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      for i in $(seq 1 50); do group_alive "$pid" || break; sleep 0.1; done
+    fi
+    group_alive "$pid" && die "$name (process group $pid) still running"
+  fi
+  rm -f "$f"
+}
+
+# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
+wait_for() {
+  local desc=$1 limit=$2 t0=$SECONDS; shift 2
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS - t0 >= limit)); then
+      log "timed out after ${limit}s waiting for $desc"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+component_of_log() { tail -n 30 "$LOGS/$1.log" >&2 || true; }
+
+must_wait() {
+  local comp=$1; shift
+  if ! wait_for "$@"; then
+    alive "$comp" || log "$comp exited"
+    log "last lines of $LOGS/$comp.log:"; component_of_log "$comp"
+    exit 1
+  fi
+}
+
+# ---------------------------------------------------------------- pki
+
+# EC keys: quick to generate, accepted by every component.
+gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+new_ca() {
+  gen_key "$PKI/$1.key"
+  openssl req -x509 -new -key "$PKI/$1.key" -subj "/CN=$2" -days 3650 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -out "$PKI/$1.crt" 2>/dev/null
+}
+
+# sign NAME SUBJECT EXTENSIONS [CA]: key + cert signed by the local CA.
+sign() {
+  local name=$1 subj=$2 ext=$3 ca=${4:-ca}
+  gen_key "$PKI/$name.key"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  printf '%b\n' "$ext" > "$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" -CAcreateserial \
+    -days 3650 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+gen_pki() {
+  mkdir -p "$PKI"
+  new_ca ca "tetrad-local-ca-$NAME"
+  # Separate CA for the aggregation layer (front proxy), as kubeadm does.
+  new_ca front-proxy-ca "tetrad-front-proxy-ca-$NAME"
+  local client='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
+  sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  sign admin "/O=system:masters/CN=tetrad-admin" "$client"
+  sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
+  sign kube-scheduler "/CN=system:kube-scheduler" "$client"
+  sign kwok "/O=system:masters/CN=kwok-controller" "$client"
+  sign front-proxy-client "/CN=front-proxy-client" "$client" front-proxy-ca
+  gen_key "$PKI/sa.key"
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  chmod 600 "$PKI"/*.key
+}
+
+# write_kubeconfig FILE USER: certificates embedded so the file is self-contained.
+write_kubeconfig() {
+  local b64='base64 -w0'
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: $NAME
+  cluster:
+    server: $APISERVER_URL
+    certificate-authority-data: $($b64 < "$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $($b64 < "$PKI/$2.crt")
+    client-key-data: $($b64 < "$PKI/$2.key")
+contexts:
+- name: $NAME
+  context: {cluster: $NAME, user: $2, namespace: default}
+current-context: $NAME
+EOF
+  chmod 600 "$1"
+}
+
+# ---------------------------------------------------------------- kwok config
+
+write_kwok_config() {
+  local kube_version; kube_version=$("$BIN/kube-apiserver" --version | awk '{ print $2 }')
+  cat > "$ETC/kwok.yaml" <<EOF
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  # Fallback only: every node gets its own spec.podCIDR, so pod IPs are unique.
+  cidr: 10.127.0.0/16
+  nodeIP: 172.31.255.254
+  nodeLeaseDurationSeconds: 40
+  nodeLeaseParallelism: 16
+  nodePlayStageParallelism: 8
+  podPlayStageParallelism: 8
+  enableDebuggingHandlers: false
+  enableProfilingHandler: false
+---
+# Node becomes Ready once, with the kubelet-like status the scheduler needs.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tetrad-node-ready
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: NotIn
+      values: ["True"]
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      {{ \$since := or .metadata.creationTimestamp \$now }}
+      conditions:
+      - {type: Ready, status: "True", reason: KubeletReady, message: "kwok node is ready", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
+      - {type: MemoryPressure, status: "False", reason: KubeletHasSufficientMemory, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
+      - {type: DiskPressure, status: "False", reason: KubeletHasNoDiskPressure, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
+      - {type: PIDPressure, status: "False", reason: KubeletHasSufficientPID, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
+      - {type: NetworkUnavailable, status: "False", reason: RouteCreated, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
+      {{ with .status.capacity }}
+      capacity:
+      {{ YAML . 1 }}
+      allocatable:
+      {{ YAML . 1 }}
+      {{ end }}
+      nodeInfo:
+        architecture: amd64
+        operatingSystem: linux
+        kubeletVersion: $kube_version
+        containerRuntimeVersion: kwok://$("$BIN/kwok" --version 2>/dev/null | awk '{ print $NF }')
+        kernelVersion: kwok
+        osImage: kwok fake node
+        machineID: ""
+        bootID: ""
+        systemUUID: ""
+        kubeProxyVersion: ""
+      phase: Running
+---
+# Liveness comes from node Leases (kwok renews them); this only refreshes
+# the condition heartbeats now and then, like a kubelet does.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tetrad-node-heartbeat
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: In
+      values: ["True"]
+  delay:
+    durationMilliseconds: 240000
+    jitterDurationMilliseconds: 300000
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      conditions:
+      {{ range .status.conditions }}
+      - {type: {{ .type | Quote }}, status: {{ .status | Quote }}, reason: {{ .reason | Quote }}, message: {{ .message | Quote }}, lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ .lastTransitionTime | Quote }}}
+      {{ end }}
+---
+# Pending pod bound to a fake node -> Running with a pod IP from the node's
+# podCIDR. Nothing ever completes a pod: tests (acting as the kubelet) patch
+# phase Succeeded/Failed themselves, and this stage only matches Pending pods,
+# so such a patch is never overwritten.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tetrad-pod-running
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - key: .metadata.deletionTimestamp
+      operator: DoesNotExist
+    - key: .status.phase
+      operator: In
+      values: [Pending]
+  next:
+    statusTemplate: |
+      {{ \$now := Now }}
+      phase: Running
+      startTime: {{ \$now | Quote }}
+      conditions:
+      - {type: PodReadyToStartContainers, status: "True", lastTransitionTime: {{ \$now | Quote }}}
+      - {type: Initialized, status: "True", lastTransitionTime: {{ \$now | Quote }}}
+      - {type: ContainersReady, status: "True", lastTransitionTime: {{ \$now | Quote }}}
+      - {type: Ready, status: "True", lastTransitionTime: {{ \$now | Quote }}}
+      {{ range .spec.readinessGates }}
+      - {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ \$now | Quote }}}
+      {{ end }}
+      {{ with .spec.initContainers }}
+      initContainerStatuses:
+      {{ range . }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        imageID: {{ printf "kwok://%s" .image | Quote }}
+        restartCount: 0
+        {{ if eq .restartPolicy "Always" }}
+        ready: true
+        started: true
+        state: {running: {startedAt: {{ \$now | Quote }}}}
+        {{ else }}
+        ready: true
+        state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ \$now | Quote }}, finishedAt: {{ \$now | Quote }}}}
+        {{ end }}
+      {{ end }}
+      {{ end }}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        imageID: {{ printf "kwok://%s" .image | Quote }}
+        containerID: {{ printf "kwok://%s" .name | Quote }}
+        ready: true
+        started: true
+        restartCount: 0
+        state: {running: {startedAt: {{ \$now | Quote }}}}
+      {{ end }}
+      {{ with NodeIPsWith .spec.nodeName }}
+      hostIP: {{ index . 0 | Quote }}
+      hostIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
+      {{ with PodIPsWith .spec.nodeName (or .spec.hostNetwork false) (or .metadata.uid "") (or .metadata.name "") (or .metadata.namespace "") }}
+      podIP: {{ index . 0 | Quote }}
+      podIPs:
+      {{ range . }}
+      - ip: {{ . | Quote }}
+      {{ end }}
+      {{ end }}
+---
+# A pod being deleted disappears at once, as if its containers stopped.
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: tetrad-pod-delete
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - key: .metadata.deletionTimestamp
+      operator: Exists
+  next:
+    delete: true
+EOF
+}
+
+# ---------------------------------------------------------------- nodes
+
+# One Node object per fake GPU machine. Node i gets pod CIDR 10.(128+i/256).(i%256).0/24
+# and InternalIP 172.16.(i/250).(i%250+1); topology labels are derived from i.
+write_nodes() {
+  local i name zone rack nvl
+  : > "$ETC/nodes.yaml"
+  for ((i = 0; i < NODES; i++)); do
+    name=$(printf 'gpu-node-%04d' "$i")
+    rack=$((i / PER_RACK))
+    zone=$((rack / RACKS_PER_ZONE))
+    nvl=$((i / PER_NVLINK))
+    cat >> "$ETC/nodes.yaml" <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $name
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: $name
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    node.kubernetes.io/instance-type: fake-gpu-${GPUS}x
+    topology.kubernetes.io/region: local
+    topology.kubernetes.io/zone: zone-$zone
+    tetrad.dev/rack: rack-$(printf '%03d' "$rack")
+    tetrad.dev/fake-gpu-node: "true"
+    nvidia.com/nvlink-domain: nvl-$(printf '%04d' "$nvl")
+    nvidia.com/gpu.present: "true"
+    nvidia.com/gpu.count: "$GPUS"
+    nvidia.com/gpu.product: $GPU_PRODUCT
+spec:
+  podCIDR: 10.$((128 + i / 256)).$((i % 256)).0/24
+  podCIDRs: [10.$((128 + i / 256)).$((i % 256)).0/24]
+EOF
+    if [[ -n $NODE_TAINT ]]; then
+      local key=${NODE_TAINT%%=*} rest=${NODE_TAINT#*=}
+      printf '  taints:\n  - {key: %s, value: "%s", effect: %s}\n' "$key" "${rest%%:*}" "${NODE_TAINT##*:}" >> "$ETC/nodes.yaml"
+    fi
+    cat >> "$ETC/nodes.yaml" <<EOF
+status:
+  addresses:
+  - {type: InternalIP, address: 172.16.$((i / 250)).$((i % 250 + 1))}
+  - {type: Hostname, address: $name}
+  capacity: {cpu: "$NODE_CPU", memory: $NODE_MEMORY, pods: "$NODE_PODS", nvidia.com/gpu: "$GPUS", ephemeral-storage: 8Ti}
+  allocatable: {cpu: "$NODE_CPU", memory: $NODE_MEMORY, pods: "$NODE_PODS", nvidia.com/gpu: "$GPUS", ephemeral-storage: 8Ti}
+EOF
+  done
+}
+
+kctl() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
+
+ready_nodes() {
+  kctl get nodes -l tetrad.dev/fake-gpu-node=true --no-headers \
+    -o custom-columns='R:.status.conditions[?(@.type=="Ready")].status' 2>/dev/null | grep -c '^True$' || true
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_up() {
+  local t0=$SECONDS c running=0
+  for c in $COMPONENTS; do alive "$c" && running=$((running + 1)); done
+  if ((running == 5)); then
+    log "already running ($STATE/kubeconfig)"
+    echo "$STATE/kubeconfig"; return 0
+  fi
+  ((running == 0)) || { log "partially running, restarting"; cmd_down; }
+
+  TETRAD_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok" \
+    "$HACK/k8s-tools.sh" build >&2
+  rm -rf "$STATE"
+  mkdir -p "$RUN" "$LOGS" "$ETC" "$STATE/data"
+  gen_pki
+
+  local etcd_port peer_port api_port kcm_port sched_port kwok_port
+  etcd_port=$(free_port); peer_port=$(free_port "$etcd_port")
+  api_port=${TETRAD_APISERVER_PORT:-$(free_port "$etcd_port" "$peer_port")}
+  kcm_port=$(free_port "$etcd_port" "$peer_port" "$api_port")
+  sched_port=$(free_port "$etcd_port" "$peer_port" "$api_port" "$kcm_port")
+  kwok_port=$(free_port "$etcd_port" "$peer_port" "$api_port" "$kcm_port" "$sched_port")
+  APISERVER_URL=https://127.0.0.1:$api_port
+  cat > "$STATE/cluster.env" <<EOF
+TETRAD_CLUSTER_NAME=$NAME
+TETRAD_CLUSTER_STATE=$STATE
+KUBECONFIG=$STATE/kubeconfig
+APISERVER_URL=$APISERVER_URL
+ETCD_PORT=$etcd_port
+ETCD_PEER_PORT=$peer_port
+APISERVER_PORT=$api_port
+CONTROLLER_MANAGER_PORT=$kcm_port
+SCHEDULER_PORT=$sched_port
+KWOK_PORT=$kwok_port
+NODES=$NODES
+GPUS_PER_NODE=$GPUS
+EOF
+  local c
+  for c in admin kube-controller-manager kube-scheduler kwok; do
+    write_kubeconfig "$STATE/$c.kubeconfig" "$c"
+  done
+  mv "$STATE/admin.kubeconfig" "$STATE/kubeconfig"
+
+  # shellcheck disable=SC2086  # the *_ARGS variables are word lists on purpose
+  start etcd --name "$NAME" --data-dir "$STATE/data/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "$NAME=http://127.0.0.1:$peer_port" \
+    --unsafe-no-fsync --quota-backend-bytes 8589934592 --log-level warn ${TETRAD_ETCD_ARGS:-}
+  must_wait etcd "etcd" 30 curl -sf "http://127.0.0.1:$etcd_port/health"
+
+  # Endpoint reconciling is off: the "kubernetes" Service cannot point at a
+  # loopback address, and nothing in a kwok cluster could reach it anyway.
+  # shellcheck disable=SC2086
+  start kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
+    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
+    --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
+    --profiling=false --endpoint-reconciler-type none ${TETRAD_APISERVER_ARGS:-}
+  must_wait kube-apiserver "kube-apiserver /readyz" 90 curl -sf --cacert "$PKI/ca.crt" \
+    --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER_URL/readyz"
+
+  # shellcheck disable=SC2086
+  start kube-controller-manager --kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$kcm_port" --leader-elect=false \
+    --use-service-account-credentials --service-account-private-key-file "$PKI/sa.key" \
+    --root-ca-file "$PKI/ca.crt" --cluster-signing-cert-file "$PKI/ca.crt" \
+    --cluster-signing-key-file "$PKI/ca.key" --kube-api-qps 200 --kube-api-burst 400 \
+    --profiling=false ${TETRAD_CONTROLLER_MANAGER_ARGS:-}
+
+  cat > "$ETC/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $STATE/kube-scheduler.kubeconfig
+  qps: 200
+  burst: 400
+leaderElection:
+  leaderElect: false
+enableProfiling: false
+EOF
+  # shellcheck disable=SC2086
+  start kube-scheduler --config "$ETC/kube-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$sched_port" ${TETRAD_SCHEDULER_ARGS:-}
+
+  write_kwok_config
+  mkdir -p "$STATE/kwok-home"
+  # shellcheck disable=SC2086
+  HOME=$STATE/kwok-home start kwok --kubeconfig "$STATE/kwok.kubeconfig" --config "$ETC/kwok.yaml" \
+    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+    --server-address "127.0.0.1:$kwok_port" ${TETRAD_KWOK_ARGS:-}
+
+  must_wait kube-controller-manager "kube-controller-manager /healthz" 60 curl -sfk "https://127.0.0.1:$kcm_port/healthz"
+  must_wait kube-scheduler "kube-scheduler /healthz" 60 curl -sfk "https://127.0.0.1:$sched_port/healthz"
+  must_wait kwok "kwok /healthz" 60 curl -sf "http://127.0.0.1:$kwok_port/healthz"
+
+  write_nodes
+  kctl create -f "$ETC/nodes.yaml" >/dev/null
+  local limit=$((60 + NODES / 4))
+  must_wait kwok "$NODES nodes Ready" "$limit" test_nodes_ready
+  # The namespace's default ServiceAccount proves the controllers are working.
+  must_wait kube-controller-manager "default ServiceAccount" 60 kctl get serviceaccount default -n default
+
+  log "up in $((SECONDS - t0))s: $NODES nodes x $GPUS GPUs, $APISERVER_URL"
+  log "  export KUBECONFIG=$STATE/kubeconfig"
+  echo "$STATE/kubeconfig"
+}
+
+test_nodes_ready() { [[ $(ready_nodes) -ge $NODES ]]; }
+
+cmd_down() {
+  local c ports="" leftover=""
+  [[ -f $STATE/cluster.env ]] && ports=$(grep '_PORT=' "$STATE/cluster.env" | cut -d= -f2 | tr '\n' ' ')
+  # Reverse start order: clients first, etcd last.
+  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    local t0=$SECONDS; stop "$c"; ((SECONDS - t0 < 3)) || log "stopping $c took $((SECONDS - t0))s"
+  done
+  # Verify nothing we started still listens.
+  local used p
+  used=" $(listening_ports | tr '\n' ' ') "
+  for p in $ports; do [[ $used == *" $p "* ]] && leftover+=" $p"; done
+  [[ -z $leftover ]] || die "ports still listening after down:$leftover"
+  # Keep logs and pki for post-mortems; drop the data.
+  rm -rf "$STATE/data" "$RUN"
+  log "down"
+}
+
+cmd_status() {
+  [[ -f $STATE/cluster.env ]] || { echo "cluster $NAME: not created"; return 3; }
+  local c rc=0 pid
+  echo "cluster $NAME ($STATE)"
+  for c in $COMPONENTS; do
+    if alive "$c"; then
+      read -r pid _ < "$RUN/$c.pid"; printf '  %-24s running (pid %s)\n' "$c" "$pid"
+    else
+      printf '  %-24s stopped\n' "$c"; rc=3
+    fi
+  done
+  if ((rc == 0)); then
+    grep '^APISERVER_URL=' "$STATE/cluster.env" | sed 's/^/  /'
+    echo "  nodes ready: $(ready_nodes)"
+  fi
+  return $rc
+}
+
+case $CMD in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  kubeconfig) echo "$STATE/kubeconfig" ;;
+  env) echo "$STATE/cluster.env" ;;
+  *) usage ;;
+esac
