@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
+from kubernetes.config import ConfigException
 
 from tetrad.api.spec import GROUP, PLURAL, VERSION
 from tetrad.render import names
@@ -24,7 +25,11 @@ OWN_PODS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGED
 
 @kopf.on.startup()
 async def start(memo: kopf.Memo, pods_by_job: kopf.Index[Any, Any], nodes_by_name: kopf.Index[Any, Any], **_: Any) -> None:
-    controller = Controller(Kube(workers=memo.config.api_concurrency), memo.config, memo.namespaces)
+    try:
+        kube = Kube(workers=memo.config.api_concurrency)
+    except ConfigException as e:
+        raise kopf.PermanentError(f"no Kubernetes credentials: {e}") from e
+    controller = Controller(kube, memo.config, memo.namespaces)
     controller.pods_index = pods_by_job
     controller.nodes_index = nodes_by_name
     await controller.start()

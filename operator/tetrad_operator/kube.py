@@ -63,8 +63,9 @@ def load_api_client(workers: int, kubeconfig: str | None = None) -> client.ApiCl
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)
-    else:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:  # $KUBECONFIG read now (the client's default is fixed when it is imported)
+        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
+                                client_configuration=configuration)
     configuration.connection_pool_maxsize = workers
     return client.ApiClient(configuration)
 

@@ -23,7 +23,6 @@ def kopf_settings(config: OperatorSettings) -> kopf.OperatorSettings:
     s.posting.level = logging.WARNING  # our own Events describe the jobs; kopf posts only problems
     s.scanning.disabled = True  # exact namespaces: no RBAC to list namespaces or CRDs
     s.persistence.finalizer = FINALIZER  # kopf's daemons hold it so a job's loop stops before it goes
-    s.batching.batch_window = 0.05
     s.watching.server_timeout = 300
     s.watching.client_timeout = 330
     s.watching.connect_timeout = 10

@@ -58,15 +58,14 @@ def operator_cluster(cluster: Any) -> Iterator[Any]:
     for crd in CRDS:
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-    previous = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
-    try:
+    # In-process operators log in through the kubernetes client (kopf's login_via_client), whose
+    # default kubeconfig path was fixed from $KUBECONFIG when the module was first imported.
+    from kubernetes.config import kube_config
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        mp.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(cluster.kubeconfig))
         yield cluster
-    finally:
-        if previous is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,12 @@ def test_sigkill_at_random_points_never_duplicates_or_orphans(api, operator_clus
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
         check_invariants(api, ns, uid)
+        st = api.status(ns, "chaos")
+        by_restart: dict[str, int] = {}
+        for p in api.pods(ns, "chaos"):
+            key = f"r{p['metadata']['labels'][names.LABEL_RESTART]}:{p['status'].get('phase')}"
+            by_restart[key] = by_restart.get(key, 0) + 1
+        print(f"kill {kill + 1}: {st.get('phase')} restarts={st.get('restarts')} pods={by_restart}")
 
     proc = operator_process(ns, kubeconfig=operator_cluster.kubeconfig, log=log)
     try:
