@@ -1,0 +1,58 @@
+"""`tetrad_trainer.train.main` with fault injection, for the trainer's kill tests.
+
+Environment (all optional):
+  TETRAD_TEST_DIE=PHASE:STEP:RANK    SIGKILL rank RANK when the save of STEP reaches PHASE
+  TETRAD_TEST_KILL=RANK:STEP:WHEN:S  SIGKILL rank RANK S seconds after the save of STEP begins
+                                     (WHEN=save) or returns (WHEN=train)
+  TETRAD_TEST_PROGRESS=DIR           append "save N", "saved N" and every commit phase to DIR/rank-R
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from tetrad_trainer import checkpoint, train
+
+
+def _note(line: str) -> None:
+    if directory := os.environ.get("TETRAD_TEST_PROGRESS"):
+        with open(Path(directory) / f"rank-{os.environ['RANK']}", "a") as f:
+            f.write(line + "\n")
+
+
+def _kill_later(seconds: float) -> None:
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGKILL))
+    timer.daemon = True
+    timer.start()
+
+
+def main(argv: list[str]) -> int:
+    rank = int(os.environ["RANK"])
+    die = os.environ.get("TETRAD_TEST_DIE", "").split(":")
+    kill = os.environ.get("TETRAD_TEST_KILL", "").split(":")
+
+    def hook(phase: str, step: int) -> None:
+        _note(f"{phase} {step}")
+        if len(die) == 3 and (phase, step, rank) == (die[0], int(die[1]), int(die[2])):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint.phase_hook = hook
+    save = checkpoint.Checkpointer.save
+
+    def traced_save(self: checkpoint.Checkpointer, step: int, **kwargs: Any) -> Any:
+        armed = len(kill) == 4 and (rank, step) == (int(kill[0]), int(kill[1]))
+        _note(f"save {step}")
+        if armed and kill[2] == "save":
+            _kill_later(float(kill[3]))
+        result = save(self, step, **kwargs)
+        _note(f"saved {step}")
+        if armed and kill[2] == "train":
+            _kill_later(float(kill[3]))
+        return result
+
+    checkpoint.Checkpointer.save = traced_save  # type: ignore[method-assign]
+    return train.main(argv)
