@@ -50,6 +50,8 @@ def test_synthetic_data_depends_on_seed_and_is_learnable() -> None:
     assert len(s) == 65 and s.max() < 500
     period = next(p for p in range(1, 33) if np.array_equal(s[p:], s[:-p]))  # a repeated motif
     assert 4 <= period <= 32
+    counts = np.bincount(np.concatenate([a.sample(i)[:4] for i in range(2000)]), minlength=500)
+    assert counts[0] > 10 * counts[100] > 0  # Zipf: frequent small ids, rare large ones
 
 
 def test_state_is_the_global_sample_index_and_resumes_under_another_dp() -> None:
