@@ -80,11 +80,10 @@ def worker(mode: str, config_path: str, jsonl: str) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
     from tetrad_trainer.data import BatchLoader, build_source
     from tetrad_trainer.model import Transformer, init_weights
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.nn.parallel import DistributedDataParallel
 
     cfg = ResolvedConfig.load(config_path)
     cuda = torch.cuda.is_available()

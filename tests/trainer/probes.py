@@ -10,7 +10,6 @@ import argparse
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from tetrad_trainer.config import load_config
 from tetrad_trainer.cp import ContextParallelAttention, shard_sequence
 from tetrad_trainer.mesh import build_mesh, init_distributed

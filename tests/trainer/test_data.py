@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from tests.trainer.harness import job
 from tetrad_trainer.config import ConfigError
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, SyntheticTokens, TokenArray, build_source
+
+from tests.trainer.harness import job
 
 
 def global_batches(source, global_batch: int, dp: int, steps: int, cp: int = 1) -> list[torch.Tensor]:

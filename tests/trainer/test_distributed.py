@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tetrad_trainer.model import Transformer, init_weights
 
+from tests.trainer.harness import free_port_block, job, run_ranks, run_trainer
 from tetrad.api import Layout
 from tetrad.api.spec import EXIT_CONFIG_ERROR
-from tetrad_trainer.model import Transformer, init_weights
-from tests.trainer.harness import free_port_block, job, run_ranks, run_trainer
 
 pytestmark = pytest.mark.distributed
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from tests.trainer.harness import job
-from tetrad.api.spec import PPSchedule
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.model import Transformer, canonical_name, init_weights, initial_value
 from tetrad_trainer.parallelize import pipeline_split, stage_ids, stage_layers
+
+from tests.trainer.harness import job
+from tetrad.api.spec import PPSchedule
 
 CFG = job({}, nproc=1, model={"seqLen": 32, "layers": 4}).model
 

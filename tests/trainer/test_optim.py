@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at
 
 from tetrad.api.spec import Training
-from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at
 
 
 def training(schedule: str, **kw: object) -> Training:

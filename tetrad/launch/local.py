@@ -11,6 +11,7 @@ This module imports neither torch nor the trainer: the trainer runs in the agent
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -132,10 +133,8 @@ def _descendants(roots: list[int]) -> list[int]:
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_agents(agents: list[Agent], grace: float = STOP_GRACE_S) -> None:
