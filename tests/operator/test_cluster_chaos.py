@@ -15,7 +15,7 @@ from tetrad.render import names
 from .conftest import operator_process
 from .helpers import finish_all, ptj, terminate, wait_for, wait_phase
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 NODES = 12
 KILLS = int(os.environ.get("TETRAD_CHAOS_KILLS", "20"))
