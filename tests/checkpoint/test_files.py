@@ -204,3 +204,16 @@ def test_single_process_model_change_names_both_layouts(tmp_path):
     loader = ck.Checkpointer(other, model_parts=[model], optimizers=[opt2], logger=lambda m: None)
     with pytest.raises(ck.CheckpointMismatch, match=r"layout pp1\.dpr1\.dps1\.cp1\.tp1.*dim 32 -> 48"):
         loader.resume()
+
+
+def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
+    # What rank 0 finds when the checkpoint path is a per-node volume instead of a shared one.
+    saver, _, _ = tiny(tmp_path)
+    tmp = tmp_path / ".tmp-step-00000001"
+    tmp.mkdir()
+    (tmp / "__0_0.distcp").write_bytes(b"mine")
+    reports = [{"rank": 0, "dp_rank": 0, "files": {"__0_0.distcp": {"size": 4, "crc32": "0"}}},
+               {"rank": 1, "dp_rank": 1, "files": {"__1_0.distcp": {"size": 4, "crc32": "0"}}}]
+    with pytest.raises(ck.CheckpointError, match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
+        saver._commit(1, tmp, reports)
+    assert not (tmp_path / ck.LATEST).exists() and not (tmp_path / "step-00000001").exists()
