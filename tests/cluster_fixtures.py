@@ -2,6 +2,10 @@
 
 Fixtures
 --------
+``k8s_tools`` (session)
+    The directory with every pinned binary (kubectl, helm, kwokctl, ...),
+    building whatever is missing with ``hack/k8s-tools.sh`` (30+ minutes cold
+    on two cores, under a second warm).
 ``cluster`` (session)
     Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
     kwok with fake GPU nodes through ``hack/cluster.sh up`` (building the
@@ -94,7 +98,7 @@ class Cluster:
         """A ``kubernetes.client.ApiClient`` for this cluster (imported lazily)."""
         from kubernetes import client, config
 
-        return config.new_client_from_config(
+        return config.new_client_from_config(  # type: ignore[no-untyped-call]
             config_file=str(self.kubeconfig), client_configuration=client.Configuration()
         )
 
@@ -127,27 +131,60 @@ def _read_env(path: Path) -> dict[str, str]:
     return env
 
 
-def cluster_script(*args: str, name: str, extra_env: dict[str, str] | None = None,
-                   timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+def cluster_script(
+    *args: str, name: str, extra_env: dict[str, str] | None = None, timeout: float = 3600
+) -> subprocess.CompletedProcess[str]:
     """Run ``hack/cluster.sh`` for the instance ``name``; output is captured."""
     env = {**os.environ, "TETRAD_CLUSTER_NAME": name, **(extra_env or {})}
     return subprocess.run(
-        [str(HACK / "cluster.sh"), *args], env=env, capture_output=True, text=True,
-        timeout=timeout, stdin=subprocess.DEVNULL,
+        [str(HACK / "cluster.sh"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def build_tools() -> Path:
+    """``hack/k8s-tools.sh``: build every pinned tool that is missing (a no-op
+    taking well under a second when all are built); return the bin dir."""
+    proc = subprocess.run(
+        [str(HACK / "k8s-tools.sh"), "build"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=7200,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"hack/k8s-tools.sh failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-6000:]}"
+        )
+    return tools_bin_dir()
+
+
+def tools_bin_dir() -> Path:
+    return Path(
+        subprocess.run(
+            [str(HACK / "k8s-tools.sh"), "bindir"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     )
 
 
 def start_cluster(name: str, extra_env: dict[str, str] | None = None) -> Cluster:
-    """``hack/cluster.sh up`` (building the tools when needed) and describe it."""
+    """``hack/cluster.sh up`` (it builds the control-plane tools when needed)."""
     up = cluster_script("up", name=name, extra_env=extra_env)
     if up.returncode != 0:
         raise RuntimeError(f"hack/cluster.sh up failed ({up.returncode}):\n{up.stderr[-6000:]}")
     env_file = Path(cluster_script("env", name=name).stdout.strip())
     env = _read_env(env_file)
-    bin_dir = Path(subprocess.run([str(HACK / "k8s-tools.sh"), "bindir"], capture_output=True,
-                                  text=True, check=True).stdout.strip())
-    return Cluster(name=name, kubeconfig=Path(env["KUBECONFIG"]), api_url=env["APISERVER_URL"],
-                   bin_dir=bin_dir, env=env)
+    return Cluster(
+        name=name,
+        kubeconfig=Path(env["KUBECONFIG"]),
+        api_url=env["APISERVER_URL"],
+        bin_dir=tools_bin_dir(),
+        env=env,
+    )
 
 
 def stop_cluster(name: str) -> None:
@@ -165,9 +202,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def k8s_tools() -> Path:
+    """Directory holding every pinned tool (kubectl, helm, kwokctl, ...), built if missing."""
     if os.environ.get("TETRAD_SKIP_CLUSTER") == "1":
         pytest.skip("TETRAD_SKIP_CLUSTER=1")
+    return build_tools()
+
+
+@pytest.fixture(scope="session")
+def cluster(k8s_tools: Path) -> Iterator[Cluster]:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     default = f"pytest-{worker}" if worker else "pytest"
     name = os.environ.get("TETRAD_CLUSTER_NAME", default)
@@ -190,8 +233,11 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     """A fresh namespace whose default ServiceAccount exists (pods can be created)."""
     name = _namespace_name(request.node.nodeid)
     cluster.kubectl("create", "namespace", name)
-    wait_until(lambda: cluster.run_kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
-               timeout=30, what=f"default ServiceAccount in {name}")
+    wait_until(
+        lambda: cluster.run_kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
+        timeout=30,
+        what=f"default ServiceAccount in {name}",
+    )
     try:
         yield name
     finally:

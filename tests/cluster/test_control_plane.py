@@ -6,7 +6,7 @@ import ipaddress
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -35,8 +35,12 @@ def pod(name: str, gpus: int = 0, owner: dict | None = None) -> dict:
     meta: dict = {"name": name, "labels": {"app": "tetrad-test"}}
     if owner:
         meta["ownerReferences"] = [owner]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 30}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 30},
+    }
 
 
 def get_pod(cluster: Cluster, ns: str, name: str) -> dict:
@@ -81,7 +85,7 @@ def test_fake_gpu_nodes_are_ready_with_topology(cluster: Cluster) -> None:
     name = nodes[0]["metadata"]["name"]
     lease = cluster.kubectl_json("get", "lease", name, "-n", "kube-node-lease")
     renewed = datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
-    assert (datetime.now(timezone.utc) - renewed).total_seconds() < lease["spec"]["leaseDurationSeconds"]
+    assert (datetime.now(UTC) - renewed).total_seconds() < lease["spec"]["leaseDurationSeconds"]
 
 
 def _install_crd(cluster: Cluster, manifest: str, name: str) -> None:
@@ -98,24 +102,44 @@ def test_inline_crd_cel_rule_rejects_bad_object(cluster: Cluster, namespace: str
             "group": "celtest.tetrad.dev",
             "scope": "Namespaced",
             "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
-            "versions": [{
-                "name": "v1", "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
-                    "type": "object",
-                    "properties": {"replicas": {"type": "integer"}, "maxReplicas": {"type": "integer"}},
-                    "x-kubernetes-validations": [{
-                        "rule": "self.replicas <= self.maxReplicas",
-                        "message": "replicas must not exceed maxReplicas",
-                    }],
-                }}}},
-            }],
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": {
+                                    "type": "object",
+                                    "properties": {
+                                        "replicas": {"type": "integer"},
+                                        "maxReplicas": {"type": "integer"},
+                                    },
+                                    "x-kubernetes-validations": [
+                                        {
+                                            "rule": "self.replicas <= self.maxReplicas",
+                                            "message": "replicas must not exceed maxReplicas",
+                                        }
+                                    ],
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
         },
     }
     _install_crd(cluster, json.dumps(crd), "widgets.celtest.tetrad.dev")
 
     def widget(name: str, replicas: int) -> dict:
-        return {"apiVersion": "celtest.tetrad.dev/v1", "kind": "Widget", "metadata": {"name": name},
-                "spec": {"replicas": replicas, "maxReplicas": 4}}
+        return {
+            "apiVersion": "celtest.tetrad.dev/v1",
+            "kind": "Widget",
+            "metadata": {"name": name},
+            "spec": {"replicas": replicas, "maxReplicas": 4},
+        }
 
     cluster.apply(widget("good", 3), namespace=namespace)
     with pytest.raises(KubectlError) as err:
@@ -123,7 +147,9 @@ def test_inline_crd_cel_rule_rejects_bad_object(cluster: Cluster, namespace: str
     assert "replicas must not exceed maxReplicas" in err.value.stderr
 
 
-@pytest.mark.skipif(not TETRAD_CRD.exists(), reason="crds/tetrad.dev_paralleltrainingjobs.yaml not generated yet")
+@pytest.mark.skipif(
+    not TETRAD_CRD.exists(), reason="crds/tetrad.dev_paralleltrainingjobs.yaml not generated yet"
+)
 def test_tetrad_crd_rejects_degrees_that_do_not_fill_the_gang(cluster: Cluster, namespace: str) -> None:
     _install_crd(cluster, TETRAD_CRD.read_text(), "paralleltrainingjobs.tetrad.dev")
     job = yaml.safe_load(QUICKSTART.read_text())
@@ -133,7 +159,7 @@ def test_tetrad_crd_rejects_degrees_that_do_not_fill_the_gang(cluster: Cluster, 
     bad["metadata"]["name"] = "bad-product"
     spec = bad["spec"]
     spec["parallelism"].update({"pp": 2, "dpShard": 3, "tp": 2, "cp": 1, "dpReplicate": 1})
-    assert 2 * 3 * 2 != spec["nodes"] * spec["nprocPerNode"]
+    assert spec["nodes"] * spec["nprocPerNode"] != 2 * 3 * 2
     with pytest.raises(KubectlError) as err:
         cluster.apply(bad, namespace=namespace)
     assert "spec.parallelism" in err.value.stderr
@@ -149,7 +175,8 @@ def test_gpu_pod_is_scheduled_and_runs_on_a_fake_node(cluster: Cluster, namespac
     assert node["metadata"]["labels"]["tetrad.dev/fake-gpu-node"] == "true"
     assert ipaddress.ip_address(p["status"]["podIP"]) in ipaddress.ip_network(node["spec"]["podCIDR"])
     assert p["status"]["hostIP"] == next(
-        a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+        a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"
+    )
     assert p["status"]["containerStatuses"][0]["state"].get("running")
 
     # No node has more GPUs than that: the next one stays Pending, unschedulable.
@@ -169,15 +196,41 @@ def test_patched_terminal_phase_is_not_overwritten(cluster: Cluster, namespace: 
     for name in ("ok", "crash"):
         wait_running(cluster, namespace, name)
 
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for name, phase, code in (("ok", "Succeeded", 0), ("crash", "Failed", 137)):
-        status = {"status": {"phase": phase, "containerStatuses": [{
-            "name": "main", "image": "tetrad/trainer:test", "imageID": "", "ready": False, "restartCount": 0,
-            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                     "startedAt": now, "finishedAt": now}},
-        }]}}
-        cluster.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status",
-                        "--type=merge", "-p", json.dumps(status))
+        status = {
+            "status": {
+                "phase": phase,
+                "containerStatuses": [
+                    {
+                        "name": "main",
+                        "image": "tetrad/trainer:test",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {
+                            "terminated": {
+                                "exitCode": code,
+                                "reason": "Completed" if code == 0 else "Error",
+                                "startedAt": now,
+                                "finishedAt": now,
+                            }
+                        },
+                    }
+                ],
+            }
+        }
+        cluster.kubectl(
+            "patch",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(status),
+        )
 
     time.sleep(3)  # give kwok every chance to (wrongly) react
     for name, phase, code in (("ok", "Succeeded", 0), ("crash", "Failed", 137)):
@@ -199,7 +252,10 @@ def test_deleting_the_owner_garbage_collects_pods(cluster: Cluster, namespace: s
     cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
 
     def gone() -> bool:
-        return cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=tetrad-test", "-o", "name").strip() == ""
+        return (
+            cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=tetrad-test", "-o", "name").strip()
+            == ""
+        )
 
     wait_until(gone, timeout=60, what="owned pods to be garbage-collected")
 
@@ -207,10 +263,16 @@ def test_deleting_the_owner_garbage_collects_pods(cluster: Cluster, namespace: s
 def test_namespace_deletion_completes(cluster: Cluster) -> None:
     ns = f"t-nsdel-{int(time.time() * 1000) % 100000}"
     cluster.kubectl("create", "namespace", ns)
-    wait_until(lambda: cluster.run_kubectl("get", "sa", "default", "-n", ns).returncode == 0,
-               timeout=30, what="default ServiceAccount")
+    wait_until(
+        lambda: cluster.run_kubectl("get", "sa", "default", "-n", ns).returncode == 0,
+        timeout=30,
+        what="default ServiceAccount",
+    )
     cluster.apply(pod("p", gpus=1), namespace=ns)
     wait_running(cluster, ns, "p")
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
-    wait_until(lambda: cluster.run_kubectl("get", "namespace", ns).returncode != 0,
-               timeout=90, what=f"namespace {ns} to be deleted")
+    wait_until(
+        lambda: cluster.run_kubectl("get", "namespace", ns).returncode != 0,
+        timeout=90,
+        what=f"namespace {ns} to be deleted",
+    )
