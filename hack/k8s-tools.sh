@@ -134,7 +134,7 @@ case ${1:-build} in
   bindir) echo "$BIN" ;;
   versions)
     for t in $ALL_TOOLS; do
-      state=missing; is_fresh "$t" && state=built
+      if is_fresh "$t"; then state=built; elif [[ -x $BIN/$t ]]; then state=stale; else state=missing; fi
       printf '%-24s %-10s %s\n' "$t" "$(tool_version "$t")" "$state"
     done ;;
   *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
