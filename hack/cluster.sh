@@ -59,6 +59,10 @@ while (($#)); do
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
 
+for tool in openssl curl awk setsid base64 xargs; do
+  command -v "$tool" >/dev/null || { echo "cluster.sh needs $tool" >&2; exit 1; }
+done
+
 STATE=$CACHE/clusters/$NAME
 PKI=$STATE/pki RUN=$STATE/run LOGS=$STATE/logs ETC=$STATE/etc
 
@@ -70,15 +74,14 @@ die() { log "error: $*"; exit 1; }
 # Listening TCP ports (decimal), from /proc so no extra tools are needed.
 listening_ports() {
   local hex
-  for hex in $(awk '$4 == "0A" { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
-    echo $((16#$hex))
-  done
+  awk '$4 == "0A" { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null |
+    while read -r hex; do echo $((16#$hex)); done
 }
 
 free_port() {
-  local used p i
+  local used p _
   used=" $(listening_ports | tr '\n' ' ') $* "
-  for i in $(seq 1 200); do
+  for _ in $(seq 1 200); do
     p=$((20000 + RANDOM % 12000))   # below the usual ephemeral range
     [[ $used == *" $p "* ]] || { echo "$p"; return; }
   done
@@ -127,43 +130,38 @@ start() {
 }
 
 stop() {
-  local name=$1 f=$RUN/$1.pid pid start i
+  local name=$1 f=$RUN/$1.pid pid start _
   [[ -f $f ]] || return 0
   read -r pid start < "$f"
   if [[ -n $pid && $(proc_start "$pid") == "$start" ]]; then
     kill -TERM -- "-$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do group_alive "$pid" || break; sleep 0.1; done
+    for _ in $(seq 1 100); do group_alive "$pid" || break; sleep 0.1; done
     if group_alive "$pid"; then
       log "$name did not exit on SIGTERM within 10s, killing"
       kill -KILL -- "-$pid" 2>/dev/null || true
-      for i in $(seq 1 50); do group_alive "$pid" || break; sleep 0.1; done
+      for _ in $(seq 1 50); do group_alive "$pid" || break; sleep 0.1; done
     fi
     group_alive "$pid" && die "$name (process group $pid) still running"
   fi
   rm -f "$f"
 }
 
-# wait_for DESC SECONDS CMD...: poll until CMD succeeds.
-wait_for() {
-  local desc=$1 limit=$2 t0=$SECONDS; shift 2
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS - t0 >= limit)); then
-      log "timed out after ${limit}s waiting for $desc"
-      return 1
-    fi
-    sleep 0.2
-  done
-}
-
-component_of_log() { tail -n 30 "$LOGS/$1.log" >&2 || true; }
-
+# must_wait COMPONENT DESC SECONDS CMD...: poll until CMD succeeds; fail fast
+# with the component's log tail if it exits or the time runs out.
 must_wait() {
-  local comp=$1; shift
-  if ! wait_for "$@"; then
-    alive "$comp" || log "$comp exited"
-    log "last lines of $LOGS/$comp.log:"; component_of_log "$comp"
+  local comp=$1 desc=$2 limit=$3 t0=$SECONDS; shift 3
+  until "$@" >/dev/null 2>&1; do
+    if ! alive "$comp"; then
+      log "$comp exited while waiting for $desc"
+    elif ((SECONDS - t0 >= limit)); then
+      log "timed out after ${limit}s waiting for $desc"
+    else
+      sleep 0.2; continue
+    fi
+    log "last lines of $LOGS/$comp.log:"
+    tail -n 30 "$LOGS/$comp.log" >&2 || true
     exit 1
-  fi
+  done
 }
 
 # ---------------------------------------------------------------- pki
@@ -467,6 +465,7 @@ cmd_up() {
   fi
   ((running == 0)) || { log "partially running, restarting"; cmd_down; }
 
+  trap up_failed EXIT
   TETRAD_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok" \
     "$HACK/k8s-tools.sh" build >&2
   rm -rf "$STATE"
@@ -572,9 +571,19 @@ EOF
   # The namespace's default ServiceAccount proves the controllers are working.
   must_wait kube-controller-manager "default ServiceAccount" 60 kctl get serviceaccount default -n default
 
+  trap - EXIT
   log "up in $((SECONDS - t0))s: $NODES nodes x $GPUS GPUs, $APISERVER_URL"
   log "  export KUBECONFIG=$STATE/kubeconfig"
   echo "$STATE/kubeconfig"
+}
+
+# A failed `up` must not leave half a cluster running.
+up_failed() {
+  local rc=$? c
+  ((rc != 0)) || return 0
+  log "up failed; stopping the components already started (logs stay in $LOGS)"
+  for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c" || true; done
+  exit "$rc"
 }
 
 test_nodes_ready() { [[ $(ready_nodes) -ge $NODES ]]; }

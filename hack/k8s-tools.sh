@@ -53,7 +53,7 @@ stamp_for() {
   echo "$version modsum=$sum"
 }
 
-tool_field() { local -a f=(${SPEC[$1]}); echo "${f[$2]}"; }
+tool_field() { local -a f; read -ra f <<< "${SPEC[$1]}"; echo "${f[$2]}"; }
 tool_dir() { echo "$TOOLS_DIR/$(tool_field "$1" 0)"; }
 tool_version() { pinned_version "$(tool_dir "$1")" "$(tool_field "$1" 2)"; }
 
@@ -100,6 +100,7 @@ build() {
     return 0
   fi
   command -v go >/dev/null || { echo "k8s-tools: go is required to build ${stale[*]}" >&2; exit 1; }
+  command -v flock >/dev/null || { echo "k8s-tools: flock (util-linux) is required" >&2; exit 1; }
   mkdir -p "$BIN"
   # One builder at a time (parallel test workers may all ask); re-check after waiting.
   exec 9>"$BIN/.lock"
