@@ -7,6 +7,7 @@ session cluster other tests share is not touched.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,4 @@ def test_down_leaves_no_processes_or_ports() -> None:
     assert status.returncode != 0 and "stopped" in status.stdout
     # down is idempotent
     assert cluster_script("down", name=name).returncode == 0
+    shutil.rmtree(state)  # logs are kept only when the test fails
