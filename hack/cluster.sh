@@ -278,7 +278,7 @@ spec:
         architecture: amd64
         operatingSystem: linux
         kubeletVersion: $kube_version
-        containerRuntimeVersion: kwok://$("$BIN/kwok" --version 2>/dev/null | awk '{ print $NF }')
+        containerRuntimeVersion: kwok://$("$BIN/kwok" --version 2>/dev/null | awk '{ print $3 }')
         kernelVersion: kwok
         osImage: kwok fake node
         machineID: ""
