@@ -114,7 +114,9 @@ class Admission:
 
     async def admit_once(self) -> list[gang.Admission]:
         async with self.lock:
+            started = time.monotonic()
             pods = await self._unfinished_pods()
+            listed = time.monotonic()
             by_name = {(p.namespace, p.name): p for p in pods}
             bound = [p for p in pods if p.node]
             groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
@@ -129,8 +131,10 @@ class Admission:
                     waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
                                                     tuple(f for f in fresh if f is not None)))
             plan = gang.plan_admission(self.nodes(), bound, in_flight, waiting)
+            planned = time.monotonic()
             for a in plan:
                 req = a.request
+                t = time.monotonic()
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
@@ -138,7 +142,8 @@ class Admission:
                 if started is not None:
                     self.metrics.gang_wait.observe(time.monotonic() - started)
                 self.metrics.gangs_admitted.inc()
-                log.info("released the gang of %s/%s (restart %d, %d pods)", req.namespace, req.name, req.restart,
-                         len(req.pods))
+                log.info("released the gang of %s/%s (restart %d, %d pods; list %.2fs of %d pods, plan %.2fs, ungate %.2fs)",
+                         req.namespace, req.name, req.restart, len(req.pods), listed - started, len(pods),
+                         planned - listed, time.monotonic() - t)
                 self.wake(req.key)
             return plan

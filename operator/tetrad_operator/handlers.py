@@ -76,6 +76,6 @@ def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_
         memo.controller.wake((namespace, name))
 
 
-@kopf.daemon(*JOBS, cancellation_timeout=10.0)
+@kopf.daemon(*JOBS, cancellation_backoff=10.0, cancellation_timeout=5.0)  # finish the pass, then stop
 async def job_loop(namespace: str, name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
     await memo.controller.run_job(namespace, name, stopped)
