@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint crds cluster cluster-down tools venv clean
+.PHONY: demo test test-unit lint crds cluster cluster-down cluster-status kubeconfig tools venv clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ cluster: tools
 
 cluster-down:
 	bash hack/cluster.sh down
+
+cluster-status:
+	bash hack/cluster.sh status
+
+kubeconfig:
+	@bash hack/cluster.sh kubeconfig
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
