@@ -356,9 +356,11 @@ class SaveStats:
 class Checkpointer:
     """Saves and resumes one job's training state. Every method is collective: call it on all ranks.
 
-    model_parts/optimizers: the modules this rank holds (several pipeline stages give several) and
-    one optimizer per part. lr_schedulers: stepped identically on every rank. data_loader: see
-    ResumableLoader. dp_rank/dp: this rank's data-parallel coordinate and degree.
+    model_parts: the modules this rank holds (several pipeline stages give several); optimizers:
+    one per part, or one for all of them. lr_schedulers: stepped identically on every rank.
+    data_loader: see ResumableLoader. dp_rank: this rank's data-parallel coordinate (the degree is
+    the config's). restart: the operator's restart count, by default $TETRAD_RESTART. path:
+    overrides config.checkpoint.path. logger: receives rank 0's messages (default: logging).
     """
 
     def __init__(
@@ -395,7 +397,7 @@ class Checkpointer:
         # A group of our own: async saves run collectives from a background thread, which must
         # never interleave with the training collectives on the default group.
         self.pg = dist.new_group(backend="gloo") if self.distributed else None
-        self._say = logger or (lambda msg: log.info(msg))
+        self._say = logger or log.info
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future[SaveStats] | None = None
         self._stager: Any = None
@@ -534,26 +536,26 @@ class Checkpointer:
             report["error"] = f"rank {self.rank}: {type(e).__name__}: {e}"
         reports = self._all_gather(report)
         errors = [r["error"] for r in reports if "error" in r]
-        status = "skipped"
+        size = 0
         if self.rank == 0 and not errors:
             try:
-                status = self._commit(step, tmp, reports)
+                size = self._commit(step, tmp, reports)
             except Exception as e:
-                status = f"rank 0: {type(e).__name__}: {e}"
-        status = self._broadcast(status)
-        if errors or not status.startswith("ok"):
-            raise CheckpointError(f"saving step {step} to {tmp} failed: " + "; ".join(errors or [status]))
+                errors.append(f"rank 0: {type(e).__name__}: {e}")
+        errors, size = self._broadcast((errors, size))
+        if errors:
+            raise CheckpointError(f"saving step {step} to {tmp} failed: " + "; ".join(errors))
         total = time.perf_counter() - t0
-        stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total,
-                          bytes=int(status.split()[1]), async_save=async_save)
+        stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total, bytes=size,
+                          async_save=async_save)
         self.last_stats = stats
         self._info(f"committed step {step} at {self.dir.root / step_dir_name(step)} "
                    f"({stats.bytes / 1e6:.1f} MB, layout {self.layout.label()}, {stats.total_s:.2f} s, "
                    f"training stalled {stats.stall_s:.2f} s{', async' if async_save else ''})")
         return stats
 
-    def _commit(self, step: int, tmp: Path, reports: list[dict[str, Any]]) -> str:
-        """Rank 0: manifest, rename, publish, prune. Returns 'ok BYTES'."""
+    def _commit(self, step: int, tmp: Path, reports: list[dict[str, Any]]) -> int:
+        """Rank 0: manifest, rename, publish, prune. Returns the checkpoint's size in bytes."""
         files: dict[str, dict[str, Any]] = {}
         for r in reports:
             for name, digest in r["files"].items():
@@ -601,7 +603,7 @@ class Checkpointer:
         if deleted:
             self._info(f"retention (keepLast={self.settings.keep_last}) removed steps {deleted}")
         _phase("pruned", step)
-        return f"ok {sum(f['size'] for f in files.values())}"
+        return sum(f["size"] for f in files.values())
 
     # -- resuming -------------------------------------------------------------------------------
 
