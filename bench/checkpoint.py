@@ -1,0 +1,191 @@
+"""Checkpoint cost: save and load time, sync and async, and the training stall each causes, in one run.
+
+For each model, torchrun starts the real trainer (`tetrad_trainer.train.Trainer`, FSDP over
+--procs ranks, fp32) and, on every rank:
+
+    step       median time of a training step without checkpointing (the reference)
+    sync save  `Checkpointer.save(blocking=True)`: the stall is the whole save (write, fsync,
+               checksums, commit)
+    async save `Checkpointer.save()` with async on: the training thread blocks only for the CPU
+               copy (staging); the write, checksums and commit run in a background thread while
+               training continues. Its stall = staging + the extra time of the steps that
+               overlapped the background write (their time beyond the reference step)
+    load       `Checkpointer.resume()`: verify every file against the manifest, DCP load, set state
+
+Times are the slowest rank's, medians over --rounds. Stall ratios are stall / reference step: 1.0
+means a checkpoint costs as much training time as one step. The page cache is warm for loads (the
+files were just written), so load times are the CPU side (checksums, deserialisation, copies), not
+the disk's read speed.
+
+    python bench/checkpoint.py [--procs 2] [--threads N] [--models debug:256,llama3-125m:64] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tetrad.api import ResolvedConfig, parse, resolve
+
+
+def config(preset: str, seq_len: int, procs: int, path: Path, async_save: bool, batch_per_rank: int) -> ResolvedConfig:
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": f"bench-{preset}"},
+           "spec": {"nodes": 1, "nprocPerNode": procs, "parallelism": {"dpShard": procs},
+                    "model": {"preset": preset, "seqLen": seq_len},
+                    "training": {"steps": 100000, "globalBatch": batch_per_rank * procs, "microBatch": batch_per_rank,
+                                 "precision": "fp32", "warmupSteps": 2},
+                    "checkpoint": {"enabled": True, "path": str(path), "interval": 100000, "keepLast": 2,
+                                   "async": async_save},
+                    "metrics": {"port": 29700}}}
+    job, problems = parse(doc)
+    assert job is not None, problems
+    return resolve(job)
+
+
+# --- on every rank, under torchrun -----------------------------------------------------------------
+
+def worker(config_path: str, out: str, rounds: int, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from tetrad_trainer.mesh import init_distributed
+    from tetrad_trainer.train import Trainer
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    cfg = ResolvedConfig.load(config_path)
+    trainer = Trainer(cfg, init_distributed(), jsonl=None)
+    ckpt = trainer.checkpointer
+    flag = torch.zeros(1)
+
+    def step() -> float:
+        t = time.perf_counter()
+        trainer.step += 1
+        trainer.train_step()
+        return time.perf_counter() - t
+
+    def all_done(done: bool) -> bool:  # every rank must run the same number of steps
+        flag.fill_(0.0 if done else 1.0)
+        dist.all_reduce(flag)
+        return flag.item() == 0.0
+
+    for _ in range(2):
+        step()
+    reference = statistics.median(step() for _ in range(steps))
+    sync_stall, async_stall, async_total, async_overlapped, loads = [], [], [], [], []
+    assert ckpt.settings.async_save, "the bench config turns async on; blocking=True gives the sync saves"
+    for _ in range(rounds):
+        dist.barrier()
+        t = time.perf_counter()
+        ckpt.save(trainer.step, blocking=True)
+        sync_stall.append(time.perf_counter() - t)
+        step()
+    assert ckpt.last_stats is not None
+    size = ckpt.last_stats.bytes
+    for _ in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        ckpt.save(trainer.step)
+        staging = time.perf_counter() - t0
+        overlapped = []
+        while not all_done(ckpt._pending is None or ckpt._pending.done()):
+            overlapped.append(step())
+        ckpt.wait()
+        async_total.append(time.perf_counter() - t0)
+        async_stall.append(staging + sum(max(0.0, s - reference) for s in overlapped))
+        async_overlapped.append(len(overlapped))
+        step()
+    for _ in range(rounds):
+        dist.barrier()
+        t = time.perf_counter()
+        resumed = ckpt.resume()
+        loads.append(time.perf_counter() - t)
+        assert resumed is not None
+    ckpt.close()
+    mine = {"reference_step_s": reference, "sync_save_s": statistics.median(sync_stall),
+            "load_s": statistics.median(loads), "async_stall_s": statistics.median(async_stall),
+            "async_commit_s": statistics.median(async_total),
+            "async_overlapped_steps": float(statistics.median(async_overlapped))}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() == 0:
+        slowest: dict[str, Any] = {k: max(g[k] for g in gathered) for k in mine}
+        slowest["bytes"] = size
+        Path(out).write_text(json.dumps(slowest))
+    trainer.metrics.close()
+    dist.destroy_process_group()
+
+
+# --- the driver --------------------------------------------------------------------------------------
+
+def measure(preset: str, seq_len: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    cfg = config(preset, seq_len, args.procs, work / f"ckpt-{preset}", True, args.batch_per_rank)
+    path = work / f"{preset}.json"
+    path.write_text(cfg.to_json())
+    out = work / f"{preset}-result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.procs))}
+    # --no-python and -P: bench/ must not go first on the workers' sys.path (bench/operator.py
+    # would shadow the standard library's operator module).
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.procs}",
+           "--no-python", sys.executable, "-P", __file__, "--worker", "--config", str(path), "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    result |= {"model": preset, "params_m": cfg.model.num_params() / 1e6, "seq_len": seq_len}
+    return result
+
+
+def table(rows: list[dict[str, Any]], procs: int, threads: int) -> str:
+    ranks = f"FSDP x{procs}" if procs > 1 else "1 process"
+    lines = [
+        f"| model ({ranks}, {threads} thread(s) each, fp32) | checkpoint | step | sync save (stall) | stall/step | async stall | stall/step "
+        "| async commit | load |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        step = r["reference_step_s"]
+        lines.append(
+            f"| {r['model']} ({r['params_m']:.0f}M, seq {r['seq_len']}) | {r['bytes'] / 1e6:,.0f} MB | {step:.2f} s "
+            f"| {r['sync_save_s']:.2f} s | {r['sync_save_s'] / step:.2f} | {r['async_stall_s']:.2f} s "
+            f"| {r['async_stall_s'] / step:.2f} | {r['async_commit_s']:.2f} s ({r['async_overlapped_steps']:.0f} steps) "
+            f"| {r['load_s']:.2f} s |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--models", default="debug:256,llama3-125m:64", help="comma-separated PRESET:SEQ_LEN")
+    p.add_argument("--threads", type=int, default=0,
+                   help="compute threads per rank (default: all cores shared among the ranks; fewer leave a core "
+                        "to the background write, as a GPU job does)")
+    p.add_argument("--batch-per-rank", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5, help="reference steps without checkpointing")
+    p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.config, str(args.out), args.rounds, args.steps)
+        return
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tetrad-bench-ckpt-") as tmp:
+        for item in args.models.split(","):
+            preset, seq = item.split(":")
+            rows.append(measure(preset, int(seq), args, Path(tmp)))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(table(rows, args.procs, args.threads or max(1, (os.cpu_count() or 1) // args.procs)))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
