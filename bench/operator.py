@@ -60,6 +60,11 @@ def rss_kib(pid: int) -> dict[str, int]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def operator_metric(port: int, name: str) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")
@@ -178,14 +183,20 @@ def main() -> int:
                 if time.monotonic() > deadline or op.poll() is not None:
                     raise RuntimeError("the operator did not start; see .cache/bench-operator.log") from None
                 time.sleep(0.5)
+        # Warm up: the first job waits for kopf to list and index every node.
+        one_job(api, 1)
         results["idle_rss_kib"] = rss_kib(op.pid)["VmRSS"]
         for size in sizes:
+            cpu = cpu_seconds(op.pid)
             r = one_job(api, size)
+            r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
             results[f"job_{size}"] = r
             print(f"{size} pods: created {r['created']:.1f}s, all Running {r['pods_running']:.1f}s, "
-                  f"phase Running {r['phase_running']:.1f}s", flush=True)
+                  f"phase Running {r['phase_running']:.1f}s; operator CPU {r['operator_cpu_seconds']:.1f}s", flush=True)
         if a.concurrent:
+            cpu = cpu_seconds(op.pid)
             r = many_jobs(api, a.concurrent, port)
+            r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
             results["concurrent"] = r
             print(f"{a.concurrent} jobs: applied in {r['applied']:.1f}s, all Running {r['all_running']:.1f}s, "
                   f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "
@@ -197,16 +208,17 @@ def main() -> int:
             op.wait(30)
         if not a.keep:
             stop_cluster(CLUSTER)
-    print("\n| measurement | seconds |\n|---|---|")
+    print("\n| measurement | seconds | operator CPU s |\n|---|---|---|")
     for size in sizes:
         r = results[f"job_{size}"]
-        print(f"| {size}-pod job: apply -> all pods created | {r['created']:.1f} |")
-        print(f"| {size}-pod job: apply -> all pods Running | {r['pods_running']:.1f} |")
-        print(f"| {size}-pod job: apply -> phase Running | {r['phase_running']:.1f} |")
+        print(f"| {size}-pod job: apply -> all pods created | {r['created']:.1f} | |")
+        print(f"| {size}-pod job: apply -> all pods Running | {r['pods_running']:.1f} | |")
+        print(f"| {size}-pod job: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
     if "concurrent" in results:
         r = results["concurrent"]
-        print(f"| {r['jobs']} x 4-pod jobs: apply -> all Running | {r['all_running']:.1f} |")
-        print(f"| {r['jobs']} x 4-pod jobs: pods finished -> all Succeeded | {r['all_succeeded_after_finish']:.1f} |")
+        print(f"| {r['jobs']} x 4-pod jobs: apply -> all Running | {r['all_running']:.1f} | |")
+        print(f"| {r['jobs']} x 4-pod jobs: pods finished -> all Succeeded | {r['all_succeeded_after_finish']:.1f} | "
+              f"{r['operator_cpu_seconds']:.1f} |")
         print(f"\nreconciles/s: {r['reconciles_per_second']:.1f}; jobs/s to Running: {r['jobs_per_second']:.2f}")
     print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB (idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
     if a.json:
