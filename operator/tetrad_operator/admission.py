@@ -61,7 +61,7 @@ class Admission:
         self.retry_seconds = retry_seconds
         self.batch_seconds = batch_seconds
         self.waiting: dict[Key, gang.GangRequest] = {}
-        self.first_seen: dict[tuple[Key, int], float] = {}
+        self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
         self._cluster_wide = namespaces is None
@@ -138,9 +138,9 @@ class Admission:
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
-                started = self.first_seen.pop((req.key, req.restart), None)
-                if started is not None:
-                    self.metrics.gang_wait.observe(time.monotonic() - started)
+                asked = self.first_seen.pop((req.key, req.restart), None)
+                if asked is not None:
+                    self.metrics.gang_wait.observe(time.monotonic() - asked)
                 self.metrics.gangs_admitted.inc()
                 log.info("released the gang of %s/%s (restart %d, %d pods; list %.2fs of %d pods, plan %.2fs, ungate %.2fs)",
                          req.namespace, req.name, req.restart, len(req.pods), listed - started, len(pods),

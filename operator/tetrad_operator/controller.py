@@ -280,7 +280,7 @@ class Controller:
             message = f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this job; delete it or rename the job"
             await self._post_event(job, "Warning", "ObjectConflict", message)
             raise ApiError(409, "POST", collection, {"message": message})
-        desired = {k: obj[k] for k in ("data", "spec") if k in obj}
+        desired: dict[str, Any] = {k: obj[k] for k in ("data", "spec") if k in obj}
         if _differs(existing, desired):
             await self.kube.patch(url, desired)
 

@@ -375,8 +375,8 @@ def _active(m: _Machine, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
     if m.phase == Phase.RUNNING:
         for rank in range(spec.nodes):
             if rank not in current:
-                missing = PodState(name=f"rank {rank}", uid="", job=m.name, restart=restart, rank=rank, phase="Unknown")
-                failures.append(Failure(missing, "PodMissing", f"the pod of rank {rank} disappeared", True))
+                gone = PodState(name=f"rank {rank}", uid="", job=m.name, restart=restart, rank=rank, phase="Unknown")
+                failures.append(Failure(gone, "PodMissing", f"the pod of rank {rank} disappeared", True))
     if failures:
         _on_failure(m, failures, list(current.values()), restart, policy)
         return
