@@ -67,6 +67,7 @@ class Trainer:
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
+        self.last_log, self.steps_since_log = time.perf_counter(), 0
 
         rank = dist.get_rank()
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -137,39 +138,43 @@ class Trainer:
         return loss.item() / self.mesh.dp_cp.size()
 
     def train(self) -> None:
-        t = self.cfg.training
-        tokens_per_step = t.global_batch * self.cfg.model.seq_len
-        flops_per_token = self.cfg.model.flops_per_token()
-        world = dist.get_world_size()
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
-        last_log, steps_since = time.perf_counter(), 0
-        while self.step < t.steps:
-            self.step += 1
-            loss, grad_norm, lr = self.train_step()
-            steps_since += 1
-            if self.preemption.requested():
-                self.checkpointer.save(self.step, blocking=True)
-                raise Preempted(f"stopped after step {self.step} on SIGTERM")
-            if self.checkpointer.due(self.step) or self.step == t.steps:
-                self.checkpointer.save(self.step)
-            if self.step % self.cfg.metrics.log_interval and self.step != t.steps:
-                continue
-            global_loss = self.global_loss(loss)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            now = time.perf_counter()
-            step_time = (now - last_log) / steps_since
-            tps = tokens_per_step / step_time
-            tflops = flops_per_token * tps / world / 1e12
-            peak, reserved = peak_memory_bytes(self.device)
-            self.metrics.log(StepRecord(
-                step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
-                tokens_per_second=tps, tokens_per_second_per_device=tps / world,
-                tflops=tflops, mfu=tflops / self.peak_tflops,
-                peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
-            ))
-            last_log, steps_since = time.perf_counter(), 0
+        self.last_log, self.steps_since_log = time.perf_counter(), 0
+        while self.step < self.cfg.training.steps:
+            self.run_step()
+
+    def run_step(self) -> None:
+        """One optimizer step, then whatever is due: stopping on SIGTERM, a checkpoint, a log line."""
+        self.step += 1
+        loss, grad_norm, lr = self.train_step()
+        self.steps_since_log += 1
+        if self.preemption.requested():
+            self.checkpointer.save(self.step, blocking=True)
+            raise Preempted(f"stopped after step {self.step} on SIGTERM")
+        last = self.step == self.cfg.training.steps
+        if self.checkpointer.due(self.step) or last:
+            self.checkpointer.save(self.step)
+        if self.step % self.cfg.metrics.log_interval == 0 or last:
+            self.log_step(loss, grad_norm, lr)
+
+    def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        """Metrics over the steps since the last log: Prometheus on every rank, a JSON line from rank 0."""
+        global_loss = self.global_loss(loss)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        step_time = (time.perf_counter() - self.last_log) / self.steps_since_log
+        tokens_per_second = self.cfg.training.global_batch * self.cfg.model.seq_len / step_time
+        world = dist.get_world_size()
+        tflops = self.cfg.model.flops_per_token() * tokens_per_second / world / 1e12
+        peak, reserved = peak_memory_bytes(self.device)
+        self.metrics.log(StepRecord(
+            step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
+            tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
+            tflops=tflops, mfu=tflops / self.peak_tflops,
+            peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
+        ))
+        self.last_log, self.steps_since_log = time.perf_counter(), 0
 
     def save_full_parameters(self, path: Path) -> None:
         """Write every parameter, gathered whole, to path (rank 0); for tests and debugging."""
