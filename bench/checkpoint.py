@@ -3,19 +3,21 @@
 For each model, torchrun starts the real trainer (`tetrad_trainer.train.Trainer`, FSDP over
 --procs ranks, fp32) and, on every rank:
 
-    step       median time of a training step without checkpointing (the reference)
+    step       time of a training step without checkpointing, measured (--steps steps) right
+               before each save: that save's reference
     sync save  `Checkpointer.save(blocking=True)`: the stall is the whole save (write, fsync,
                checksums, commit)
     async save `Checkpointer.save()` with async on: the training thread blocks only for the CPU
                copy (staging); the write, checksums and commit run in a background thread while
                training continues. Its stall = staging + the extra time of the steps that
-               overlapped the background write (their time beyond the reference step)
+               overlapped the background write (their time beyond the reference)
     load       `Checkpointer.resume()`: verify every file against the manifest, DCP load, set state
 
-Times are the slowest rank's, medians over --rounds. Stall ratios are stall / reference step: 1.0
-means a checkpoint costs as much training time as one step. The page cache is warm for loads (the
-files were just written), so load times are the CPU side (checksums, deserialisation, copies), not
-the disk's read speed.
+Sync and async rounds alternate (--rounds of each), so the drift of a shared machine hits both
+alike. Times are the slowest rank's medians; a stall ratio is stall / reference step (1.0: the
+checkpoint costs as much training time as one step). The page cache is warm for loads (the files
+were just written), so load times are the CPU side (checksums, deserialisation, copies), not the
+disk's read speed.
 
     python bench/checkpoint.py [--procs 2] [--threads N] [--models debug:256,llama3-125m:64] [--rounds 3]
 """
@@ -75,20 +77,19 @@ def worker(config_path: str, out: str, rounds: int, steps: int) -> None:
         dist.all_reduce(flag)
         return flag.item() == 0.0
 
-    for _ in range(2):
-        step()
-    reference = statistics.median(step() for _ in range(steps))
-    sync_stall, async_stall, async_total, async_overlapped, loads = [], [], [], [], []
-    assert ckpt.settings.async_save, "the bench config turns async on; blocking=True gives the sync saves"
-    for _ in range(rounds):
+    def reference() -> float:
+        """The step time right now: the machine may be shared, so each save gets its own reference."""
+        return statistics.median(step() for _ in range(steps))
+
+    def sync_round() -> tuple[float, float]:
+        ref = reference()
         dist.barrier()
         t = time.perf_counter()
         ckpt.save(trainer.step, blocking=True)
-        sync_stall.append(time.perf_counter() - t)
-        step()
-    assert ckpt.last_stats is not None
-    size = ckpt.last_stats.bytes
-    for _ in range(rounds):
+        return time.perf_counter() - t, ref
+
+    def async_round() -> tuple[float, float, float, int]:
+        ref = reference()
         dist.barrier()
         t0 = time.perf_counter()
         ckpt.save(trainer.step)
@@ -97,10 +98,17 @@ def worker(config_path: str, out: str, rounds: int, steps: int) -> None:
         while not all_done(ckpt._pending is None or ckpt._pending.done()):
             overlapped.append(step())
         ckpt.wait()
-        async_total.append(time.perf_counter() - t0)
-        async_stall.append(staging + sum(max(0.0, s - reference) for s in overlapped))
-        async_overlapped.append(len(overlapped))
-        step()
+        stall = staging + sum(max(0.0, s - ref) for s in overlapped)
+        return stall, ref, time.perf_counter() - t0, len(overlapped)
+
+    assert ckpt.settings.async_save, "the bench config turns async on; blocking=True gives the sync saves"
+    step()  # warm-up: lazy initialisation, first all-gathers
+    sync, asyn = [], []
+    for _ in range(rounds):  # alternate, so drift of a shared machine hits both alike
+        sync.append(sync_round())
+        asyn.append(async_round())
+    assert ckpt.last_stats is not None
+    loads = []
     for _ in range(rounds):
         dist.barrier()
         t = time.perf_counter()
@@ -108,15 +116,17 @@ def worker(config_path: str, out: str, rounds: int, steps: int) -> None:
         loads.append(time.perf_counter() - t)
         assert resumed is not None
     ckpt.close()
-    mine = {"reference_step_s": reference, "sync_save_s": statistics.median(sync_stall),
-            "load_s": statistics.median(loads), "async_stall_s": statistics.median(async_stall),
-            "async_commit_s": statistics.median(async_total),
-            "async_overlapped_steps": float(statistics.median(async_overlapped))}
+    med = statistics.median
+    mine = {"reference_step_s": med([r for _, r in sync] + [r for _, r, _, _ in asyn]),
+            "sync_save_s": med(s for s, _ in sync), "sync_ratio": med(s / r for s, r in sync),
+            "async_stall_s": med(s for s, _, _, _ in asyn), "async_ratio": med(s / r for s, r, _, _ in asyn),
+            "async_commit_s": med(t for _, _, t, _ in asyn),
+            "async_overlapped_steps": float(med(n for _, _, _, n in asyn)),
+            "load_s": med(loads), "bytes": ckpt.last_stats.bytes}
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
     if dist.get_rank() == 0:
         slowest: dict[str, Any] = {k: max(g[k] for g in gathered) for k in mine}
-        slowest["bytes"] = size
         Path(out).write_text(json.dumps(slowest))
     trainer.metrics.close()
     dist.destroy_process_group()
@@ -153,8 +163,8 @@ def table(rows: list[dict[str, Any]], procs: int, threads: int) -> str:
         step = r["reference_step_s"]
         lines.append(
             f"| {r['model']} ({r['params_m']:.0f}M, seq {r['seq_len']}) | {r['bytes'] / 1e6:,.0f} MB | {step:.2f} s "
-            f"| {r['sync_save_s']:.2f} s | {r['sync_save_s'] / step:.2f} | {r['async_stall_s']:.2f} s "
-            f"| {r['async_stall_s'] / step:.2f} | {r['async_commit_s']:.2f} s ({r['async_overlapped_steps']:.0f} steps) "
+            f"| {r['sync_save_s']:.2f} s | {r['sync_ratio']:.2f} | {r['async_stall_s']:.2f} s "
+            f"| {r['async_ratio']:.2f} | {r['async_commit_s']:.2f} s ({r['async_overlapped_steps']:.0f} steps) "
             f"| {r['load_s']:.2f} s |")
     return "\n".join(lines)
 
@@ -168,7 +178,7 @@ def main() -> None:
                         "to the background write, as a GPU job does)")
     p.add_argument("--batch-per-rank", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=5, help="reference steps without checkpointing")
+    p.add_argument("--steps", type=int, default=3, help="steps without checkpointing before each save (its reference)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
