@@ -23,6 +23,7 @@ from typing import Any
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse, resolve
 from tetrad.api.spec import EXIT_PREEMPTED, CleanPodPolicy, Phase, RunPolicy, Scheduler
 from tetrad.render import render
+from tetrad.render.objects import pod as render_pod
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
 
@@ -398,10 +399,12 @@ def _active(m: _Machine, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             return
         if m.phase == Phase.RESTARTING:
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
-        rendered = render(job, restart=restart, config=cfg)
-        if not current:
+        if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
+            rendered = render(job, restart=restart, config=cfg)
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.pod_group) if o)
-        m.decision.actions.extend(CreatePod(rendered.pods[r]) for r in missing)
+            m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
+        else:  # only the missing pods (rendering a 1024-pod gang takes a while)
+            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart)) for r in missing)
         if builtin and (not released or released.get("status") == "True"):
             set_condition(m.status["conditions"], GANG_RELEASED, "False", "Creating",
                           f"creating the {spec.nodes} pods of restart {restart}", m.now)

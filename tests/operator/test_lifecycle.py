@@ -394,3 +394,17 @@ def test_invariants_hold_for_any_interleaving(ops):
     assert c.job is None or c.phase in ("Succeeded", "Failed")
     if c.phase == "Succeeded":
         assert not c.alive()
+
+
+def test_a_missing_pod_is_rendered_exactly_like_the_whole_gang():
+    from tetrad.api import parse
+    from tetrad.render import render
+
+    c = FakeCluster(job_body(nodes=3))
+    first = {a.name: a.obj for a in c.reconcile(admit=False).actions if isinstance(a, CreatePod)}
+    del c.pods["job-r0-2"]  # e.g. the operator stopped half-way through creating the gang
+    d = c.reconcile(admit=False)
+    assert not [a for a in d.actions if isinstance(a, Ensure)]  # the incarnation's objects exist
+    again = [a.obj for a in d.actions if isinstance(a, CreatePod)]
+    job, _ = parse({k: c.job[k] for k in ("apiVersion", "kind", "metadata", "spec")})
+    assert again == [first["job-r0-2"]] == [render(job, restart=0).pods[2]]
