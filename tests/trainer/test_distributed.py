@@ -99,3 +99,18 @@ def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> 
         value = gauge(seen[0], name)
         assert value is not None and value > 0, name
     assert 'tetrad_info{job="test",mesh="pp1.dpr1.dps2.cp1.tp1",rank="1"} 1.0' in seen[1]
+
+
+@pytest.mark.parametrize("parallelism", [{"dpShard": 2}, {"dpReplicate": 2}, {"pp": 2, "tp": 2}],
+                         ids=["fsdp-mixed-precision", "replicate-mixed-precision", "pp-tp-autocast"])
+def test_bf16_trains_close_to_fp32(parallelism: dict[str, object], tmp_path: Path) -> None:
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        nproc = 2 * (2 if "tp" in parallelism else 1)
+        cfg = job(parallelism, nproc=nproc, model={"seqLen": 32},
+                  training={"steps": 3, "globalBatch": 4, "microBatch": 2, "precision": precision})
+        run = run_trainer(cfg, tmp_path / precision)
+        assert run.codes == [0] * nproc, run.logs()
+        losses[precision] = [r["loss"] for r in run.records]
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
+    assert losses["bf16"] != losses["fp32"]  # bf16 compute did happen

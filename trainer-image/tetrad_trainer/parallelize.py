@@ -1,7 +1,7 @@
 """From a meta-device model to this rank's parallelized, materialized model parts.
 
 A straight line, in this order:
-    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile → apply_fsdp / apply_ddp → init_weights
+    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile → apply_fsdp | apply_ddp | apply_replicate → init_weights
 Each step is a plain function of a model part, so a reader can follow what each rank holds.
 """
 
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._composable.replicate import replicate as ddp
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
@@ -185,8 +186,13 @@ def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, re
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
-def apply_ddp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision) -> None:
-    """Plain data parallelism: replicated parameters, gradients all-reduced per block."""
+def apply_ddp(model: Transformer, dp_mesh: DeviceMesh) -> None:
+    """Pure data parallelism: DDP's reducer, bucketed all-reduces overlapped with the backward."""
+    ddp(model, device_mesh=dp_mesh, bucket_cap_mb=100)
+
+
+def apply_replicate(model: Transformer, dp_mesh: DeviceMesh, precision: Precision) -> None:
+    """Replication next to TP or PP: FSDP2's replicate keeps parameters as DTensors, per block and root."""
     mp = _mixed_precision(precision)
     for block in model.layers.values():
         replicate(block, mesh=dp_mesh, mp_policy=mp)
@@ -209,6 +215,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         n_stages, ids, parts = 1, [0], [model]
 
     shard = layout.dp_shard * layout.cp > 1
+    pure_dp = layout.dp_replicate == layout.world_size > 1
     for part in parts:
         if layout.tp > 1:
             apply_tp(part, mesh["tp"])
@@ -222,8 +229,10 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
             # With a pipeline each stage runs several microbatches: keep its parameters gathered.
             dp_mesh = mesh.hsdp if layout.dp_replicate > 1 else mesh.dp_shard_cp
             apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=layout.pp == 1)
+        elif pure_dp:
+            apply_ddp(part, mesh["dp_replicate"])
         elif layout.dp_replicate > 1:
-            apply_ddp(part, mesh["dp_replicate"], training.precision)
+            apply_replicate(part, mesh["dp_replicate"], training.precision)
         init_weights(part, device, training.seed)
 
     schedule = None
@@ -240,7 +249,8 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         has_first_stage=0 in ids,
         has_last_stage=n_stages - 1 in ids,
         loss_parallel=layout.tp > 1,
-        autocast=training.precision == Precision.BF16 and not (shard or layout.dp_replicate > 1),
+        # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need autocast.
+        autocast=training.precision == Precision.BF16 and not (shard or (layout.dp_replicate > 1 and not pure_dp)),
     )
 
 
