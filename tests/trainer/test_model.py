@@ -100,3 +100,19 @@ def test_pipeline_stages_keep_the_full_models_names_and_compose_to_it() -> None:
     tokens = torch.randint(0, CFG.vocab, (2, CFG.seq_len))
     with torch.no_grad():
         assert torch.equal(stages[1](stages[0](tokens)), model(tokens))
+
+
+@pytest.mark.parametrize("layout, style", [
+    ({"dp_replicate": 2}, "ddp"),
+    ({"dp_replicate": 2, "tp": 2}, "replicate"),
+    ({"dp_replicate": 2, "pp": 2}, "replicate"),
+    ({"dp_shard": 2}, "fsdp"),
+    ({"cp": 2}, "fsdp"),  # CP ranks hold the same parameters: FSDP over dp_shard x cp averages their gradients
+    ({"dp_replicate": 2, "dp_shard": 2}, "fsdp"),  # HSDP
+    ({"tp": 2, "pp": 2}, None),
+])
+def test_data_parallel_style_per_layout(layout: dict[str, int], style: str | None) -> None:
+    from tetrad.api import Layout
+    from tetrad_trainer.parallelize import data_parallel_style
+
+    assert data_parallel_style(Layout(**layout)) == style

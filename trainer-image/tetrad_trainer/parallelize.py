@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
 from tetrad_trainer.config import ConfigError
@@ -201,6 +201,16 @@ def apply_replicate(model: Transformer, dp_mesh: DeviceMesh, precision: Precisio
 
 # --- the straight line -------------------------------------------------------------------------------
 
+def data_parallel_style(layout: Layout) -> str | None:
+    """fsdp when parameters are sharded (dp_shard or cp; HSDP with dp_replicate), ddp for pure data
+    parallelism, replicate for dp_replicate next to TP or PP, None without data parallelism."""
+    if layout.dp_shard * layout.cp > 1:
+        return "fsdp"
+    if layout.dp_replicate == layout.world_size > 1:
+        return "ddp"
+    return "replicate" if layout.dp_replicate > 1 else None
+
+
 def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> ParallelModel:
     layout, training = cfg.layout, cfg.training
     with torch.device("meta"):
@@ -214,8 +224,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
     else:
         n_stages, ids, parts = 1, [0], [model]
 
-    shard = layout.dp_shard * layout.cp > 1
-    pure_dp = layout.dp_replicate == layout.world_size > 1
+    data_parallel = data_parallel_style(layout)
     for part in parts:
         if layout.tp > 1:
             apply_tp(part, mesh["tp"])
@@ -225,13 +234,13 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
             apply_ac(part, training.activation_checkpointing)
         if training.compile:
             apply_compile(part)
-        if shard:
+        if data_parallel == "fsdp":
             # With a pipeline each stage runs several microbatches: keep its parameters gathered.
             dp_mesh = mesh.hsdp if layout.dp_replicate > 1 else mesh.dp_shard_cp
             apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=layout.pp == 1)
-        elif pure_dp:
+        elif data_parallel == "ddp":
             apply_ddp(part, mesh["dp_replicate"])
-        elif layout.dp_replicate > 1:
+        elif data_parallel == "replicate":
             apply_replicate(part, mesh["dp_replicate"], training.precision)
         init_weights(part, device, training.seed)
 
@@ -250,7 +259,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         has_last_stage=n_stages - 1 in ids,
         loss_parallel=layout.tp > 1,
         # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need autocast.
-        autocast=training.precision == Precision.BF16 and not (shard or (layout.dp_replicate > 1 and not pure_dp)),
+        autocast=training.precision == Precision.BF16 and data_parallel in (None, "ddp"),
     )
 
 
