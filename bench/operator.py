@@ -8,7 +8,8 @@ per pod of the largest job, runs the operator as its own process (`python -m tet
 default settings) and measures:
 
 - for one job of each size (pods of 8 GPUs, so one per node and the built-in gang must pack the
-  whole cluster): apply -> every pod created, -> every pod Running, -> status.phase Running;
+  whole cluster): apply -> every pod created, -> every gate removed (the gang released), -> every
+  pod bound by the kube-scheduler, -> every pod Running (kwok), -> status.phase Running;
 - `--concurrent` jobs of 4 pods applied at once: apply -> all Running, and after the benchmark
   (playing the kubelet) marks every pod Succeeded, -> all Succeeded; with the reconciles per
   second the operator did meanwhile (from its own metrics);
@@ -96,11 +97,16 @@ def one_job(api: Api, size: int) -> dict[str, float]:
     t0 = time.monotonic()
     api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size))
     out: dict[str, float] = {}
-    while len(out) < 3:
+    while len(out) < 5:
         pods = api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")
         t = time.monotonic() - t0
-        if "created" not in out and len(pods) == size:
+        complete = len(pods) == size
+        if "created" not in out and complete:
             out["created"] = t
+        if "released" not in out and complete and not any(p["spec"].get("schedulingGates") for p in pods):
+            out["released"] = t  # the operator removed every gate
+        if "bound" not in out and complete and all(p["spec"].get("nodeName") for p in pods):
+            out["bound"] = t  # the scheduler placed every pod
         if "pods_running" not in out and sum(p["status"].get("phase") == "Running" for p in pods) == size:
             out["pods_running"] = t
         if "phase_running" not in out and (api.job(ns, "big") or {}).get("status", {}).get("phase") == "Running":
@@ -191,7 +197,8 @@ def main() -> int:
             r = one_job(api, size)
             r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
             results[f"job_{size}"] = r
-            print(f"{size} pods: created {r['created']:.1f}s, all Running {r['pods_running']:.1f}s, "
+            print(f"{size} pods: created {r['created']:.1f}s, released {r['released']:.1f}s, bound {r['bound']:.1f}s, "
+                  f"all Running {r['pods_running']:.1f}s, "
                   f"phase Running {r['phase_running']:.1f}s; operator CPU {r['operator_cpu_seconds']:.1f}s", flush=True)
         if a.concurrent:
             cpu = cpu_seconds(op.pid)
@@ -212,6 +219,8 @@ def main() -> int:
     for size in sizes:
         r = results[f"job_{size}"]
         print(f"| {size}-pod job: apply -> all pods created | {r['created']:.1f} | |")
+        print(f"| {size}-pod job: apply -> gang released (no gate left) | {r['released']:.1f} | |")
+        print(f"| {size}-pod job: apply -> all pods bound by the scheduler | {r['bound']:.1f} | |")
         print(f"| {size}-pod job: apply -> all pods Running | {r['pods_running']:.1f} | |")
         print(f"| {size}-pod job: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
     if "concurrent" in results:
