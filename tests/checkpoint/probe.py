@@ -3,8 +3,9 @@
 Environment (all optional):
   TETRAD_TEST_DIE=PHASE:STEP:RANK    SIGKILL rank RANK when the save of STEP reaches PHASE
   TETRAD_TEST_KILL=RANK:STEP:WHEN:S  SIGKILL rank RANK S seconds after the save of STEP begins
-                                     (WHEN=save) or returns (WHEN=train)
-  TETRAD_TEST_PROGRESS=DIR           append "save N", "saved N" and every commit phase to DIR/rank-R
+                                     (WHEN=save) or is committed (WHEN=train), async or not
+  TETRAD_TEST_PROGRESS=DIR           append "save N", "saved N" and every save phase (up to
+                                     "committed N") to DIR/rank-R
 """
 
 from __future__ import annotations
@@ -35,23 +36,25 @@ def main(argv: list[str]) -> int:
     die = os.environ.get("TETRAD_TEST_DIE", "").split(":")
     kill = os.environ.get("TETRAD_TEST_KILL", "").split(":")
 
+    def kill_armed(step: int, when: str) -> None:
+        if len(kill) == 4 and (rank, step, when) == (int(kill[0]), int(kill[1]), kill[2]):
+            _kill_later(float(kill[3]))
+
     def hook(phase: str, step: int) -> None:
         _note(f"{phase} {step}")
         if len(die) == 3 and (phase, step, rank) == (die[0], int(die[1]), int(die[2])):
             os.kill(os.getpid(), signal.SIGKILL)
+        if phase == "committed":
+            kill_armed(step, "train")
 
     checkpoint.phase_hook = hook
     save = checkpoint.Checkpointer.save
 
     def traced_save(self: checkpoint.Checkpointer, step: int, **kwargs: Any) -> Any:
-        armed = len(kill) == 4 and (rank, step) == (int(kill[0]), int(kill[1]))
         _note(f"save {step}")
-        if armed and kill[2] == "save":
-            _kill_later(float(kill[3]))
+        kill_armed(step, "save")
         result = save(self, step, **kwargs)
         _note(f"saved {step}")
-        if armed and kill[2] == "train":
-            _kill_later(float(kill[3]))
         return result
 
     checkpoint.Checkpointer.save = traced_save  # type: ignore[method-assign]

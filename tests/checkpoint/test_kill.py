@@ -81,9 +81,7 @@ def test_random_kills(tmp_path, straight):
             g.kill(victim)
             g.procs[victim].join(10)
             kills += 1
-            events = (progress / f"rank-{victim}").read_text().split()
-            # Where it landed: inside a save if its last event opened a save.
-            landed["save" if events[-2] == "save" else "train"] += 1
+            landed["save" if toy.inside_save(progress / f"rank-{victim}") else "train"] += 1
             codes = g.wait()
         finally:
             g.close()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.checkpoint.toy import inside_save
 from tests.trainer.harness import Run, job, run_trainer
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -148,8 +149,8 @@ def test_random_kills(tmp_path_factory, tmp_path):
         killed = train("dps2", tmp_path / f"killed{i}", ckpt, env={
             "TETRAD_TEST_KILL": f"{victim}:{step}:{when}:{delay}", "TETRAD_TEST_PROGRESS": str(progress)}, **settings)
         assert killed.codes[victim] == -9, killed.logs()
-        last = (progress / f"rank-{victim}").read_text().splitlines()[-1].split()[0]
-        landed.append("training" if last == "saved" else f"saving ({last})")
+        events = (progress / f"rank-{victim}").read_text().splitlines()
+        landed.append(f"saving ({events[-1]})" if inside_save(progress / f"rank-{victim}") else "training")
         b = run_trainer(config("dps2", ckpt, **settings), tmp_path / f"resumed{i}", target=PROBE,
                         args=("--save-full-parameters", str(tmp_path / f"resumed{i}" / "params.pt")))
         assert b.codes == [0, 0], b.logs()
@@ -157,5 +158,4 @@ def test_random_kills(tmp_path_factory, tmp_path):
         pa, pb = params(a), params(b)
         assert all(torch.equal(pa[k], pb[k]) for k in pa), (i, landed[-1])
     print("kills landed:", landed)
-    # Which side of a save's end a kill lands on depends on the machine's speed: ask for both.
-    assert sum(x.startswith("saving") for x in landed) >= 2 and landed.count("training") >= 2, landed
+    assert sum(x.startswith("saving") for x in landed) >= 3 and landed.count("training") >= 3, landed

@@ -176,6 +176,18 @@ def _progress(spec: dict[str, Any], rank: int, event: str) -> None:
             f.write(event + "\n")
 
 
+def inside_save(events: Path) -> bool:
+    """Whether the rank died between a save's start and its commit (asynchronous writes included)."""
+    opened = committed = 0
+    for line in events.read_text().splitlines():
+        name, step = line.split()
+        if name == "save":
+            opened = int(step)
+        elif name == "committed":
+            committed = int(step)
+    return opened > committed
+
+
 def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     cfg = config(spec["layout"], spec["path"], steps=spec.get("steps", 10), interval=spec.get("interval", 5),
                  keep_last=spec.get("keep_last", 3), async_save=spec.get("async", False),
@@ -199,6 +211,8 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     die = spec.get("die")  # {"rank": r, "phase": "dcp-written", "step": 5}: SIGKILL ourselves there
     if die and die["rank"] == rank and die.get("phase"):
         checkpoint.phase_hook = die_at(die["phase"], die["step"])
+    elif spec.get("progress"):
+        checkpoint.phase_hook = lambda phase, at: _progress(spec, rank, f"{phase} {at}")
 
     resumed = ckpt.resume()
     step = resumed.step if resumed else 0

@@ -549,6 +549,7 @@ class Checkpointer:
         stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total, bytes=size,
                           async_save=async_save)
         self.last_stats = stats
+        _phase("committed", step)
         self._info(f"committed step {step} at {self.dir.root / step_dir_name(step)} "
                    f"({stats.bytes / 1e6:.1f} MB, layout {self.layout.label()}, {stats.total_s:.2f} s, "
                    f"training stalled {stats.stall_s:.2f} s{', async' if async_save else ''})")
