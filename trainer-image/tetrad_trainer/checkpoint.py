@@ -679,18 +679,16 @@ class Checkpointer:
         saved_label, label = manifest["layout_label"], self.layout.label()
         state = self._tensor_state()
         requested = self._all_gather(sorted(state["model"]))
+        problem = None
         if self.rank == 0:
             metadata = dcp.FileSystemReader(str(path)).read_metadata()
             saved_keys = {k.split(".", 1)[1] for k in metadata.state_dict_metadata if k.startswith("model.")}
             wanted = {k for keys in requested for k in keys}
-            problem = None
             if saved_keys != wanted:
                 missing, unknown = sorted(wanted - saved_keys), sorted(saved_keys - wanted)
                 problem = (f"checkpoint step {manifest['step']} (layout {saved_label}) and this job (layout {label}) "
                            f"disagree on the model's parameters: missing in the checkpoint {missing[:3]}, "
                            f"not in this job {unknown[:3]}")
-        else:
-            problem = None
         if problem := self._broadcast(problem):
             raise CheckpointMismatch(problem)
         try:
