@@ -1,18 +1,17 @@
 """Run a function on N gloo ranks, each a fresh process, and kill ranks at will.
 
-Processes come from a forkserver that imported torch once, so a gang starts in about a second
-instead of paying torch's import per rank. Results travel through files (a SIGKILLed rank must
-not be able to corrupt a shared queue). When one rank dies, the others are killed, as torchrun
-does.
+Processes come from the trainer tests' forkserver (tests/trainer/harness.py), which imported torch
+once, so a gang starts in about a second instead of paying torch's import per rank. Unlike the
+harness's runs, a gang returns each rank's result (through files: a SIGKILLed rank must not be
+able to corrupt a shared queue) and can be killed rank by rank. When one rank dies, the others
+are killed, as torchrun does.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -22,23 +21,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-PRELOAD = ["torch", "torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
-           "tetrad_trainer.checkpoint", "tests.checkpoint.toy"]
-_ctx: Any = None
-
-
-def context() -> Any:
-    global _ctx
-    if _ctx is None:
-        _ctx = multiprocessing.get_context("forkserver")
-        _ctx.set_forkserver_preload(PRELOAD)
-    return _ctx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.trainer.harness import _context, free_port
 
 
 def _entry(fn: Callable[..., Any], rank: int, world: int, port: int, out: str, env: dict[str, str],
@@ -79,7 +62,7 @@ class Gang:
         self.world = world
         self._dir = tempfile.TemporaryDirectory(prefix="tetrad-gang-")
         self.out = Path(self._dir.name)
-        ctx = context()
+        ctx = _context()
         port = free_port()
         self.procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(self.out), env or {}, args), daemon=True)
                       for r in range(world)]
