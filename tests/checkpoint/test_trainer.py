@@ -159,3 +159,23 @@ def test_random_kills(tmp_path_factory, tmp_path):
         assert all(torch.equal(pa[k], pb[k]) for k in pa), (i, landed[-1])
     print("kills landed:", landed)
     assert sum(x.startswith("saving") for x in landed) >= 3 and landed.count("training") >= 3, landed
+
+
+def test_activation_checkpointing_leaves_the_names_alone(tmp_path):
+    """Blocks wrapped for activation checkpointing save under the plain model's names, so a run
+    with AC resumes without it (and back)."""
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = tmp_path / "ckpt"
+    parallelism, nproc = LAYOUTS["dps2"]
+    settings = {"enabled": True, "path": str(ckpt), "interval": 3}
+    with_ac = job(parallelism, nproc=nproc, model=MODEL, checkpoint=settings,
+                  training={**TRAINING, "steps": 3, "activationCheckpointing": "full"})
+    assert run_trainer(with_ac, tmp_path / "ac").codes == [0, 0]
+    keys = dcp.FileSystemReader(str(ckpt / "step-00000003")).read_metadata().state_dict_metadata
+    assert "model.layers.0.attention.wq.weight" in keys
+    assert not [k for k in keys if "_checkpoint_wrapped_module" in k or "_orig_mod" in k]
+    without = job(parallelism, nproc=nproc, model=MODEL, checkpoint=settings, training={**TRAINING, "steps": 5})
+    run = run_trainer(without, tmp_path / "plain")
+    assert run.codes == [0, 0], run.logs()
+    assert "resumed step 3" in run.log(0) and [r["step"] for r in run.records] == [4, 5]
