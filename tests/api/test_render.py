@@ -85,7 +85,9 @@ def test_pod_security_and_volumes():
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["serviceAccountName"] == "trainer"
     assert env_of(pod)["EXTRA"] == "1"
     assert spec["restartPolicy"] == "Never"
-    assert c["command"] == ["torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
+    assert c["command"] == ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train",
+                            "--config", "/etc/tetrad/config.json"]
+    assert env_of(pod)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
     assert spec["initContainers"][0]["command"] == ["python", "-m", "tetrad.rendezvous"]
     assert render(job_of(doc)).pods[0]["spec"]["initContainers"] == []
 

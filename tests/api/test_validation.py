@@ -94,3 +94,16 @@ def test_resolve_expands_preset_and_overrides():
     assert (cfg.model.name, cfg.model.seq_len, cfg.model.dim) == ("custom", 128, 256)
     assert cfg.layout.label() == "pp2.dpr1.dps2.cp1.tp2"
     assert cfg.pp_microbatches == 2 and cfg.pp_stages_per_rank == 1
+
+
+def test_checkpoint_warnings():
+    def warnings(**checkpoint):
+        return [p for p in validate_document(manifest(checkpoint=checkpoint)) if p.severity == "warning"]
+
+    unmounted = warnings(enabled=True, path="/ckpt")
+    assert [p.field for p in unmounted] == ["spec.checkpoint.volume"] and "/ckpt" in unmounted[0].message
+    assert warnings(enabled=True, path="/ckpt", volume={"persistentVolumeClaim": {"claimName": "c"}}) == []
+    mounted_by_template = validate_document(manifest(checkpoint={"enabled": True, "path": "/ckpt"},
+                                                     template={"volumeMounts": [{"name": "v", "mountPath": "/ckpt"}]}))
+    assert mounted_by_template == []
+    assert [p.field for p in warnings(enabled=True, keepLast=1, volume={"emptyDir": {}})] == ["spec.checkpoint.keepLast"]

@@ -44,7 +44,8 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_local_command_is_the_pods_command() -> None:
-    assert local_command(Path("/w/config.json")) == [sys.executable, "-m", "torch.distributed.run", "-m",
+    assert local_command(Path("/w/config.json")) == [sys.executable, "-m", "tetrad_trainer.preemption",
+                                                     sys.executable, "-m", "torch.distributed.run", "-m",
                                                      "tetrad_trainer.train", "--config", "/w/config.json"]
 
 

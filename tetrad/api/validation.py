@@ -180,6 +180,15 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
         problems.append(Problem("spec.metrics.port", f"metrics.port={spec.metrics.port} + nprocPerNode={spec.nproc_per_node} runs past 65535; use a lower port"))
     if spec.metrics.port <= spec.rendezvous.port <= top:
         problems.append(Problem("spec.rendezvous.port", f"rendezvous.port={spec.rendezvous.port} collides with the metrics ports {spec.metrics.port}..{top}; move one of them"))
+    c = spec.checkpoint
+    if c.enabled:
+        mounted = c.volume is not None or any(m.get("mountPath") == c.path for m in spec.template.volume_mounts)
+        if not mounted:
+            problems.append(Problem("spec.checkpoint.volume", (
+                f"checkpoints go to {c.path} but no volume is mounted there; in a cluster the read-only root"
+                " filesystem fails the first save: set checkpoint.volume (e.g. a PVC) or mount one via template"), "warning"))
+        if c.keep_last == 1:
+            problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
     if spec.training.min_lr > spec.training.lr:
         problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
 

@@ -18,7 +18,7 @@ ENV_RDZV_TIMEOUT = "TETRAD_RDZV_TIMEOUT"
 
 def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, master_port: int,
                  rdzv_id: str, restart: int, config_path: str, rdzv_timeout: int,
-                 metrics_port: int | None = None) -> dict[str, str]:
+                 metrics_port: int | None = None, shutdown_timeout: int | None = None) -> dict[str, str]:
     endpoint = f"{master_addr}:{master_port}"
     env = {
         "PET_NNODES": str(cfg.nodes),
@@ -43,4 +43,7 @@ def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, maste
         ENV_RDZV_TIMEOUT: str(rdzv_timeout),
         "PYTHONUNBUFFERED": "1",
     }
+    if shutdown_timeout is not None:
+        # How long torchrun lets workers save a checkpoint after SIGTERM before it SIGKILLs them.
+        env["PET_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout)
     return env

@@ -17,7 +17,11 @@ from tetrad.render.env import torchrun_env
 
 RUN_AS_USER = 1000
 CONFIG_PATH = f"{names.CONFIG_DIR}/{names.CONFIG_FILE}"
-TRAIN_COMMAND = ["torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
+# The supervisor runs torchrun and exits with the workers' own code (75 preempted, 78 config error);
+# torchrun alone exits 1 for any worker failure.
+TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
+# torchrun's grace for workers after SIGTERM: the pod's grace period less time to exit.
+SHUTDOWN_MARGIN_SECONDS = 10
 WAIT_COMMAND = ["python", "-m", "tetrad.rendezvous"]
 # Writable paths under a read-only root filesystem.
 SCRATCH_MOUNTS = {"tmp": "/tmp", "cache": "/home/tetrad/.cache", "dshm": "/dev/shm"}
@@ -117,6 +121,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         cfg, node_rank=rank, master_addr=names.master_addr(name, ns), master_port=spec.rendezvous.port,
         rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart, config_path=CONFIG_PATH,
         rdzv_timeout=spec.rendezvous.timeout_seconds,
+        shutdown_timeout=max(1, spec.run_policy.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS),
     )
     env_list = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
