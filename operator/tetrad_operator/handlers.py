@@ -20,7 +20,7 @@ from tetrad_operator.kube import Kube
 from tetrad_operator.state import NodeState, PodState
 
 JOBS = (GROUP, VERSION, PLURAL)
-OWN_PODS = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+OWN_PODS: dict[str, Any] = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGED_BY}
 
 
 @kopf.on.startup()
