@@ -70,7 +70,7 @@ def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> N
     job = make_job("broken", data={"source": "tokens", "path": str(tmp_path / "tokens.bin")})
     start = time.monotonic()
     code = run_local(job, steps=None, jsonl=None, workdir=tmp_path / "work")
-    assert code != 0
+    assert code == EXIT_CONFIG_ERROR  # the rank's own code, through the node's exit-code supervisor
     assert "token id 4000, outside the model's vocab of 2048" in (tmp_path / "work" / "node-1.log").read_text()
     assert not processes_mentioning(str(tmp_path / "work"))
     assert time.monotonic() - start < 240
