@@ -16,7 +16,7 @@ from tetrad.api.spec import EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
 from tetrad.launch.local import local_command
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
 
 JSON_KEYS = {"step", "loss", "tokens_per_second", "mfu", "tflops", "peak_memory_bytes", "step_time_s"}
 
