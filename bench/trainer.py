@@ -75,13 +75,12 @@ def worker(config_path: str, result: str, warmup: int) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.nn.parallel import DistributedDataParallel
-
     from tetrad_trainer.data import BatchLoader, build_source
     from tetrad_trainer.mesh import init_distributed
     from tetrad_trainer.model import Transformer, init_weights
     from tetrad_trainer.train import Trainer
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.nn.parallel import DistributedDataParallel
 
     cfg = ResolvedConfig.load(config_path)
     device = init_distributed()

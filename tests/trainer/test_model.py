@@ -112,7 +112,8 @@ def test_pipeline_stages_keep_the_full_models_names_and_compose_to_it() -> None:
     ({"tp": 2, "pp": 2}, None),
 ])
 def test_data_parallel_style_per_layout(layout: dict[str, int], style: str | None) -> None:
-    from tetrad.api import Layout
     from tetrad_trainer.parallelize import data_parallel_style
+
+    from tetrad.api import Layout
 
     assert data_parallel_style(Layout(**layout)) == style
