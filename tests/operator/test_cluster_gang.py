@@ -109,3 +109,23 @@ def test_kueue_labels_and_admission_by_unsuspending(api, operator, namespace):
         assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
         assert labels["kueue.x-k8s.io/pod-group-name"] == "kj"
         assert ann["kueue.x-k8s.io/pod-group-total-count"] == "2"
+
+
+def test_gang_timeout_regates_a_gang_the_scheduler_cannot_place(api, operator, namespace, pool):
+    ns = namespace
+    pool(1)
+    # The fit counts resources, not pod anti-affinity: it releases both pods onto the one node,
+    # where the scheduler can place only one. The gang times out and goes back behind its gate.
+    anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {names.LABEL_JOB: "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    api.create_job(ns, ptj("spread", nodes=2, cpu="1", template={"nodeSelector": pool.label, "affinity": anti},
+                           gang={"timeoutSeconds": 3}))
+    timeout = wait_for(lambda: [e for e in api.events(ns, "spread") if e["reason"] == "GangTimeout"], timeout=40,
+                       what="a GangTimeout event")
+    assert timeout[0]["type"] == "Warning" and "still unscheduled 3s after release" in timeout[0]["message"]
+    st = api.status(ns, "spread")
+    assert st["restarts"] == 0, "a gang timeout is not a restart"
+    pool(1)  # room for the second pod: the next release places both
+    pods = wait_running(api, ns, "spread", 2, timeout=60)
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2
+    assert api.status(ns, "spread")["restarts"] == 0

@@ -117,6 +117,17 @@ def test_permanent_exit_code_fails_at_once(api, operator, namespace):
     assert "exit code 78" in st["message"]
 
 
+def test_evicted_pod_restarts_the_gang_even_with_a_retryable_list(api, operator, namespace):
+    ns = namespace
+    api.create_job(ns, ptj("evicted", nodes=2, runPolicy={"retryableExitCodes": [42]}))
+    wait_running(api, ns, "evicted", 2)
+    api.patch(f"/api/v1/namespaces/{ns}/pods/evicted-r0-0/status", {"status": {
+        "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}})
+    wait_for(lambda: api.status(ns, "evicted").get("restarts") == 1, what="restart after the eviction")
+    assert [e["reason"] for e in api.events(ns, "evicted") if e["type"] == "Warning"] == ["PodEvicted"]
+    wait_running(api, ns, "evicted", 2, restart=1)
+
+
 def test_deleted_node_restarts_the_gang(api, operator, namespace):
     ns = namespace
     pool = {"tetrad.dev/test-pool": ns}
