@@ -140,8 +140,7 @@ def measure(preset: str, seq_len: int, args: argparse.Namespace, work: Path) -> 
     path.write_text(cfg.to_json())
     out = work / f"{preset}-result.json"
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.procs))}
-    # --no-python and -P: bench/ must not go first on the workers' sys.path (bench/operator.py
-    # would shadow the standard library's operator module).
+    # --no-python runs this file as the workers' script.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.procs}",
            "--no-python", sys.executable, "-P", __file__, "--worker", "--config", str(path), "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -19,24 +19,19 @@ CPU-time ratio is the steadier measure of overhead (it leaves out time spent wai
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
+import json
 import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
-# Run as a script, bench/ comes first on sys.path, and other benchmarks there (operator.py) would
-# shadow standard modules: drop it before importing anything else.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import io  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from tetrad.api import ResolvedConfig, parse, resolve  # noqa: E402
+from tetrad.api import ResolvedConfig, parse, resolve
 
 MODES = {"single": "", "ddp": "dpReplicate", "fsdp": "dpShard"}
 

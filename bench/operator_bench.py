@@ -1,7 +1,7 @@
 """Benchmark the Tetrad operator on the local control plane with kwok nodes.
 
-    .venv/bin/python bench/operator.py                       # sizes 8,128,1024; 100 concurrent jobs
-    .venv/bin/python bench/operator.py --sizes 8,128 --concurrent 20 --keep
+    .venv/bin/python bench/operator_bench.py                       # sizes 8,128,1024; 100 concurrent jobs
+    .venv/bin/python bench/operator_bench.py --sizes 8,128 --concurrent 20 --keep
 
 It starts its own cluster (hack/cluster.sh, instance `bench-operator`) with one fake 8-GPU node
 per pod of the largest job, runs the operator as its own process (`python -m tetrad_operator -A`,
