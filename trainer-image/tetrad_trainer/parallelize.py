@@ -39,7 +39,7 @@ from torch.distributed.tensor.parallel import (
 from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
-from tetrad_trainer.config import ConfigError
+from tetrad_trainer.config import MULTI_STAGE
 from tetrad_trainer.mesh import Mesh
 from tetrad_trainer.model import Transformer, canonical_name, init_weights
 
@@ -49,7 +49,6 @@ SCHEDULES = {
     PPSchedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
     PPSchedule.ZERO_BUBBLE: ScheduleZBVZeroBubble,
 }
-MULTI_STAGE = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -103,25 +102,6 @@ def pipeline_split(model: Transformer, stage: int, n_stages: int) -> Transformer
         part.norm = None
         part.output = None
     return part
-
-
-def check_pipeline(cfg: ResolvedConfig) -> None:
-    """The pipeline conditions validation also checks, repeated for configs written by hand."""
-    pp, spr, n_mb = cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches
-    stages = pp * spr
-    if cfg.pp_schedule in MULTI_STAGE and spr < 2:
-        raise ConfigError(f"ppSchedule={cfg.pp_schedule.value} needs ppStagesPerRank >= 2, got {spr}")
-    if cfg.pp_schedule == PPSchedule.ZERO_BUBBLE and spr != 2:
-        raise ConfigError(f"ppSchedule=ZeroBubble runs 2 stages per rank in V order, got ppStagesPerRank={spr}")
-    if cfg.pp_schedule not in MULTI_STAGE and spr != 1:
-        raise ConfigError(f"ppSchedule={cfg.pp_schedule.value} runs one stage per rank, got ppStagesPerRank={spr}")
-    if stages > cfg.model.layers + 2:
-        raise ConfigError(f"{stages} pipeline stages (pp={pp} x {spr}) exceed the model's {cfg.model.layers} layers + 2")
-    if n_mb < stages:
-        raise ConfigError(f"ppMicrobatches={n_mb} is below the {stages} pipeline stages (pp={pp} x {spr} per rank)")
-    local_batch = cfg.training.global_batch // cfg.layout.dp
-    if local_batch % n_mb:
-        raise ConfigError(f"the per-rank batch globalBatch/dp = {local_batch} does not split into ppMicrobatches={n_mb}")
 
 
 # --- tensor, context and data parallelism -----------------------------------------------------------
@@ -217,7 +197,6 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         model = Transformer(cfg.model)
 
     if layout.pp > 1:
-        check_pipeline(cfg)
         n_stages = layout.pp * cfg.pp_stages_per_rank
         ids = stage_ids(cfg.pp_schedule, layout.pp, mesh.local_rank("pp"), cfg.pp_stages_per_rank)
         parts = [pipeline_split(model, s, n_stages) for s in ids]
