@@ -65,7 +65,11 @@ def wait_for_line(path: Path, line: str, timeout: float = 120.0) -> bool:
 
 
 def test_random_kills(tmp_path, straight):
-    """12 runs, each SIGKILLed once at a random moment: half inside a save, half inside a step."""
+    """12 runs, each SIGKILLed once at a random moment: half inside a save, half inside a step.
+
+    A step of the toy model takes milliseconds, so the targeted step pauses for a second after its
+    backward pass, and the kill lands at a random moment of that pause (gradients computed, the
+    optimizer not yet stepped), whatever the machine's speed."""
     a = straight(LAYOUT)
     rng = random.Random(1234)
     landed = {"save": 0, "train": 0}
@@ -73,14 +77,17 @@ def test_random_kills(tmp_path, straight):
     for i in range(12):
         path, progress = tmp_path / f"run{i}", tmp_path / f"progress{i}"
         progress.mkdir()
-        target = "save" if i % 2 == 0 else "step"
+        target = "save" if i % 2 == 0 else "paused"
         async_save = i % 4 in (2, 3)
         victim, at = rng.randrange(2), rng.randint(2, 8)
-        g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(path), "interval": 1, "keep_last": 2,
-                                     "async": async_save, "progress": str(progress)})
+        spec = {"layout": LAYOUTS[LAYOUT], "path": str(path), "interval": 1, "keep_last": 2,
+                "async": async_save, "progress": str(progress)}
+        if target == "paused":
+            spec |= {"pause_at": at, "pause_s": 1.0}
+        g = gang.Gang(toy.train, 2, spec)
         try:
             assert wait_for_line(progress / f"rank-{victim}", f"{target} {at}"), "the run never got there"
-            time.sleep(rng.uniform(0, 0.03))
+            time.sleep(rng.uniform(0, 0.01) if target == "save" else rng.uniform(0, 0.5))
             g.kill(victim)
             g.procs[victim].join(10)
             kills += 1

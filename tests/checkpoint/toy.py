@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -229,6 +230,9 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         x, y = loader.next_batch()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
+        if spec.get("pause_at") == step:  # a window inside training for a kill from outside
+            _progress(spec, rank, f"paused {step}")
+            time.sleep(spec.get("pause_s", 1.0))
         opt.step()
         sched.step()
         opt.zero_grad()
