@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from tetrad.api.spec import API_VERSION, KIND, PLURAL
+from tetrad.render import names
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import Admission, ungate
 from tetrad_operator.kube import ApiError, Kube, object_path, path
@@ -47,6 +48,8 @@ class Controller:
         self.nodes_index: Any = None  # kopf.Index: name -> Store[NodeState]
         self.wakers: dict[Key, asyncio.Event] = {}
         self.expected: dict[Key, dict[str, float]] = {}  # created, not yet in the index
+        self.gone: dict[Key, set[str]] = {}  # uids of pods the index still has but the API has not
+        self.last_listed: dict[Key, float] = {}
         self.node_seen: dict[str, NodeState] = {}
         self.scrapes: dict[Key, asyncio.Task[None]] = {}
         self.next_scrape: dict[Key, float] = {}
@@ -74,9 +77,24 @@ class Controller:
     # ------------------------------------------------------------------ observations
 
     def pods(self, key: Key) -> list[PodState]:
+        """The job's pods from kopf's index, minus pods known to be gone that it still holds."""
         if self.pods_index is None:
             return []
-        return list(self.pods_index.get(key, ()))
+        gone = self.gone.get(key, set())
+        return [p for p in self.pods_index.get(key, ()) if p.uid not in gone]
+
+    async def listed_pods(self, key: Key) -> list[PodState]:
+        """The job's pods from a consistent LIST; remembers index entries that no longer exist.
+
+        kopf's watches stop while peering pauses this replica; objects deleted meanwhile never get
+        a DELETED event, so the index can keep them after the resume.
+        """
+        indexed = {p.uid for p in self.pods(key)}  # before the LIST: what it lacks is gone
+        items = await self.kube.list(path("v1", "pods", key[0]), labelSelector=f"{names.LABEL_JOB}={key[1]},{names.LABEL_MANAGED_BY}={names.MANAGED_BY}")
+        listed = [PodState.from_body(b) for b in items]
+        self.gone.setdefault(key, set()).update(indexed - {p.uid for p in listed})
+        self.last_listed[key] = time.monotonic()
+        return listed
 
     def nodes(self) -> list[NodeState]:
         if self.nodes_index is None:
@@ -146,12 +164,18 @@ class Controller:
             self.admission.withdraw(key)
             self.phases.pop(key, None)
             self.expected.pop(key, None)
+            self.gone.pop(key, None)
+            self.last_listed.pop(key, None)
             self.next_scrape.pop(key, None)
             if (task := self.scrapes.pop(key, None)) is not None:
                 task.cancel()
 
     async def reconcile(self, namespace: str, name: str) -> float | None:
-        """One read-decide-write pass; the delay until the next one, or None when the job is gone."""
+        """One read-decide-write pass; the delay until the next one, or None when the job is gone.
+
+        The pods come from kopf's index, except on a loop's first pass, once per resync period,
+        and whenever a decision rests on a pod being absent: then from a consistent LIST.
+        """
         started = time.perf_counter()
         key = (namespace, name)
         job_path = path(API_VERSION, PLURAL, namespace, name)
@@ -159,9 +183,13 @@ class Controller:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None  # ownerReferences let the garbage collector remove the rest
         now = datetime.now(UTC)
-        pods = self.pods(key)
         nodes = {n.name: n for n in self.nodes()}
+        stale = time.monotonic() - self.last_listed.get(key, -1e9) > self.settings.resync_seconds
+        pods = await self.listed_pods(key) if stale else self.pods(key)
         decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle)
+        if decision.verify and not stale:
+            pods = await self.listed_pods(key)
+            decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle)
         old = body.get("status") or {}
         if not await self._write_status(job_path, body, old, decision.status):
             return 0.05  # the job changed under us: read it again
@@ -253,7 +281,7 @@ class Controller:
                 calls.append(self._create_pod(job, key, a))
             elif isinstance(a, DeletePod):
                 expected.pop(a.name, None)
-                calls.append(self._delete_pod(namespace, a))
+                calls.append(self._delete_pod(key, a))
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
@@ -296,10 +324,12 @@ class Controller:
         if created is not None:
             self.metrics.pods_created.inc()
 
-    async def _delete_pod(self, namespace: str, action: DeletePod) -> None:
+    async def _delete_pod(self, key: Key, action: DeletePod) -> None:
         async with self.limit:
-            await self.kube.delete(path("v1", "pods", namespace, action.name), uid=action.uid,
-                                   grace_seconds=0 if action.force else None)
+            found = await self.kube.delete(path("v1", "pods", key[0], action.name), uid=action.uid,
+                                           grace_seconds=0 if action.force else None)
+        if not found:  # already gone (or replaced): the index may hold a stale entry
+            self.gone.setdefault(key, set()).add(action.uid)
         self.metrics.pods_deleted.labels(str(action.force).lower()).inc()
 
     # ------------------------------------------------------------------ live training figures

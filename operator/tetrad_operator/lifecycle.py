@@ -94,6 +94,9 @@ class Decision:
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # reconcile again after this long even without events
+    # The outcome rests on a pod being absent: confirm with a fresh list before acting, since a
+    # watch cache can lag (e.g. right after a paused replica resumes).
+    verify: bool = False
     gang: GangRequest | None = None  # a complete, gated gang asking the built-in admission to go
 
     def after(self, seconds: float) -> None:
@@ -378,6 +381,7 @@ def _active(m: _Machine, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             if rank not in current:
                 gone = PodState(name=f"rank {rank}", uid="", job=m.name, restart=restart, rank=rank, phase="Unknown")
                 failures.append(Failure(gone, "PodMissing", f"the pod of rank {rank} disappeared", True))
+                m.decision.verify = True
     if failures:
         _on_failure(m, failures, list(current.values()), restart, policy)
         return

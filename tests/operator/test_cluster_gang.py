@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tetrad.render import names
@@ -58,13 +60,20 @@ def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, na
     # Each gang takes 6 of a node's 8 cpus on both nodes: either fits alone, not both together.
     api.create_job(ns, pool_job("first", pool, nodes=2))
     api.create_job(ns, pool_job("second", pool, nodes=2))
-    wait_running(api, ns, "first", 2)
-    wait_phase(api, ns, "second", "GangWaiting")
-    assert gated(api, ns, "second")
-    assert not [p for p in api.pods(ns, "second") if p["spec"].get("nodeName")]
-    finish_all(api, ns, "first", 0)
-    wait_phase(api, ns, "first", "Succeeded")
-    wait_running(api, ns, "second", 2, timeout=30)
+    # The oldest complete gang goes first; which gang completes first depends on the watch.
+    running = wait_for(lambda: [j for j in ("first", "second") if api.status(ns, j).get("phase") == "Running"],
+                       what="one gang running")
+    assert len(running) == 1
+    winner, waiter = running[0], ({"first", "second"} - set(running)).pop()
+    wait_running(api, ns, winner, 2)
+    wait_phase(api, ns, waiter, "GangWaiting")
+    assert gated(api, ns, waiter)
+    assert not [p for p in api.pods(ns, waiter) if p["spec"].get("nodeName")]
+    time.sleep(2)  # several admission rounds pass: the waiter keeps waiting
+    assert gated(api, ns, waiter) and api.status(ns, winner)["phase"] == "Running"
+    finish_all(api, ns, winner, 0)
+    wait_phase(api, ns, winner, "Succeeded")
+    wait_running(api, ns, waiter, 2, timeout=30)
 
 
 def test_volcano_pod_group(api, operator, namespace):

@@ -75,7 +75,7 @@ def test_steady_state_is_a_fixed_point():
     d1 = decide(c.job, c.pod_states(), c.node_states(), c.now)
     d2 = decide(c.job, c.pod_states(), c.node_states(), c.now + timedelta(seconds=30))
     assert d1.status == before and d2.status == before
-    assert d1.actions == d2.actions == [] and not d1.events
+    assert d1.actions == d2.actions == [] and not d1.events and not d1.verify
 
 
 def test_a_failed_pod_restarts_the_whole_gang_after_backoff():
@@ -206,8 +206,9 @@ def test_externally_deleted_or_missing_pod_restarts_the_gang():
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     running(c)
     del c.pods["job-r0-0"]
-    c.reconcile()
+    d = c.reconcile()
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodMissing"
+    assert d.verify, "an absence must be confirmed against the API before acting on it"
 
 
 def test_restart_count_survives_a_lost_status():
