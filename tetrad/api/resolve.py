@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from tetrad.api.resolved import ResolvedConfig
-from tetrad.api.solver import solve
 from tetrad.api.spec import ParallelTrainingJob
-from tetrad.api.validation import InvalidJob, microbatches, model_config, stages_per_rank, validate_spec
+from tetrad.api.validation import InvalidJob, check_spec, microbatches, stages_per_rank
 
 
 def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
     """Solve every `auto`, expand the preset; raise InvalidJob listing every problem."""
     spec = job.spec
-    problems = validate_spec(spec)
-    if any(p.severity == "error" for p in problems):
-        raise InvalidJob(problems)
-    cfg = model_config(spec, [])
-    layout = solve(spec, cfg).layout if cfg else None
-    assert cfg is not None and layout is not None, "validate_spec admitted an unsolvable job"
+    checked = check_spec(spec)
+    if not checked.ok:
+        raise InvalidJob(checked.problems)
+    cfg, layout = checked.model, checked.solution.layout if checked.solution else None
+    assert cfg is not None and layout is not None, "check_spec admitted an unsolvable job"
     return ResolvedConfig(
         job_name=job.metadata.name,
         namespace=job.metadata.namespace,

@@ -7,7 +7,7 @@ checks repeat them and add the rest. Every problem names the field, the values a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
@@ -20,6 +20,9 @@ from tetrad.api.spec import (
     PPSchedule,
     Scheduler,
 )
+
+if TYPE_CHECKING:
+    from tetrad.api.solver import Solution
 
 
 @dataclass(frozen=True)
@@ -193,22 +196,39 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
         problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
 
 
-def validate_spec(spec: ParallelTrainingJobSpec) -> list[Problem]:
-    """All semantic problems of a parsed spec (auto degrees are solved first)."""
+@dataclass
+class Checked:
+    """What validation learned on the way: the problems, the model and the solved layout."""
+
+    problems: list[Problem]
+    model: ModelConfig | None = None
+    solution: Solution | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.severity == "error" for p in self.problems)
+
+
+def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
+    """All semantic problems of a parsed spec; `auto` degrees are solved once, here."""
     from tetrad.api.solver import solve  # the solver uses the planner, which uses this module
 
-    problems: list[Problem] = []
-    check_other(spec, problems)
-    check_explicit_degrees(spec, problems)
-    cfg = model_config(spec, problems)
-    if cfg is None or any(p.field.startswith("spec.parallelism.") for p in problems):
-        return problems
-    solution = solve(spec, cfg)
-    if solution.layout is None:
-        problems.append(Problem("spec.parallelism", solution.reason))
-        return problems
-    check_layout(spec, cfg, solution.layout, problems)
-    return problems
+    checked = Checked([])
+    check_other(spec, checked.problems)
+    check_explicit_degrees(spec, checked.problems)
+    checked.model = model_config(spec, checked.problems)
+    if checked.model is None or any(p.field.startswith("spec.parallelism.") for p in checked.problems):
+        return checked
+    checked.solution = solve(spec, checked.model)
+    if checked.solution.layout is None:
+        checked.problems.append(Problem("spec.parallelism", checked.solution.reason))
+    else:
+        check_layout(spec, checked.model, checked.solution.layout, checked.problems)
+    return checked
+
+
+def validate_spec(spec: ParallelTrainingJobSpec) -> list[Problem]:
+    return check_spec(spec).problems
 
 
 def validate_document(document: Any) -> list[Problem]:

@@ -6,19 +6,19 @@ from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
 from tetrad.api.solver import solve, usable_bytes
-from tetrad.api.validation import Problem, model_config, validate_spec
+from tetrad.api.validation import check_spec
 from tetrad.plan.estimate import GiB
 
 
 def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
     spec = job.spec
-    problems: list[Problem] = []
-    cfg = model_config(spec, problems)
+    checked = check_spec(spec)
+    cfg = checked.model
     report: dict[str, Any] = {"job": job.metadata.name, "fits": False}
     if cfg is None:
-        report["problems"] = [str(p) for p in problems]
+        report["problems"] = [str(p) for p in checked.problems if p.severity == "error"]
         return report
-    solution = solve(spec, cfg)
+    solution = checked.solution or solve(spec, cfg)  # solved here when another field is wrong
     budget = usable_bytes(spec)
     report.update({
         "model": cfg.model_dump(by_alias=True) | {"params": cfg.num_params()},
@@ -32,7 +32,7 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
         "candidates": solution.candidates,
     })
     if solution.layout is not None:
-        errors = [p for p in validate_spec(spec) if p.severity == "error"]
+        errors = [p for p in checked.problems if p.severity == "error"]
         report["problems"] = [str(p) for p in errors]
         fits = budget is None or (solution.estimate is not None and solution.estimate.peak_bytes <= budget)
         report["fits"] = fits and not errors
