@@ -143,6 +143,11 @@ class Failure:
     def exit_code(self) -> int | None:
         return None if self.infrastructure else self.pod.exit_code
 
+    @property
+    def disruption(self) -> bool:
+        """The cluster, not the job, ended the pod: such restarts spend no maxRestarts budget."""
+        return self.infrastructure or self.exit_code == EXIT_PREEMPTED
+
 
 # --------------------------------------------------------------------------- the decision
 
@@ -161,6 +166,7 @@ class _Machine:
         self.status.pop("training", None)  # the scraper owns it
         self.status.setdefault("conditions", [])
         self.status.setdefault("restarts", 0)
+        self.status.setdefault("disruptions", 0)
         if self.meta.get("generation") is not None:
             self.status["observedGeneration"] = self.meta["generation"]
         self.pods = list(pods)
@@ -448,12 +454,17 @@ def _on_failure(m: _Machine, failures: list[Failure], current: list[PodState], r
         if (reason := _fatal(policy, f)) is not None:
             _fail(m, reason, f"{f.detail}; exit code {f.exit_code} is not retryable", policy)
             return
-    first = failures[0]
-    if restart >= policy.max_restarts:
+    # A disruption's peers often fail too (a collective loses a rank): one disruption covers them.
+    disruption = next((f for f in failures if f.disruption), None)
+    first = disruption or failures[0]
+    disruptions = min(int(m.status.get("disruptions") or 0), restart)
+    if disruption is None and restart - disruptions >= policy.max_restarts:
         _fail(m, "MaxRestartsExceeded",
-              f"{first.detail}; the gang was already restarted {restart} times (maxRestarts={policy.max_restarts})", policy)
+              f"{first.detail}; the gang was already restarted {restart - disruptions} times after failures"
+              f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions not counted)", policy)
         return
     m.status["restarts"] = restart + 1
+    m.status["disruptions"] = disruptions + (disruption is not None)
     more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
     wait = backoff_seconds(policy, restart + 1)
     m.transition(Phase.RESTARTING, first.reason,

@@ -91,19 +91,23 @@ def test_failed_pod_restarts_the_whole_gang_then_succeeds(api, operator, namespa
 
     finish_all(api, ns, "flaky", 0)
     st = wait_phase(api, ns, "flaky", "Succeeded")
-    assert st["restarts"] == 1
+    assert (st["restarts"], st["disruptions"]) == (1, 0)
 
 
 def test_max_restarts_exhausted_fails_with_reason(api, operator, namespace):
     ns = namespace
     api.create_job(ns, ptj("doomed", nodes=2, runPolicy={"maxRestarts": 1}))
     wait_running(api, ns, "doomed", 2)
-    terminate(api, ns, "doomed-r0-0", 2)
+    terminate(api, ns, "doomed-r0-0", 75)  # preempted: a disruption spends no budget
     wait_running(api, ns, "doomed", 2, restart=1)
-    terminate(api, ns, "doomed-r1-0", 2)
+    assert api.status(ns, "doomed")["disruptions"] == 1
+    terminate(api, ns, "doomed-r1-0", 2)  # the one failure maxRestarts allows
+    wait_running(api, ns, "doomed", 2, restart=2)
+    terminate(api, ns, "doomed-r2-0", 2)
     st = wait_phase(api, ns, "doomed", "Failed")
     assert condition(st, "Failed")["reason"] == "MaxRestartsExceeded"
-    assert "maxRestarts=1" in st["message"] and st["restarts"] == 1
+    assert "maxRestarts=1; 1 disruptions not counted" in st["message"]
+    assert (st["restarts"], st["disruptions"]) == (2, 1)
     wait_for(lambda: not running_pods(api, ns, "doomed"), what="survivors cleaned up (cleanPodPolicy Running)")
 
 
@@ -125,6 +129,7 @@ def test_evicted_pod_restarts_the_gang_even_with_a_retryable_list(api, operator,
         "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}})
     wait_for(lambda: api.status(ns, "evicted").get("restarts") == 1, what="restart after the eviction")
     assert [e["reason"] for e in api.events(ns, "evicted") if e["type"] == "Warning"] == ["PodEvicted"]
+    assert api.status(ns, "evicted")["disruptions"] == 1
     wait_running(api, ns, "evicted", 2, restart=1)
 
 

@@ -126,6 +126,28 @@ def test_max_restarts_exhausted_fails_with_reason():
     assert not c.alive()  # cleanPodPolicy Running removed the survivor
 
 
+def test_disruptions_restart_without_spending_the_budget():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "maxRestarts": 1}))
+    running(c)
+    for restart in (1, 2, 3):  # preempted three times: more restarts than maxRestarts allows
+        c.finish(75, rank=0)
+        c.finish(1, rank=1)  # its peer lost a collective: covered by the disruption
+        c.reconcile()
+        assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodFailed"
+        assert "exit code 75" in cond(c, "Restarting")["message"]
+        assert (c.status["restarts"], c.status["disruptions"]) == (restart, restart)
+        c.settle(60)
+        running(c)
+    c.finish(3, rank=1)  # the first real failure spends the one restart maxRestarts allows
+    c.settle(60)
+    assert (c.status["restarts"], c.status["disruptions"]) == (4, 3)
+    running(c)
+    c.finish(3, rank=1)
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert "restarted 1 times after failures (maxRestarts=1; 3 disruptions not counted)" in c.status["message"]
+
+
 def test_permanent_exit_code_fails_at_once():
     c = FakeCluster(job_body(nodes=3, runPolicy=FAST))
     running(c)

@@ -170,7 +170,8 @@ class CleanPodPolicy(StrEnum):
 
 
 class RunPolicy(Model):
-    max_restarts: int = Field(3, ge=0, description="Whole-gang restarts allowed before the job fails.")
+    max_restarts: int = Field(3, ge=0, description="Whole-gang restarts after failures allowed before the job fails. "
+                              "Disruptions (preemption, eviction, a lost node) restart the gang without counting.")
     backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
     backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay.")
     retryable_exit_codes: list[int] = Field(default_factory=list, description="Exit codes that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes and preemption (75) are always retryable.")
@@ -245,7 +246,9 @@ class TrainingStatus(Model):
 class ParallelTrainingJobStatus(Model):
     phase: Phase | None = Field(None, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
-    restarts: int = Field(0, description="Whole-gang restarts so far.")
+    restarts: int = Field(0, description="Whole-gang restarts so far, disruptions included.")
+    disruptions: int = Field(0, description="Restarts the cluster caused, not the job: preemption (exit 75), "
+                             "eviction, a lost node or a deleted pod. They do not count against maxRestarts.")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")
     start_time: str | None = Field(None, description="When the job first started (RFC 3339).")
