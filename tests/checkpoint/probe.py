@@ -3,7 +3,9 @@
 Environment (all optional):
   TETRAD_TEST_DIE=PHASE:STEP:RANK    SIGKILL rank RANK when the save of STEP reaches PHASE
   TETRAD_TEST_KILL=RANK:STEP:WHEN:S  SIGKILL rank RANK S seconds after the save of STEP begins
-                                     (WHEN=save) or is committed (WHEN=train), async or not
+                                     (WHEN=save) or is committed (WHEN=train), async or not;
+                                     that save, or the next step, pauses for PAUSE seconds so
+                                     the kill lands where it is aimed on any machine (S < PAUSE)
   TETRAD_TEST_PROGRESS=DIR           append "save N", "saved N" and every save phase (up to
                                      "committed N") to DIR/rank-R
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +34,41 @@ def _kill_later(seconds: float) -> None:
     timer.start()
 
 
+PAUSE = 1.0
+
+
 def main(argv: list[str]) -> int:
     rank = int(os.environ["RANK"])
     die = os.environ.get("TETRAD_TEST_DIE", "").split(":")
     kill = os.environ.get("TETRAD_TEST_KILL", "").split(":")
+    pause_next_step = threading.Event()
+
+    def aimed(step: int, when: str) -> bool:
+        return len(kill) == 4 and (rank, step, when) == (int(kill[0]), int(kill[1]), kill[2])
 
     def kill_armed(step: int, when: str) -> None:
-        if len(kill) == 4 and (rank, step, when) == (int(kill[0]), int(kill[1]), kill[2]):
+        if aimed(step, when):
             _kill_later(float(kill[3]))
+            if when == "train":
+                pause_next_step.set()
 
     def hook(phase: str, step: int) -> None:
         _note(f"{phase} {step}")
         if len(die) == 3 and (phase, step, rank) == (die[0], int(die[1]), int(die[2])):
             os.kill(os.getpid(), signal.SIGKILL)
+        if phase == "dcp-written" and aimed(step, "save"):
+            time.sleep(PAUSE)  # the save stays open until the kill
         if phase == "committed":
             kill_armed(step, "train")
+
+    train_step = train.Trainer.train_step
+
+    def paused_train_step(self: train.Trainer) -> Any:
+        if pause_next_step.is_set():
+            time.sleep(PAUSE)  # a step stays in progress until the kill
+        return train_step(self)
+
+    train.Trainer.train_step = paused_train_step  # type: ignore[method-assign]
 
     checkpoint.phase_hook = hook
     save = checkpoint.Checkpointer.save
