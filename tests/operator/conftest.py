@@ -23,7 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = "tests.cluster_fixtures"
-CRDS = [REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml", REPO / "deploy" / "kopf-peering.yaml",
+CRDS = [REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml", REPO / "crds" / "kopf.dev_peerings.yaml",
         *sorted((Path(__file__).parent / "crds").glob("*.yaml"))]
 
 # Fast operator settings for tests (seconds).
@@ -133,10 +133,11 @@ def operator(operator_cluster: Any, namespace: str) -> Iterator[InProcessOperato
 
 
 def operator_process(namespace: str, *, kubeconfig: Path | str, log: Path, env: dict[str, str] | None = None,
-                     metrics_port: int = 0) -> subprocess.Popen[bytes]:
-    """`python -m tetrad_operator -n NS --standalone` as a child process (SIGKILL-able)."""
+                     metrics_port: int = 0, peering: str | None = None) -> subprocess.Popen[bytes]:
+    """`python -m tetrad_operator -n NS --standalone` (or `--peering NAME`) as a child process (SIGKILL-able)."""
     full_env = {**os.environ, **FAST_ENV, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tetrad_operator", "-n", namespace, "--standalone", "--metrics-port", str(metrics_port)],
+            [sys.executable, "-m", "tetrad_operator", "-n", namespace,
+             *(["--peering", peering] if peering else ["--standalone"]), "--metrics-port", str(metrics_port)],
             env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)

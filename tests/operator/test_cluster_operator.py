@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -129,17 +130,38 @@ def _run_peered(api, ns, peering, high, low) -> None:
     assert api.status(ns, "peered")["restarts"] == 0
 
 
-def test_least_privilege_rbac_is_enough(api, operator_cluster, namespace, tmp_path):
-    cluster = operator_cluster
-    cluster.kubectl("apply", "-f", str(REPO / "deploy" / "rbac.yaml"))
-    sa = "system:serviceaccount:tetrad-system:tetrad-operator"
-    for verb, resource in (("get", "secrets"), ("list", "secrets"), ("delete", "nodes"), ("create", "clusterroles"),
-                           ("update", "paralleltrainingjobs.tetrad.dev"), ("delete", "services")):
-        assert cluster.run_kubectl("auth", "can-i", verb, resource, "--as", sa).stdout.strip() == "no", (verb, resource)
-    for verb, resource in (("create", "pods"), ("patch", "paralleltrainingjobs.tetrad.dev/status"), ("list", "nodes")):
-        assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", namespace, "--as", sa).stdout.strip() == "yes"
+def test_the_chart_installs_and_its_least_privilege_rbac_is_enough(api, operator_cluster, namespace, tmp_path):
+    """helm installs the chart for one namespace into the real apiserver; the operator, run with its
+    ServiceAccount's token and the chart's KopfPeering, takes a job to Succeeded without a 403."""
+    cluster, ns = operator_cluster, namespace
+    release = f"tetrad-{ns[-6:]}"  # cluster-scoped roles are named after it: unique per test
+    helm = [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), "-n", ns]
+    subprocess.run([*helm, "install", release, str(REPO / "charts" / "tetrad"), "--skip-crds", "--wait",
+                    "--timeout", "120s", "--set", f"watchNamespaces={{{ns}}}"], check=True, capture_output=True)
+    try:
+        deployment = api.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{release}")
+        assert deployment["status"]["availableReplicas"] == 2  # on kwok nodes, spread by anti-affinity
+        assert api.get(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/tetrad") is not None
+        _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path)
+    finally:
+        subprocess.run([*helm, "uninstall", release, "--wait"], check=True, capture_output=True)
+    assert api.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-cluster") is None
 
-    token = cluster.kubectl("create", "token", "tetrad-operator", "-n", "tetrad-system", "--duration", "1h").strip()
+
+def _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path) -> None:
+    sa = f"system:serviceaccount:{ns}:{release}"
+    for verb, resource, where in (("get", "secrets", ns), ("list", "secrets", ns), ("delete", "nodes", ns),
+                                  ("create", "clusterroles", ns), ("update", "paralleltrainingjobs.tetrad.dev", ns),
+                                  ("delete", "services", ns), ("create", "pods", "default"),
+                                  ("patch", "clusterkopfpeerings.kopf.dev", ns)):
+        assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", where, "--as", sa).stdout.strip() == "no", \
+            (verb, resource, where)
+    for verb, resource in (("create", "pods"), ("patch", "paralleltrainingjobs.tetrad.dev/status"), ("list", "nodes"),
+                           ("patch", "kopfpeerings.kopf.dev")):
+        assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", ns, "--as", sa).stdout.strip() == "yes", \
+            (verb, resource)
+
+    token = cluster.kubectl("create", "token", release, "-n", ns, "--duration", "1h").strip()
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     server = admin["clusters"][0]["cluster"]
     ca = server.get("certificate-authority-data") or base64.b64encode(Path(server["certificate-authority"]).read_bytes()).decode()
@@ -151,12 +173,12 @@ def test_least_privilege_rbac_is_enough(api, operator_cluster, namespace, tmp_pa
         "contexts": [{"name": "op", "context": {"cluster": "c", "user": "op"}}],
     }))
     log = tmp_path / "operator.log"
-    proc = operator_process(namespace, kubeconfig=kubeconfig, log=log)
+    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
     try:
-        api.create_job(namespace, ptj("rbac", nodes=2))
-        wait_running(api, namespace, "rbac", 2, timeout=60)
-        finish_all(api, namespace, "rbac", 0)
-        wait_phase(api, namespace, "rbac", "Succeeded")
+        api.create_job(ns, ptj("rbac", nodes=2))
+        wait_running(api, ns, "rbac", 2, timeout=60)
+        finish_all(api, ns, "rbac", 0)
+        wait_phase(api, ns, "rbac", "Succeeded")
         assert proc.poll() is None
     finally:
         proc.terminate()
