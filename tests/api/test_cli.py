@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from tests.api.helpers import manifest
+from tetrad.plan.timing import MATMUL_EFFICIENCY
 
 ROOT = Path(__file__).parents[2]
 
@@ -84,8 +85,11 @@ def test_plan_json_and_table():
     est = report["estimate"]
     assert est["peak_bytes"] <= report["usable_bytes"]
     assert set(est["comm_bytes"]) >= {"dp_shard*cp (FSDP)"}
+    t = report["time"]
+    assert t["accelerator"] == "H100" and t["total_s"] >= t["compute_s"] > 0 and 0 < t["mfu"] < MATMUL_EFFICIENCY
     table = tetrad("plan", "examples/llama3-70b-8x8.yaml")
     assert table.returncode == 0 and "activations" in table.stdout and "chosen layout" in table.stdout
+    assert "Predicted step on H100" in table.stdout and "tokens/s/device" in table.stdout
 
 
 def test_plan_says_when_nothing_fits(tmp_path):

@@ -8,8 +8,12 @@ from tests.api.helpers import manifest
 from tetrad.api import InvalidJob, Layout, parse, resolve
 from tetrad.api.presets import PRESETS
 from tetrad.api.resolved import ModelConfig
+from tetrad.api.solver import CLEARLY_FASTER
 from tetrad.api.spec import ActivationCheckpointing, Precision
-from tetrad.plan.estimate import GiB, Workload, estimate
+from tetrad.api.validation import check_spec
+from tetrad.plan.estimate import FSDP, GiB, Workload, estimate
+from tetrad.plan.hardware import ACCELERATORS
+from tetrad.plan.timing import MATMUL_EFFICIENCY, crosses_nodes, step_time
 
 AUTO = {"dpReplicate": "auto", "dpShard": "auto", "tp": "auto", "cp": "auto", "pp": "auto"}
 
@@ -96,3 +100,60 @@ def test_total_flops_independent_of_layout():
     a, b = estimate(m, Layout(dp_shard=8), w), estimate(m, Layout(dp_shard=2, tp=4), w)
     assert a.model_flops * 8 == pytest.approx(b.model_flops * 8)
     assert a.peak_bytes / GiB < 80
+
+
+def test_groups_cross_nodes_only_past_the_node():
+    layout = Layout(tp=8, dp_shard=8)  # 8 nodes x 8: TP inside a node, FSDP across nodes
+    assert not crosses_nodes(layout, "tp", 8) and crosses_nodes(layout, FSDP, 8)
+    one_node = Layout(tp=2, cp=2, dp_shard=2)
+    assert not any(crosses_nodes(one_node, dim, 8) for dim in ("tp", "cp", FSDP))
+    assert crosses_nodes(Layout(pp=2, tp=4), "pp", 4) and not crosses_nodes(Layout(pp=2, tp=4), "tp", 4)
+
+
+def test_step_time_charges_network_speed_and_exposes_only_model_parallel_traffic():
+    cfg = model("llama3-8b")
+    w = Workload(global_batch=16, micro_batch=1)
+    h100 = ACCELERATORS["H100"]
+    inside, across = (step_time(estimate(cfg, Layout(tp=2, dp_shard=8), w), w, n, "H100", h100, 1.0) for n in (16, 8))
+    assert across.comm_s[FSDP] == pytest.approx(inside.comm_s[FSDP] * h100.intra_node_gbps / h100.inter_node_gbps)
+    assert inside.comm_s["tp"] == across.comm_s["tp"]  # TP stays inside the node either way
+    # FSDP traffic hides behind compute; TP traffic is on the critical path
+    assert inside.exposed_comm_s == pytest.approx(inside.comm_s["tp"])
+    assert across.exposed_comm_s == pytest.approx(max(across.comm_s[FSDP] - across.compute_s, 0) + across.comm_s["tp"])
+    assert inside.compute_s == pytest.approx(estimate(cfg, Layout(tp=2, dp_shard=8), w).hardware_flops
+                                             / (989e12 * MATMUL_EFFICIENCY))
+
+
+def test_pipeline_bubble_shrinks_with_microbatches():
+    cfg = model("llama3-8b")
+    bubbles = []
+    for n_micro in (4, 16):
+        w = Workload(global_batch=16, micro_batch=1, pp_microbatches=n_micro)
+        t = step_time(estimate(cfg, Layout(pp=4, dp_shard=2), w), w, 8, "H100", ACCELERATORS["H100"], 1.0)
+        bubbles.append(t.bubble_s / t.compute_s)
+    assert bubbles == pytest.approx([3 / 4, 3 / 16])
+
+
+def test_model_parallelism_only_when_clearly_faster():
+    # 70B over 64 GPUs: pure FSDP moves the whole model across the network for every microbatch,
+    # and TP inside the node pays for itself; 8B over 16 GPUs stays pure FSDP.
+    job, problems = parse(manifest(nodes=8, nprocPerNode=8, parallelism=AUTO, model={"preset": "llama3-70b"},
+                                   resources={"gpu": 8, "gpuType": "H100"},
+                                   training={"globalBatch": 64, "activationCheckpointing": "full"}))
+    assert job is not None, problems
+    solution = check_spec(job.spec).solution
+    assert solution is not None and solution.layout is not None and solution.time is not None
+    assert solution.layout.pp == 1 and 1 < solution.layout.tp <= 8
+    fsdp_only = check_spec(job.spec.model_copy(update={"parallelism": job.spec.parallelism.model_copy(
+        update={"tp": 1, "cp": 1, "pp": 1})})).solution
+    assert fsdp_only is not None and fsdp_only.time is not None
+    assert solution.time.total_s * (1 + CLEARLY_FASTER) < fsdp_only.time.total_s
+    assert solved(nodes=2, nprocPerNode=8, model={"preset": "llama3-8b"}, resources={"gpu": 8},
+                  training={"globalBatch": 32}) == Layout(dp_shard=16)
+
+
+def test_cpu_jobs_have_no_time_model():
+    job, problems = parse(manifest(nodes=1, nprocPerNode=4, parallelism=AUTO))
+    assert job is not None, problems
+    solution = check_spec(job.spec).solution
+    assert solution is not None and solution.time is None and solution.layout == Layout(dp_shard=4)

@@ -2,12 +2,14 @@
 
 1. TP stays inside a node (tp divides nprocPerNode, heads and kvHeads).
 2. PP only when the model does not fit without it.
-3. CP only when activations (long sequences) do not fit without it.
+3. CP when activations (long sequences) do not fit without it, or when it is clearly faster.
 4. The rest goes to dpShard (dpReplicate stays 1 unless dpShard is fixed).
 
-Among layouts that pass every check and fit the GPU's memory, the solver takes the one with the
-fewest pipeline stages, then the least context parallelism, then the least tensor parallelism.
-From LONG_SEQUENCE tokens on, context parallelism is preferred to tensor parallelism: it splits the
+Among layouts that pass every check and fit the GPU's memory, the solver keeps those with the
+fewest pipeline stages. On GPUs it predicts each one's step time (tetrad.plan.timing) and keeps
+those within CLEARLY_FASTER of the fastest: TP or CP must pay for their exposed communication.
+Of those it takes the least context parallelism, then the least tensor parallelism; from
+LONG_SEQUENCE tokens on, context parallelism is preferred to tensor parallelism: it splits the
 activations as well while moving only K/V.
 When none fits it says so and names the layout that comes closest.
 """
@@ -21,10 +23,13 @@ from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.spec import ParallelTrainingJobSpec
 from tetrad.api.validation import Problem, check_layout, microbatches, stages_per_rank
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
+from tetrad.plan.hardware import ACCELERATORS, ASSUMED, Accelerator, find_accelerator
+from tetrad.plan.timing import StepTime, step_time
 
 # Leave room for the CUDA context, NCCL buffers and allocator fragmentation.
 USABLE_MEMORY_FRACTION = 0.9
 LONG_SEQUENCE = 32768
+CLEARLY_FASTER = 0.10  # margin for what the model leaves out: smaller TP GEMMs, kernel launch overheads
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Solution:
     estimate: Estimate | None
     reason: str = ""
     candidates: int = 0
+    time: StepTime | None = None
 
 
 def _divisors(n: int) -> list[int]:
@@ -57,6 +63,22 @@ def usable_bytes(spec: ParallelTrainingJobSpec) -> float | None:
     if spec.resources.gpu == 0:
         return None
     return spec.resources.gpu_memory_gib * GiB * USABLE_MEMORY_FRACTION
+
+
+def accelerator(spec: ParallelTrainingJobSpec) -> tuple[str, Accelerator] | None:
+    """The GPU the job asks for, from the table; None for CPU jobs."""
+    if spec.resources.gpu == 0:
+        return None
+    found = find_accelerator(spec.resources.gpu_type) if spec.resources.gpu_type else None
+    return found or (f"{ASSUMED} (assumed)", ACCELERATORS[ASSUMED])
+
+
+def predict_time(spec: ParallelTrainingJobSpec, cfg: ModelConfig, est: Estimate) -> StepTime | None:
+    acc = accelerator(spec)
+    if acc is None:
+        return None
+    tokens = spec.training.global_batch * cfg.seq_len / est.layout.world_size
+    return step_time(est, workload(spec, est.layout), spec.nproc_per_node, *acc, tokens_per_device=tokens)
 
 
 def _candidates(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[Layout]:
@@ -90,7 +112,8 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     explicit = all(v != "auto" for v in (p.dp_replicate, p.dp_shard, p.tp, p.cp, p.pp))
     if explicit:
         layout = Layout(pp=int(p.pp), dp_replicate=int(p.dp_replicate), dp_shard=int(p.dp_shard), cp=int(p.cp), tp=int(p.tp))
-        return Solution(layout, estimate(cfg, layout, workload(spec, layout)), candidates=1)
+        est = estimate(cfg, layout, workload(spec, layout))
+        return Solution(layout, est, candidates=1, time=predict_time(spec, cfg, est))
 
     budget = usable_bytes(spec)
     valid: list[tuple[Layout, Estimate]] = []
@@ -114,8 +137,13 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
             split = (lay.tp, lay.cp) if long else (lay.cp, lay.tp)
             return (lay.pp, *split, lay.dp_replicate)
 
-        layout, est = min(fitting, key=preference)
-        return Solution(layout, est, candidates=len(valid))
+        fewest_stages = min(lay.pp for lay, _ in fitting)
+        timed = [(lay, est, predict_time(spec, cfg, est)) for lay, est in fitting if lay.pp == fewest_stages]
+        times = [t.total_s for _, _, t in timed if t is not None]
+        if times:
+            timed = [x for x in timed if x[2] is not None and x[2].total_s <= min(times) * (1 + CLEARLY_FASTER)]
+        layout, est, time = min(timed, key=lambda x: preference((x[0], x[1])))
+        return Solution(layout, est, candidates=len(valid), time=time)
     layout, est = min(valid, key=lambda le: le[1].peak_bytes)
     assert budget is not None
     return Solution(None, est, (

@@ -13,6 +13,7 @@ from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 
 GiB = 1024**3
+FSDP = "dp_shard*cp (FSDP)"  # the comm key of the flattened FSDP dim
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     comm: dict[str, float] = {}
     if shard > 1:
         gathers = 2 if layout.pp == 1 else 1  # forward, and again in backward after resharding
-        comm["dp_shard*cp (FSDP)"] = (p_local * cbytes * gathers * (n_micro if layout.pp == 1 else 1) + p_local * 4) * _ring(shard)
+        comm[FSDP] = (p_local * cbytes * gathers * (n_micro if layout.pp == 1 else 1) + p_local * 4) * _ring(shard)
     if layout.dp_replicate > 1:
         comm["dp_replicate"] = 2 * 4 * p_local / shard * _ring(layout.dp_replicate)
     tokens_micro = mb * s

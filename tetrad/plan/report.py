@@ -28,6 +28,7 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
         "layout": solution.layout.model_dump(by_alias=True) if solution.layout else None,
         "mesh": solution.layout.label() if solution.layout else None,
         "estimate": solution.estimate.to_dict() if solution.estimate else None,
+        "time": solution.time.to_dict() if solution.time else None,
         "reason": solution.reason,
         "candidates": solution.candidates,
     })
@@ -79,6 +80,13 @@ def print_plan(report: dict[str, Any]) -> None:
     for dim, b in est["comm_bytes"].items():
         work.add_row(f"communication {dim}", f"{b / GiB:.3f} GiB")
     console.print(work)
+    if (t := report["time"]) is not None:
+        timing = Table(title=f"Predicted step on {t['accelerator']} (docs/planner.md)")
+        for col in ("compute", "pipeline bubble", "exposed comm", "step", "tokens/s/device", "MFU"):
+            timing.add_column(col, justify="right")
+        timing.add_row(*(f"{t[k]:.2f} s" for k in ("compute_s", "bubble_s", "exposed_comm_s", "total_s")),
+                       f"{t['tokens_per_second_per_device']:,.0f}", f"{t['mfu']:.1%}")
+        console.print(timing)
     if report["reason"]:
         console.print(f"[red]{report['reason']}[/]")
     for p in report.get("problems", []):

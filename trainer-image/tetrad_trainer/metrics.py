@@ -17,35 +17,13 @@ from typing import IO
 import torch
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-# Dense bf16 tensor-core peak per GPU, TFLOPS (datasheets). Longer names first: "H100 PCIe" before "H100".
-GPU_PEAK_TFLOPS = {
-    "GB200": 2500.0,
-    "B200": 2250.0,
-    "H200": 989.0,
-    "H100 PCIE": 756.0,
-    "H100": 989.0,
-    "H800": 989.0,
-    "H20": 148.0,
-    "A100": 312.0,
-    "A800": 312.0,
-    "L40S": 362.0,
-    "L40": 181.0,
-    "L4": 121.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "MI325X": 1307.0,
-    "MI300X": 1307.0,
-    "V100": 125.0,  # fp16: V100 has no bf16
-}
+from tetrad.plan.hardware import find_accelerator
 
 
 def gpu_peak_tflops(name: str) -> float | None:
-    """The table's peak for a GPU name as CUDA or the job reports it, e.g. 'NVIDIA H100 80GB HBM3'."""
-    upper = name.upper().replace("-", " ")
-    for key in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
-        if key in upper:
-            return GPU_PEAK_TFLOPS[key]
-    return None
+    """The datasheet peak for a GPU name as CUDA or the job reports it, e.g. 'NVIDIA H100 80GB HBM3'."""
+    found = find_accelerator(name)
+    return found[1].peak_tflops if found else None
 
 
 def measure_cpu_tflops(seconds: float = 0.2, n: int = 512) -> float:

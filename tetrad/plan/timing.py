@@ -1,0 +1,77 @@
+"""Predicted step time of a layout on GPUs: compute, exposed communication and pipeline bubble.
+
+A first-order model, documented term by term in docs/planner.md, for ranking layouts and for
+checking against measured runs: compute runs at MATMUL_EFFICIENCY of the datasheet peak; FSDP and
+replicate traffic overlaps with compute; TP, CP and pipeline traffic does not. Each mesh dim's
+traffic moves at NVLink speed when its groups stay inside a node, else at network speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tetrad.api.resolved import Layout
+from tetrad.api.spec import PPSchedule
+from tetrad.plan.estimate import FSDP, Estimate, Workload
+from tetrad.plan.hardware import Accelerator
+
+MATMUL_EFFICIENCY = 0.6  # share of the datasheet peak that large bf16 GEMMs reach
+OVERLAPPED = (FSDP, "dp_replicate")  # prefetched all-gathers, reduce-scatters during backward
+
+
+@dataclass(frozen=True)
+class StepTime:
+    accelerator: str
+    peak_tflops: float
+    compute_s: float
+    bubble_s: float
+    comm_s: dict[str, float]  # per mesh dim, before any overlap
+    exposed_comm_s: float
+    tokens_per_device: float
+    model_flops: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.bubble_s + self.exposed_comm_s
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Per device."""
+        return self.tokens_per_device / self.total_s
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.total_s * self.peak_tflops * 1e12)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"accelerator": self.accelerator, "total_s": self.total_s, "compute_s": self.compute_s,
+                "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "comm_s": self.comm_s,
+                "tokens_per_second_per_device": self.tokens_per_second, "mfu": self.mfu}
+
+
+def group(layout: Layout, dim: str) -> tuple[int, int]:
+    """(stride, size) of dim's process groups in rank order; tp is innermost (MESH_DIMS)."""
+    tp, cp, dps, dpr = layout.tp, layout.cp, layout.dp_shard, layout.dp_replicate
+    return {"tp": (1, tp), "cp": (tp, cp), FSDP: (tp, dps * cp), "dp_replicate": (tp * cp * dps, dpr),
+            "pp": (tp * cp * dps * dpr, layout.pp)}[dim]
+
+
+def crosses_nodes(layout: Layout, dim: str, nproc_per_node: int) -> bool:
+    stride, size = group(layout, dim)
+    return stride * size > nproc_per_node
+
+
+def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: Accelerator,
+              tokens_per_device: float) -> StepTime:
+    layout = est.layout
+    compute = est.hardware_flops / (acc.peak_tflops * 1e12 * MATMUL_EFFICIENCY)
+    bubble = 0.0
+    if layout.pp > 1:
+        # (pp-1) idle slots per (microbatches x virtual stages); zero-bubble fills about half of them
+        fraction = (layout.pp - 1) / (w.pp_microbatches * w.pp_stages_per_rank)
+        bubble = compute * fraction * (0.5 if w.pp_schedule == PPSchedule.ZERO_BUBBLE else 1.0)
+    comm = {dim: sent / ((acc.inter_node_gbps if crosses_nodes(layout, dim, nproc_per_node) else acc.intra_node_gbps) * 1e9)
+            for dim, sent in est.comm_bytes.items()}
+    hidden = sum(t for dim, t in comm.items() if dim in OVERLAPPED)
+    exposed = max(hidden - compute, 0.0) + sum(t for dim, t in comm.items() if dim not in OVERLAPPED)
+    return StepTime(name, acc.peak_tflops, compute, bubble, comm, exposed, tokens_per_device, est.model_flops)
