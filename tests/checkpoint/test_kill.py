@@ -55,6 +55,30 @@ def test_kill_in_every_commit_phase(tmp_path, straight, phase, rank, async_save)
     assert b["resumed"]["step"] == (6 if committed else 3), f"killed at {phase}"
 
 
+def test_a_save_that_cannot_write_fails_clearly_and_loses_nothing(tmp_path, straight):
+    """Rank 1's writes fail mid-save (a full disk, here a file-size limit): every rank stops with
+    the reason, the partial step is removed, the last good checkpoint stays `latest`, and the
+    resumed run ends exactly where the straight run does."""
+    a = straight(LAYOUT)
+    g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(tmp_path), "interval": 3, "keep_last": 2,
+                                 "disk_limit": {"rank": 1, "step": 6, "bytes": 1024}})
+    try:
+        codes = g.wait()
+        results = g.results()
+    finally:
+        g.close()
+    assert codes == [1, 1], codes
+    for rank in (0, 1):
+        kind, trace = results[rank]
+        assert kind == "error" and "CheckpointError: saving step 6" in trace, trace
+        assert "rank 1: OSError: [Errno 27] File too large; nothing was committed" in trace, trace
+        assert "free space on the checkpoint volume" in trace, trace
+    assert (tmp_path / "latest").read_text().strip() == "step-00000003"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000003"]  # no partial step 6
+    b = finish_and_compare(tmp_path, a, interval=3, keep_last=2)
+    assert b["resumed"]["step"] == 3
+
+
 def wait_for_line(path: Path, line: str, timeout: float = 120.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

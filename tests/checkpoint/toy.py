@@ -8,12 +8,14 @@ losses, the full parameters (rank 0) and the samples it consumed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
 import signal
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +193,22 @@ def inside_save(events: Path) -> bool:
     return opened > committed
 
 
+@contextlib.contextmanager
+def disk_full(limit: int | None) -> Iterator[None]:
+    """While inside, this process's writes past `limit` bytes fail (EFBIG), as on a full disk."""
+    if limit is None:
+        yield
+        return
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, previous[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
 def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     # The toy's output module returns a view, and gathering 2D-sharded parameters takes two
     # all-gathers: both are harmless here, and both warnings would flood the test output.
@@ -243,7 +261,9 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)
         if ckpt.due(step):
             _progress(spec, rank, f"save {step}")
-            ckpt.save(step, extra={"loss": losses[step]})
+            limit = spec.get("disk_limit")
+            with disk_full(limit["bytes"] if limit and (limit["rank"], limit["step"]) == (rank, step) else None):
+                ckpt.save(step, extra={"loss": losses[step]})
             _progress(spec, rank, f"saved {step}")
         if preemption is not None and preemption.requested():
             ckpt.save(step, blocking=True)

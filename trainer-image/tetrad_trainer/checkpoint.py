@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import errno
 import io
 import json
 import logging
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -84,6 +86,13 @@ phase_hook: Callable[[str, int], None] | None = None
 def _phase(name: str, step: int) -> None:
     if phase_hook is not None:
         phase_hook(name, step)
+
+
+def _reason(e: BaseException, rank: int) -> str:
+    """`rank N: Type: message` per cause; DCP's exception (a BaseException) carries each failed rank's own."""
+    if isinstance(e, CheckpointException):
+        return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}" for r, (exc, _) in sorted(e.failures.items()))
+    return f"rank {rank}: {type(e).__name__}: {e}"
 
 
 class CheckpointError(RuntimeError):
@@ -532,10 +541,10 @@ class Checkpointer:
             _phase("rank-file-written", step)
             mine = [own.name] + [p.name for p in tmp.iterdir() if p.name.startswith(f"__{self.rank}_")]
             report["files"] = {n: dict(zip(("size", "crc32"), file_digest(tmp / n), strict=True)) for n in mine}
-        except Exception as e:  # every rank must still reach the gather below
-            report["error"] = f"rank {self.rank}: {type(e).__name__}: {e}"
+        except (Exception, CheckpointException) as e:  # every rank must still reach the gather below
+            report["error"] = _reason(e, self.rank)
         reports = self._all_gather(report)
-        errors = [r["error"] for r in reports if "error" in r]
+        errors = list(dict.fromkeys(r["error"] for r in reports if "error" in r))  # DCP reports a cause on every rank
         size = 0
         if self.rank == 0 and not errors:
             try:
@@ -544,7 +553,12 @@ class Checkpointer:
                 errors.append(f"rank 0: {type(e).__name__}: {e}")
         errors, size = self._broadcast((errors, size))
         if errors:
-            raise CheckpointError(f"saving step {step} to {tmp} failed: " + "; ".join(errors))
+            if self.rank == 0:  # every rank is done with it: give a full disk its space back
+                shutil.rmtree(tmp, ignore_errors=True)
+            full = any(f"[Errno {errno.ENOSPC}]" in e or f"[Errno {errno.EFBIG}]" in e for e in errors)
+            raise CheckpointError(f"saving step {step} to {tmp} failed: " + "; ".join(errors)
+                                  + "; nothing was committed: `latest` still names the last good checkpoint"
+                                  + ("; free space on the checkpoint volume or lower checkpoint.keepLast" if full else ""))
         total = time.perf_counter() - t0
         stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total, bytes=size,
                           async_save=async_save)

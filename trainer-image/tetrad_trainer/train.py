@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from tetrad.render.env import ENV_CONFIG, ENV_METRICS_PORT
-from tetrad_trainer.checkpoint import Checkpointer, CheckpointMismatch, NoGoodCheckpoint
+from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
@@ -215,6 +215,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
+    except CheckpointError as e:  # retryable: the restart resumes from the last good checkpoint
+        log(f"checkpoint error: {e}")
+        return 1
     except Preempted as e:
         log(str(e))
         return EXIT_PREEMPTED
