@@ -251,7 +251,7 @@ class ParallelTrainingJobStatus(Model):
                              "eviction, a lost node or a deleted pod. They do not count against maxRestarts.")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")
-    start_time: str | None = Field(None, description="When the job first started (RFC 3339).")
+    start_time: str | None = Field(None, description="When the job became active (RFC 3339); reset when a suspended job resumes, and activeDeadlineSeconds counts from it.")
     completion_time: str | None = Field(None, description="When the job succeeded or failed (RFC 3339).")
     observed_generation: int | None = Field(None, description="The spec generation this status describes.")
     message: str | None = Field(None, description="Why the job is in its phase.")
