@@ -13,7 +13,9 @@ default settings) and measures:
 - `--concurrent` jobs of 4 pods applied at once: apply -> all Running, and after the benchmark
   (playing the kubelet) marks every pod Succeeded, -> all Succeeded; with the reconciles per
   second the operator did meanwhile (from its own metrics);
-- the operator's peak RSS (VmHWM).
+- the operator's peak RSS (VmHWM);
+- the baseline, in the same run: each job's pods POSTed directly (no gate, no operator, 16 in
+  flight), until all Running; the job's time over it is the operator's and the gang's cost.
 
 Times are wall-clock seconds from just before the first POST, polled every 0.1 s (0.5 s above 500
 pods), so they carry that much resolution. Results go to stdout (a markdown table) and --json.
@@ -88,6 +90,32 @@ def drop_namespace(api: Api, name: str, timeout: float = 600) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"namespace {name} not gone")
         time.sleep(1)
+
+
+def bare_pods(api: Api, size: int) -> float:
+    """Baseline: the same pods POSTed directly (16 in flight, no gate, no operator, no gang);
+    seconds until the scheduler and kwok have every one Running. The floor the operator is held to."""
+    from tetrad.api import ParallelTrainingJob
+    from tetrad.render.objects import render
+
+    ns = f"bench-bare-{size}"
+    namespace(api, ns)
+    pods = render(ParallelTrainingJob.model_validate({**job("bare", size), "metadata": {"name": "bare", "namespace": ns}})).pods
+    for pod in pods:
+        pod["metadata"]["labels"] = {"bench": "bare"}  # not the operator's: its pod watch must not see them
+        pod["metadata"].pop("ownerReferences", None)
+        pod["spec"].pop("schedulingGates", None)
+    interval = 0.1 if size <= 500 else 0.5
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: api.create(f"/api/v1/namespaces/{ns}/pods", p), pods))
+    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < size:
+        if time.monotonic() - t0 > 1800:
+            raise TimeoutError(f"{size} bare pods not Running after 1800 s")
+        time.sleep(interval)
+    elapsed = time.monotonic() - t0
+    drop_namespace(api, ns)
+    return elapsed
 
 
 def one_job(api: Api, size: int) -> dict[str, float]:
@@ -197,12 +225,14 @@ def main() -> int:
         one_job(api, 1)
         results["idle_rss_kib"] = rss_kib(op.pid)["VmRSS"]
         for size in sizes:
+            bare = bare_pods(api, size)
             cpu = cpu_seconds(op.pid)
             r = one_job(api, size)
             r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
+            r["bare_pods_running"] = bare
             results[f"job_{size}"] = r
             print(f"{size} pods: created {r['created']:.1f}s, released {r['released']:.1f}s, bound {r['bound']:.1f}s, "
-                  f"all Running {r['pods_running']:.1f}s, "
+                  f"all Running {r['pods_running']:.1f}s (bare pods {bare:.1f}s, ratio {r['pods_running'] / bare:.2f}), "
                   f"phase Running {r['phase_running']:.1f}s; operator CPU {r['operator_cpu_seconds']:.1f}s; "
                   f"restarts {r['restarts']}", flush=True)
         if a.concurrent:
@@ -227,6 +257,8 @@ def main() -> int:
         print(f"| {size}-pod job: apply -> gang released (no gate left) | {r['released']:.1f} | |")
         print(f"| {size}-pod job: apply -> all pods bound by the scheduler | {r['bound']:.1f} | |")
         print(f"| {size}-pod job: apply -> all pods Running | {r['pods_running']:.1f} | |")
+        print(f"| {size} bare pods (baseline): POST -> all Running | {r['bare_pods_running']:.1f} | |")
+        print(f"| {size}-pod job / bare pods (all Running) | {r['pods_running'] / r['bare_pods_running']:.2f}x | |")
         print(f"| {size}-pod job: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
     if "concurrent" in results:
         r = results["concurrent"]
