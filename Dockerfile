@@ -21,7 +21,8 @@ RUN if [ -n "$TORCH_INDEX" ]; then pip install --index-url "$TORCH_INDEX" torch;
 USER 1000
 WORKDIR /home/tetrad
 ENTRYPOINT []
-CMD ["torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
+# The pods' command (tetrad.render.objects.TRAIN_COMMAND): the supervisor passes a worker's 75 or 78 on.
+CMD ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
 
 FROM base AS operator
 RUN pip install ".[operator]" && rm -rf /src

@@ -3,6 +3,7 @@ values schema. tests/operator/test_cluster_operator.py installs it into the real
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 from tetrad_operator.settings import OperatorSettings
+
+from tetrad.render.objects import TRAIN_COMMAND
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tetrad"
@@ -141,3 +144,22 @@ def test_the_values_schema_rejects_bad_values(k8s_tools, setting, message):
     proc = helm(k8s_tools, "template", "t", str(CHART), "--set", setting)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def dockerfile_stage(stage: str) -> dict[str, list[str]]:
+    """The exec-form ENTRYPOINT and CMD of one Dockerfile stage."""
+    found: dict[str, list[str]] = {}
+    current = None
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            current = line.split()[-1]
+        elif current == stage and line.startswith(("ENTRYPOINT ", "CMD ")):
+            key, _, value = line.partition(" ")
+            found[key] = json.loads(value)
+    return found
+
+
+def test_the_images_run_what_the_chart_and_the_renderer_expect(k8s_tools):
+    trainer = dockerfile_stage("trainer")
+    assert trainer["ENTRYPOINT"] == [] and trainer["CMD"] == TRAIN_COMMAND
+    assert dockerfile_stage("operator")["ENTRYPOINT"] == container(render(k8s_tools))["command"]
