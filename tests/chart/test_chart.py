@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +164,9 @@ def test_the_images_run_what_the_chart_and_the_renderer_expect(k8s_tools):
     trainer = dockerfile_stage("trainer")
     assert trainer["ENTRYPOINT"] == [] and trainer["CMD"] == TRAIN_COMMAND
     assert dockerfile_stage("operator")["ENTRYPOINT"] == container(render(k8s_tools))["command"]
+
+
+def test_the_chart_ships_this_release():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
