@@ -90,7 +90,7 @@ class Controller:
         a DELETED event, so the index can keep them after the resume.
         """
         indexed = {p.uid for p in self.pods(key)}  # before the LIST: what it lacks is gone
-        items = await self.kube.list(path("v1", "pods", key[0]), labelSelector=f"{names.LABEL_JOB}={key[1]},{names.LABEL_MANAGED_BY}={names.MANAGED_BY}")
+        items = await self.kube.list(path("v1", "pods", key[0]), labelSelector=names.pod_selector(key[1]))
         listed = [PodState.from_body(b) for b in items]
         self.gone.setdefault(key, set()).update(indexed - {p.uid for p in listed})
         self.last_listed[key] = time.monotonic()

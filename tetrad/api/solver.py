@@ -132,17 +132,16 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     if fitting:
         long = cfg.seq_len >= LONG_SEQUENCE
 
-        def preference(le: tuple[Layout, Estimate]) -> tuple[int, ...]:
-            lay = le[0]
+        def preference(lay: Layout) -> tuple[int, ...]:
             split = (lay.tp, lay.cp) if long else (lay.cp, lay.tp)
             return (lay.pp, *split, lay.dp_replicate)
 
         fewest_stages = min(lay.pp for lay, _ in fitting)
         timed = [(lay, est, predict_time(spec, cfg, est)) for lay, est in fitting if lay.pp == fewest_stages]
-        times = [t.total_s for _, _, t in timed if t is not None]
+        times = [t.total_s for _, _, t in timed if t is not None]  # all or none: GPU jobs only
         if times:
             timed = [x for x in timed if x[2] is not None and x[2].total_s <= min(times) * (1 + CLEARLY_FASTER)]
-        layout, est, time = min(timed, key=lambda x: preference((x[0], x[1])))
+        layout, est, time = min(timed, key=lambda x: preference(x[0]))
         return Solution(layout, est, candidates=len(valid), time=time)
     layout, est = min(valid, key=lambda le: le[1].peak_bytes)
     assert budget is not None

@@ -12,6 +12,11 @@ CONFIG_FILE = "config.json"
 CONFIG_DIR = "/etc/tetrad"
 
 
+def pod_selector(job: str | None = None) -> str:
+    """Label selector of the pods Tetrad manages: one job's, or every job's."""
+    return f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_JOB}" + (f"={job}" if job else "")
+
+
 def service(job: str) -> str:
     """Headless Service; also the pods' DNS subdomain."""
     return job
