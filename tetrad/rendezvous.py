@@ -12,6 +12,8 @@ import socket
 import sys
 import time
 
+from tetrad.api.contract import ENV_RDZV_TIMEOUT
+
 
 def wait_for(host: str, timeout: float, interval: float = 1.0) -> bool:
     deadline = time.monotonic() + timeout
@@ -27,7 +29,7 @@ def wait_for(host: str, timeout: float, interval: float = 1.0) -> bool:
 
 def main() -> int:
     host = os.environ["PET_MASTER_ADDR"]
-    timeout = float(os.environ.get("TETRAD_RDZV_TIMEOUT", "900"))
+    timeout = float(os.environ.get(ENV_RDZV_TIMEOUT, "900"))
     print(f"waiting up to {timeout:.0f}s for the master {host} to resolve", flush=True)
     if wait_for(host, timeout):
         print(f"{host} resolves", flush=True)

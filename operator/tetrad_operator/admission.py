@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from tetrad.render import names
+from tetrad.api import contract
 from tetrad_operator import gang
 from tetrad_operator.kube import STRATEGIC, ApiError, Kube, path
 from tetrad_operator.metrics import Metrics
@@ -33,7 +33,7 @@ Key = tuple[str, str]
 def ungate_patch(now: datetime) -> dict[str, object]:
     """Remove only the tetrad gate (strategic merge on the list's `name` key) and stamp the release."""
     return {"metadata": {"annotations": {RELEASED_ANNOTATION: format_time(now)}},
-            "spec": {"schedulingGates": [{"name": names.GANG_GATE, "$patch": "delete"}]}}
+            "spec": {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}}
 
 
 async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from tetrad.api.spec import API_VERSION, KIND, PLURAL
+from tetrad.api.contract import API_VERSION, KIND, PLURAL
 from tetrad.render import names
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import Admission, ungate

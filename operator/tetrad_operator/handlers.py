@@ -13,14 +13,14 @@ from typing import Any
 import kopf
 from kubernetes.config import ConfigException
 
-from tetrad.api.spec import GROUP, PLURAL, VERSION
-from tetrad.render import names
+from tetrad.api import contract
+from tetrad.api.contract import GROUP, PLURAL, VERSION
 from tetrad_operator.controller import Controller
 from tetrad_operator.kube import Kube
 from tetrad_operator.state import NodeState, PodState
 
 JOBS = (GROUP, VERSION, PLURAL)
-OWN_PODS: dict[str, Any] = {names.LABEL_JOB: kopf.PRESENT, names.LABEL_MANAGED_BY: names.MANAGED_BY}
+OWN_PODS: dict[str, Any] = {contract.LABEL_JOB: kopf.PRESENT, contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
 
 
 @kopf.on.startup()
@@ -49,7 +49,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.index("pods", labels=OWN_PODS)
 def pods_by_job(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, PodState]:
-    return {(namespace, labels[names.LABEL_JOB]): PodState.from_body(body)}
+    return {(namespace, labels[contract.LABEL_JOB]): PodState.from_body(body)}
 
 
 @kopf.index("nodes")
@@ -60,7 +60,7 @@ def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, NodeState]:
 @kopf.on.event("pods", labels=OWN_PODS)
 def pod_changed(namespace: str, labels: kopf.Labels, type: str | None, body: kopf.Body, memo: kopf.Memo,
                 **_: Any) -> None:
-    memo.controller.on_pod_event(namespace, labels[names.LABEL_JOB], type, body.get("status", {}).get("phase"),
+    memo.controller.on_pod_event(namespace, labels[contract.LABEL_JOB], type, body.get("status", {}).get("phase"),
                                  bool(body.meta.get("deletionTimestamp")))
 
 

@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse, resolve
-from tetrad.api.spec import EXIT_PREEMPTED, CleanPodPolicy, Phase, RunPolicy, Scheduler
+from tetrad.api.contract import EXIT_PREEMPTED
+from tetrad.api.spec import CleanPodPolicy, Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
 from tetrad_operator.gang import GangRequest

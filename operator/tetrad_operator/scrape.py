@@ -8,15 +8,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-# Trainer gauge -> status.training field (camelCase, as stored).
-GAUGES = {
-    "tetrad_step": "step",
-    "tetrad_loss": "loss",
-    "tetrad_tokens_per_second": "tokensPerSecond",
-    "tetrad_mfu": "mfu",
-    "tetrad_peak_memory_bytes": "peakMemoryBytes",
-}
-INTEGERS = {"step", "peakMemoryBytes"}
+from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -25,13 +17,13 @@ def parse(text: str) -> dict[str, Any]:
     chosen_rank0: set[str] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = GAUGES.get(sample.name) or GAUGES.get(sample.name.removesuffix("_total"))
+            key = SCRAPED.get(sample.name) or SCRAPED.get(sample.name.removesuffix("_total"))
             if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
                 continue
             rank0 = sample.labels.get("rank") == "0"
             if key in out and not rank0:
                 continue
-            out[key] = int(sample.value) if key in INTEGERS else float(sample.value)
+            out[key] = int(sample.value) if key in SCRAPED_INTEGERS else float(sample.value)
             if rank0:
                 chosen_rank0.add(key)
     return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from tetrad.render import names
+from tetrad.api import contract
 from tetrad_operator.quantity import Resources, pod_requests
 
 # Pod conditions and reasons that mean "taken away by the cluster", not "the trainer failed".
@@ -83,16 +83,16 @@ class PodState:
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
-            job=labels.get(names.LABEL_JOB, ""),
+            job=labels.get(contract.LABEL_JOB, ""),
             namespace=meta.get("namespace", ""),
-            restart=_int(labels.get(names.LABEL_RESTART)),
-            rank=_int(labels.get(names.LABEL_RANK)),
+            restart=_int(labels.get(contract.LABEL_RESTART)),
+            rank=_int(labels.get(contract.LABEL_RANK)),
             phase=status.get("phase") or "Pending",
             node=spec.get("nodeName") or None,
             ip=status.get("podIP") or None,
-            gated=names.GANG_GATE in gates,
+            gated=contract.GANG_GATE in gates,
             released=RELEASED_ANNOTATION in (meta.get("annotations") or {}),
-            other_gates=any(g != names.GANG_GATE for g in gates),
+            other_gates=any(g != contract.GANG_GATE for g in gates),
             deleting_since=parse_time(meta.get("deletionTimestamp")),
             grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
             created=parse_time(meta.get("creationTimestamp")),

@@ -14,7 +14,7 @@ from tetrad_trainer.preemption import node_exit_code
 from torch import nn
 
 from tests.checkpoint import toy
-from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 
 
 def make_step(root: Path, step: int, files: dict[str, bytes] | None = None) -> Path:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.checkpoint import gang, toy
 from tests.checkpoint.conftest import LAYOUTS, assert_same_run, run_toy
-from tetrad.api.spec import EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.trainer.harness import free_port, job
-from tetrad.api.spec import EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from typing import Any
 from tetrad_operator import gang, lifecycle
 from tetrad_operator.state import NodeState, PodState, format_time
 
-from tetrad.render import names
+from tetrad.api import contract
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -138,7 +138,7 @@ class FakeCluster:
         pod = self.pods.get(name)
         if pod:
             pod["spec"]["schedulingGates"] = [g for g in pod["spec"].get("schedulingGates", [])
-                                              if g["name"] != names.GANG_GATE]
+                                              if g["name"] != contract.GANG_GATE]
 
     # ------------------------------------------------------------------ scheduler and kubelet
 
@@ -155,7 +155,7 @@ class FakeCluster:
                 st["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": format_time(self.now)}]
             elif run and spec.get("nodeName") and st["phase"] == "Pending":
                 st["phase"] = "Running"
-                st["podIP"] = f"10.0.0.{int(meta['labels'][names.LABEL_RANK]) + 1}"
+                st["podIP"] = f"10.0.0.{int(meta['labels'][contract.LABEL_RANK]) + 1}"
 
     def settle(self, steps: int = 20, seconds: float = 1.0) -> None:
         for _ in range(steps):
@@ -166,5 +166,5 @@ class FakeCluster:
 
     def finish(self, code: int = 0, rank: int | None = None) -> None:
         for pod in self.pods.values():
-            if pod["status"]["phase"] == "Running" and (rank is None or pod["metadata"]["labels"][names.LABEL_RANK] == str(rank)):
+            if pod["status"]["phase"] == "Running" and (rank is None or pod["metadata"]["labels"][contract.LABEL_RANK] == str(rank)):
                 terminated(pod, code)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from tetrad_operator.kube import Kube, load_api_client
 
-from tetrad.render import names
+from tetrad.api import contract
 
 T = TypeVar("T")
 JOBS = "/apis/tetrad.dev/v1alpha1"
@@ -59,7 +59,7 @@ class Api:
         return self.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", body)  # type: ignore[no-any-return]
 
     def pods(self, ns: str, job: str | None = None) -> list[dict[str, Any]]:
-        selector = {"labelSelector": f"{names.LABEL_JOB}={job}"} if job else {}
+        selector = {"labelSelector": f"{contract.LABEL_JOB}={job}"} if job else {}
         return self.list(f"/api/v1/namespaces/{ns}/pods", **selector)
 
     def events(self, ns: str, name: str) -> list[dict[str, Any]]:
@@ -122,7 +122,7 @@ def terminate(api: Api, ns: str, pod: str, exit_code: int) -> None:
 def running_pods(api: Api, ns: str, job: str, restart: int | None = None) -> list[dict[str, Any]]:
     return [p for p in api.pods(ns, job) if p["status"].get("phase") == "Running"
             and not p["metadata"].get("deletionTimestamp")
-            and (restart is None or p["metadata"]["labels"][names.LABEL_RESTART] == str(restart))]
+            and (restart is None or p["metadata"]["labels"][contract.LABEL_RESTART] == str(restart))]
 
 
 def wait_running(api: Api, ns: str, job: str, nodes: int, restart: int = 0, timeout: float = 30) -> list[dict[str, Any]]:

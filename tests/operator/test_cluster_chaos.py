@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tetrad.api import contract
 from tetrad.render import names
 
 from .conftest import operator_process
@@ -29,13 +30,13 @@ def check_invariants(api, ns: str, uid: str) -> None:
     per_restart: dict[str, int] = {}
     for p in pods:
         meta = p["metadata"]
-        restart, rank = int(meta["labels"][names.LABEL_RESTART]), int(meta["labels"][names.LABEL_RANK])
+        restart, rank = int(meta["labels"][contract.LABEL_RESTART]), int(meta["labels"][contract.LABEL_RANK])
         assert meta["name"] == names.pod("chaos", restart, rank)
         assert [r["uid"] for r in meta.get("ownerReferences", [])] == [uid], f"orphan or foreign pod {meta['name']}"
         assert 0 <= rank < NODES
         # The status is written before a new gang is created, so pods never run ahead of it.
         assert restart <= recorded, f"pod {meta['name']} ahead of status.restarts={recorded}"
-        per_restart[meta["labels"][names.LABEL_RESTART]] = per_restart.get(meta["labels"][names.LABEL_RESTART], 0) + 1
+        per_restart[meta["labels"][contract.LABEL_RESTART]] = per_restart.get(meta["labels"][contract.LABEL_RESTART], 0) + 1
         if not meta.get("deletionTimestamp") and p["status"].get("phase") in ("Pending", "Running"):
             live_restarts.add(restart)
     assert len(live_restarts) <= 1, f"two gangs alive at once: {live_restarts}"
@@ -62,7 +63,7 @@ def test_sigkill_at_random_points_never_duplicates_or_orphans(api, operator_clus
                 if running:
                     victim = rng.choice(running)
                     terminate(api, ns, victim["metadata"]["name"], 1)
-                    failed_incarnations.add(int(victim["metadata"]["labels"][names.LABEL_RESTART]))
+                    failed_incarnations.add(int(victim["metadata"]["labels"][contract.LABEL_RESTART]))
             time.sleep(rng.uniform(1.0, 4.0))  # the operator starts in ~1-2 s, then creates / restarts
         finally:
             os.kill(proc.pid, signal.SIGKILL)
@@ -71,7 +72,7 @@ def test_sigkill_at_random_points_never_duplicates_or_orphans(api, operator_clus
         st = api.status(ns, "chaos")
         by_restart: dict[str, int] = {}
         for p in api.pods(ns, "chaos"):
-            key = f"r{p['metadata']['labels'][names.LABEL_RESTART]}:{p['status'].get('phase')}"
+            key = f"r{p['metadata']['labels'][contract.LABEL_RESTART]}:{p['status'].get('phase')}"
             by_restart[key] = by_restart.get(key, 0) + 1
         print(f"kill {kill + 1}: {st.get('phase')} restarts={st.get('restarts')} pods={by_restart}")
 
@@ -81,7 +82,7 @@ def test_sigkill_at_random_points_never_duplicates_or_orphans(api, operator_clus
             st = api.status(ns, "chaos")
             r = st.get("restarts", 0)
             live = [p for p in api.pods(ns, "chaos") if p["status"].get("phase") == "Running"
-                    and p["metadata"]["labels"][names.LABEL_RESTART] == str(r)]
+                    and p["metadata"]["labels"][contract.LABEL_RESTART] == str(r)]
             return st.get("phase") == "Running" and len(live) == NODES
         wait_for(settled, timeout=90, what="the job running again after the chaos")
         finish_all(api, ns, "chaos", 0)

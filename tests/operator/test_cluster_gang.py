@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tetrad.render import names
+from tetrad.api import contract
 
 from .helpers import condition, fake_node, finish_all, ptj, wait_for, wait_phase, wait_running
 
@@ -37,7 +37,7 @@ def pool_job(name: str, pool, nodes: int, cpu: str = "6"):
 
 def gated(api, ns, job):
     pods = api.pods(ns, job)
-    return pods and all(p["spec"].get("schedulingGates") == [{"name": names.GANG_GATE}] for p in pods)
+    return pods and all(p["spec"].get("schedulingGates") == [{"name": contract.GANG_GATE}] for p in pods)
 
 
 def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator, namespace, pool):
@@ -126,7 +126,7 @@ def test_gang_timeout_regates_a_gang_the_scheduler_cannot_place(api, operator, n
     # The fit counts resources, not pod anti-affinity: it releases both pods onto the one node,
     # where the scheduler can place only one. The gang times out and goes back behind its gate.
     anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {names.LABEL_JOB: "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
     api.create_job(ns, ptj("spread", nodes=2, cpu="1", template={"nodeSelector": pool.label, "affinity": anti},
                            gang={"timeoutSeconds": 3}))
     timeout = wait_for(lambda: [e for e in api.events(ns, "spread") if e["reason"] == "GangTimeout"], timeout=40,

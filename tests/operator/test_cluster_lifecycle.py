@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tetrad.render import names
+from tetrad.api import contract
 
 from .helpers import (
     JOBS,
@@ -39,7 +39,7 @@ def test_job_runs_to_success_with_every_object_correct(api, operator, namespace)
         meta = p["metadata"]
         assert meta["ownerReferences"] == [{"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
                                             "name": "train", "uid": uid, "controller": True, "blockOwnerDeletion": True}]
-        assert meta["labels"][names.LABEL_RESTART] == "0"
+        assert meta["labels"][contract.LABEL_RESTART] == "0"
         assert not p["spec"].get("schedulingGates"), "the gang was released"
         assert "tetrad.dev/gang-released" in meta["annotations"]
         assert p["spec"]["nodeName"]
@@ -82,7 +82,7 @@ def test_failed_pod_restarts_the_whole_gang_then_succeeds(api, operator, namespa
     assert sorted(p["metadata"]["name"] for p in pods) == ["flaky-r1-0", "flaky-r1-1"]
     env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
     assert env["TETRAD_RESTART"] == "1" and env["PET_RDZV_ID"].endswith("-1")
-    assert not [p for p in api.pods(ns, "flaky") if p["metadata"]["labels"][names.LABEL_RESTART] == "0"]
+    assert not [p for p in api.pods(ns, "flaky") if p["metadata"]["labels"][contract.LABEL_RESTART] == "0"]
     # Left behind, the Restarting condition names the transition that ended it; the Event keeps why.
     assert condition(api.status(ns, "flaky"), "Restarting")["status"] == "False"
     failed = [e for e in api.events(ns, "flaky") if e["reason"] == "PodFailed"]

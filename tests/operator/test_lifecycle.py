@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from tetrad_operator import lifecycle
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
 
+from tetrad.api import contract
 from tetrad.render import names
 
 from .fakes import FakeCluster, job_body, node_body, terminated
@@ -44,7 +45,7 @@ def test_first_reconcile_creates_every_object_and_fills_status():
     assert cond(c, "Pending")["status"] == "True"
     assert [e.reason for e in c.events] == ["Created"]
     for pod in c.pods.values():
-        assert pod["spec"]["schedulingGates"] == [{"name": names.GANG_GATE}]
+        assert pod["spec"]["schedulingGates"] == [{"name": contract.GANG_GATE}]
         assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
 
 
@@ -98,7 +99,7 @@ def test_a_failed_pod_restarts_the_whole_gang_after_backoff():
     assert [a.name for a in created] == ["job-r1-0", "job-r1-1"]
     env = {e["name"]: e.get("value") for e in created[0].obj["spec"]["containers"][0]["env"]}
     assert env["TETRAD_RESTART"] == "1" and env["PET_RDZV_ID"].endswith("-1")
-    assert created[0].obj["metadata"]["labels"][names.LABEL_RESTART] == "1"
+    assert created[0].obj["metadata"]["labels"][contract.LABEL_RESTART] == "1"
     running(c)
     c.finish(0)
     c.reconcile()
@@ -400,13 +401,13 @@ def test_invariants_hold_for_any_interleaving(ops):
         assert restarts >= seen_restarts and restarts <= 3
         seen_restarts = restarts
         live = [p for p in c.pods.values() if not p["metadata"].get("deletionTimestamp")]
-        incarnations = {p["metadata"]["labels"][names.LABEL_RESTART] for p in live
+        incarnations = {p["metadata"]["labels"][contract.LABEL_RESTART] for p in live
                         if p["status"]["phase"] in ("Pending", "Running")}
         assert len(incarnations) <= 1, f"two gangs alive at once: {incarnations}"
         for name, pod in c.pods.items():
             labels = pod["metadata"]["labels"]
-            assert name == names.pod("job", int(labels[names.LABEL_RESTART]), int(labels[names.LABEL_RANK]))
-            assert int(labels[names.LABEL_RESTART]) <= restarts
+            assert name == names.pod("job", int(labels[contract.LABEL_RESTART]), int(labels[contract.LABEL_RANK]))
+            assert int(labels[contract.LABEL_RESTART]) <= restarts
     # With no more faults the job always ends.
     for _ in range(80):
         if c.job is None or c.phase in ("Succeeded", "Failed"):

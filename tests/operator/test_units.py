@@ -14,7 +14,7 @@ from tetrad_operator.kube import path
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState
 
-from tetrad.render import names
+from tetrad.api import contract
 
 from .conftest import free_port
 from .fakes import T0
@@ -22,8 +22,8 @@ from .fakes import T0
 
 def pod_body(**status) -> dict:
     return {"metadata": {"name": "j-r2-1", "uid": "u", "namespace": "ns",
-                         "labels": {names.LABEL_JOB: "j", names.LABEL_RESTART: "2", names.LABEL_RANK: "1"}},
-            "spec": {"containers": [{"name": "trainer"}], "schedulingGates": [{"name": names.GANG_GATE}, {"name": "other"}]},
+                         "labels": {contract.LABEL_JOB: "j", contract.LABEL_RESTART: "2", contract.LABEL_RANK: "1"}},
+            "spec": {"containers": [{"name": "trainer"}], "schedulingGates": [{"name": contract.GANG_GATE}, {"name": "other"}]},
             "status": status}
 
 
@@ -105,6 +105,6 @@ def test_rest_paths_and_patches():
         "/apis/tetrad.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/j/status"
     assert path("v1", "nodes") == "/api/v1/nodes"
     patch = ungate_patch(T0)
-    assert patch["spec"] == {"schedulingGates": [{"name": names.GANG_GATE, "$patch": "delete"}]}
+    assert patch["spec"] == {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}
     assert _differs({"spec": {"a": 1, "defaulted": 2}}, {"spec": {"a": 1}}) is False
     assert _differs({"data": {"x": "1"}}, {"data": {"x": "2"}}) is True

@@ -14,7 +14,7 @@ from tetrad_trainer.model import Transformer, init_weights
 
 from tests.trainer.harness import free_port_block, job, run_ranks, run_trainer
 from tetrad.api import Layout
-from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.api.contract import EXIT_CONFIG_ERROR
 
 pytestmark = pytest.mark.distributed
 

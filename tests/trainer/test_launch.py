@@ -12,7 +12,7 @@ import pytest
 
 from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
-from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.api.contract import EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
 from tetrad.launch.local import local_command
 

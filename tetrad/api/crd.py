@@ -10,16 +10,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from tetrad.api.presets import PRESETS
-from tetrad.api.spec import (
-    GROUP,
-    KIND,
-    PLURAL,
-    SHORT_NAME,
-    VERSION,
-    ParallelTrainingJobSpec,
-    ParallelTrainingJobStatus,
-)
+from tetrad.api.spec import ParallelTrainingJobSpec, ParallelTrainingJobStatus
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
 IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model")

@@ -19,11 +19,11 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from tetrad.api.accelerators import ACCELERATORS, ASSUMED, Accelerator, find_accelerator
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.spec import ParallelTrainingJobSpec
 from tetrad.api.validation import Problem, check_layout, microbatches, stages_per_rank
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
-from tetrad.plan.hardware import ACCELERATORS, ASSUMED, Accelerator, find_accelerator
 from tetrad.plan.timing import StepTime, step_time
 
 # Leave room for the CUDA context, NCCL buffers and allocator fragmentation.

@@ -12,16 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "tetrad.dev"
-VERSION = "v1alpha1"
-API_VERSION: Final = "tetrad.dev/v1alpha1"
-KIND: Final = "ParallelTrainingJob"
-PLURAL = "paralleltrainingjobs"
-SHORT_NAME = "ptj"
-
-# Exit codes shared by the trainer and the operator's restart policy.
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
-EXIT_CONFIG_ERROR = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
+from tetrad.api.contract import API_VERSION, EXIT_CONFIG_ERROR, KIND
 
 Auto = Literal["auto"]
 Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]

@@ -30,14 +30,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, resolve
-from tetrad.api.spec import EXIT_CONFIG_ERROR
+from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract, resolve
+from tetrad.api.contract import ENV_JSONL, EXIT_CONFIG_ERROR
 from tetrad.render import names
 from tetrad.render.env import torchrun_env
 from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND
 
 MASTER_ADDR = "127.0.0.1"
-ENV_JSONL = "TETRAD_JSONL"  # read by tetrad_trainer.train: rank 0 appends its JSON lines there
 STOP_GRACE_S = 10.0
 
 
@@ -202,7 +201,7 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
 
     workdir = Path(tempfile.mkdtemp(prefix=f"tetrad-{cfg.job_name}-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
-    config_path = workdir / names.CONFIG_FILE
+    config_path = workdir / contract.CONFIG_FILE
     config_path.write_text(cfg.to_json())
     jsonl = jsonl if jsonl is not None else workdir / "metrics.jsonl"
     jsonl.parent.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tetrad.api.accelerators import Accelerator
 from tetrad.api.resolved import Layout
 from tetrad.api.spec import PPSchedule
 from tetrad.plan.estimate import FSDP, Estimate, Workload
-from tetrad.plan.hardware import Accelerator
 
 MATMUL_EFFICIENCY = 0.6  # share of the datasheet peak that large bf16 GEMMs reach
 OVERLAPPED = (FSDP, "dp_replicate")  # prefetched all-gathers, reduce-scatters during backward

@@ -7,13 +7,8 @@ same locally and in the cluster. With it, a node's command is simply
 
 from __future__ import annotations
 
+from tetrad.api.contract import ENV_CONFIG, ENV_JOB, ENV_METRICS_PORT, ENV_RDZV_TIMEOUT, ENV_RESTART
 from tetrad.api.resolved import ResolvedConfig
-
-ENV_CONFIG = "TETRAD_CONFIG"
-ENV_RESTART = "TETRAD_RESTART"
-ENV_METRICS_PORT = "TETRAD_METRICS_PORT"
-ENV_JOB = "TETRAD_JOB"
-ENV_RDZV_TIMEOUT = "TETRAD_RDZV_TIMEOUT"
 
 
 def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, master_port: int,

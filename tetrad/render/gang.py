@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tetrad.api import contract
 from tetrad.api.spec import ParallelTrainingJobSpec, Scheduler
 from tetrad.render import names
 
@@ -42,7 +43,7 @@ def gang_resources(spec: ParallelTrainingJobSpec) -> dict[str, str]:
 
 def pod_group(spec: ParallelTrainingJobSpec, job: str, namespace: str) -> dict[str, Any] | None:
     g = spec.gang
-    meta = {"name": names.pod_group(job), "namespace": namespace, "labels": {names.LABEL_JOB: job}}
+    meta = {"name": names.pod_group(job), "namespace": namespace, "labels": {contract.LABEL_JOB: job}}
     if g.scheduler == Scheduler.VOLCANO:
         vspec: dict[str, Any] = {"minMember": spec.nodes, "minResources": gang_resources(spec), "queue": g.queue or "default"}
         if spec.template.priority_class_name:
@@ -63,7 +64,7 @@ def apply_to_pod(spec: ParallelTrainingJobSpec, job: str, pod: dict[str, Any]) -
     if scheduler_name:
         pod_spec["schedulerName"] = scheduler_name
     if g.scheduler == Scheduler.BUILTIN:
-        pod_spec["schedulingGates"] = [{"name": names.GANG_GATE}]
+        pod_spec["schedulingGates"] = [{"name": contract.GANG_GATE}]
     elif g.scheduler == Scheduler.VOLCANO:
         meta["annotations"][VOLCANO_GROUP_ANNOTATION] = names.pod_group(job)
         if g.queue:

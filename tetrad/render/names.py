@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-LABEL_JOB = "tetrad.dev/job-name"
-LABEL_RANK = "tetrad.dev/node-rank"
-LABEL_RESTART = "tetrad.dev/restart"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGED_BY = "tetrad"
-GANG_GATE = "tetrad.dev/gang"
-CONFIG_FILE = "config.json"
-CONFIG_DIR = "/etc/tetrad"
+from tetrad.api.contract import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
 
 
 def pod_selector(job: str | None = None) -> str:

@@ -10,13 +10,13 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from tetrad.api import ParallelTrainingJob, ResolvedConfig, resolve
-from tetrad.api.spec import API_VERSION, KIND
+from tetrad.api import ParallelTrainingJob, ResolvedConfig, contract, resolve
+from tetrad.api.contract import API_VERSION, ENV_RDZV_TIMEOUT, KIND
 from tetrad.render import gang, names
 from tetrad.render.env import torchrun_env
 
 RUN_AS_USER = 1000
-CONFIG_PATH = f"{names.CONFIG_DIR}/{names.CONFIG_FILE}"
+CONFIG_PATH = f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"
 # The supervisor runs torchrun and exits with the workers' own code (75 preempted, 78 config error);
 # torchrun alone exits 1 for any worker failure.
 TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
@@ -51,7 +51,7 @@ def _meta(job: ParallelTrainingJob, name: str, labels: dict[str, str] | None = N
     meta: dict[str, Any] = {
         "name": name,
         "namespace": job.metadata.namespace,
-        "labels": {names.LABEL_JOB: job.metadata.name, names.LABEL_MANAGED_BY: names.MANAGED_BY, **(labels or {})},
+        "labels": {contract.LABEL_JOB: job.metadata.name, contract.LABEL_MANAGED_BY: contract.MANAGED_BY, **(labels or {})},
         "annotations": {},
     }
     if refs := owner_references(job):
@@ -73,7 +73,7 @@ def service(job: ParallelTrainingJob) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {names.LABEL_JOB: job.metadata.name},
+            "selector": {contract.LABEL_JOB: job.metadata.name},
             "ports": _ports(job),
         },
     }
@@ -81,7 +81,7 @@ def service(job: ParallelTrainingJob) -> dict[str, Any]:
 
 def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap(job.metadata.name)),
-            "data": {names.CONFIG_FILE: cfg.to_json()}}
+            "data": {contract.CONFIG_FILE: cfg.to_json()}}
 
 
 def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
 def _volumes(job: ParallelTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     spec = job.spec
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.configmap(job.metadata.name)}}]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": names.CONFIG_DIR, "readOnly": True}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}]
     for name, path in SCRATCH_MOUNTS.items():
         volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if name == "dshm" else {}})
         mounts.append({"name": name, "mountPath": path})
@@ -146,11 +146,11 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": WAIT_COMMAND,
-        "env": [dict(e) for e in env_list if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", "TETRAD_RDZV_TIMEOUT")],
+        "env": [dict(e) for e in env_list if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", ENV_RDZV_TIMEOUT)],
         "securityContext": copy.deepcopy(SECURE_CONTAINER),
         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
     }
-    labels = {names.LABEL_RANK: str(rank), names.LABEL_RESTART: str(restart), **spec.template.labels}
+    labels = {contract.LABEL_RANK: str(rank), contract.LABEL_RESTART: str(restart), **spec.template.labels}
     meta = _meta(job, names.pod(name, restart, rank), labels)
     meta["annotations"].update(spec.template.annotations)
     pod_spec: dict[str, Any] = {

@@ -61,6 +61,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from tetrad.api.contract import ENV_RESTART
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 
 log = logging.getLogger("tetrad.checkpoint")
@@ -399,7 +400,7 @@ class Checkpointer:
         self.lr_schedulers = list(lr_schedulers)
         self.data_loader = data_loader
         self.dp_rank, self.dp = dp_rank, config.layout.dp
-        self.restart = int(os.environ.get("TETRAD_RESTART", "0")) if restart is None else restart
+        self.restart = int(os.environ.get(ENV_RESTART, "0")) if restart is None else restart
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1

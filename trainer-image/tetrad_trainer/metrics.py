@@ -1,7 +1,7 @@
 """Throughput, MFU and memory: a Prometheus endpoint on every rank, JSON lines from rank 0.
 
-The operator scrapes rank 0 and reads tetrad_step, tetrad_loss, tetrad_tokens_per_second,
-tetrad_mfu and tetrad_peak_memory_bytes; docs/trainer.md lists every metric.
+The metric names are the contract's (tetrad.api.contract); the operator scrapes rank 0 for the
+ones in contract.SCRAPED. docs/trainer.md lists every metric.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import IO
 import torch
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tetrad.plan.hardware import find_accelerator
+from tetrad.api import contract as c
+from tetrad.api.accelerators import find_accelerator
+from tetrad.api.contract import METRIC_INFO, TRAINER_GAUGES
 
 
 def gpu_peak_tflops(name: str) -> float | None:
@@ -85,27 +87,31 @@ class StepRecord:
     peak_memory_reserved_bytes: int
 
 
+# StepRecord field -> the gauge that carries it.
+GAUGE_OF_FIELD = {
+    "step": c.METRIC_STEP,
+    "loss": c.METRIC_LOSS,
+    "grad_norm": c.METRIC_GRAD_NORM,
+    "lr": c.METRIC_LEARNING_RATE,
+    "step_time_s": c.METRIC_STEP_TIME,
+    "tokens_per_second": c.METRIC_TOKENS_PER_SECOND,
+    "tokens_per_second_per_device": c.METRIC_TOKENS_PER_SECOND_PER_DEVICE,
+    "tflops": c.METRIC_TFLOPS,
+    "mfu": c.METRIC_MFU,
+    "peak_memory_bytes": c.METRIC_PEAK_MEMORY,
+    "peak_memory_reserved_bytes": c.METRIC_PEAK_MEMORY_RESERVED,
+}
+
+
 class Metrics:
     """Prometheus gauges of one rank, plus rank 0's JSON lines."""
 
     def __init__(self, *, port: int | None, rank: int, labels: dict[str, str], jsonl: Path | None):
         self.rank = rank
         self.registry = CollectorRegistry()
-        gauge = lambda name, doc: Gauge(name, doc, registry=self.registry)  # noqa: E731
-        self.gauges = {
-            "step": gauge("tetrad_step", "Last completed optimizer step."),
-            "loss": gauge("tetrad_loss", "Training loss of the last logged step (mean over the global batch)."),
-            "grad_norm": gauge("tetrad_grad_norm", "Global gradient L2 norm before clipping."),
-            "lr": gauge("tetrad_learning_rate", "Learning rate of the last step."),
-            "step_time_s": gauge("tetrad_step_time_seconds", "Mean wall time of the steps since the last log."),
-            "tokens_per_second": gauge("tetrad_tokens_per_second", "Global training throughput in tokens per second."),
-            "tokens_per_second_per_device": gauge("tetrad_tokens_per_second_per_device", "Throughput per process/GPU."),
-            "tflops": gauge("tetrad_tflops", "Achieved model TFLOPS per device (6N + attention FLOPs per token)."),
-            "mfu": gauge("tetrad_mfu", "Model FLOPs utilization per device, 0..1."),
-            "peak_memory_bytes": gauge("tetrad_peak_memory_bytes", "Peak device memory allocated (CUDA) or peak RSS (CPU)."),
-            "peak_memory_reserved_bytes": gauge("tetrad_peak_memory_reserved_bytes", "Peak device memory reserved by the allocator."),
-        }
-        info = Gauge("tetrad_info", "Constant 1, labelled with the job and this rank's place.", list(labels),
+        self.gauges = {field: Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
+                       for field, name in GAUGE_OF_FIELD.items()}
+        info = Gauge(METRIC_INFO, "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
         (info.labels(**labels) if labels else info).set(1)
         self._server = None

@@ -27,9 +27,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
-
-ENV_EXIT_DIR = "TETRAD_EXIT_DIR"
+from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 
 
 class Preemption:

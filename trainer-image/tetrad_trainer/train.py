@@ -25,9 +25,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from tetrad.api.contract import ENV_CONFIG, ENV_JSONL, ENV_METRICS_PORT, EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 from tetrad.api.resolved import ResolvedConfig
-from tetrad.api.spec import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
-from tetrad.render.env import ENV_CONFIG, ENV_METRICS_PORT
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
@@ -37,8 +36,6 @@ from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import cross_entropy, full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, report_exit
-
-ENV_JSONL = "TETRAD_JSONL"
 
 
 def log(msg: str) -> None:

@@ -1,0 +1,82 @@
+"""The pod contract: every name shared by the renderer, the trainer and the operator.
+
+One definition each, imported by all three, so a rename cannot leave one side behind:
+the API identity, the environment a node gets, the labels and the scheduling gate, the exit codes
+of a trainer pod, and the metric names the trainer exports and the operator scrapes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# API identity.
+GROUP: Final = "tetrad.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "ParallelTrainingJob"
+PLURAL: Final = "paralleltrainingjobs"
+SHORT_NAME: Final = "ptj"
+
+# Environment of a node (pod or local agent), set by the renderer, read by the trainer.
+ENV_CONFIG: Final = "TETRAD_CONFIG"  # path of the resolved trainer config (JSON)
+ENV_RESTART: Final = "TETRAD_RESTART"  # the operator's restart count of this gang
+ENV_METRICS_PORT: Final = "TETRAD_METRICS_PORT"  # rank r serves Prometheus on this port + LOCAL_RANK
+ENV_JOB: Final = "TETRAD_JOB"
+ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rendezvous peers
+ENV_JSONL: Final = "TETRAD_JSONL"  # rank 0 appends its JSON lines there (`tetrad run`)
+ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes for the supervisor
+
+# Labels, annotations and the scheduling gate of the objects Tetrad creates.
+LABEL_JOB: Final = "tetrad.dev/job-name"
+LABEL_RANK: Final = "tetrad.dev/node-rank"
+LABEL_RESTART: Final = "tetrad.dev/restart"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "tetrad"
+GANG_GATE: Final = "tetrad.dev/gang"
+
+# Where a pod finds its resolved config.
+CONFIG_DIR: Final = "/etc/tetrad"
+CONFIG_FILE: Final = "config.json"
+
+# Exit codes of a trainer pod, read by the operator's restart policy.
+EXIT_PREEMPTED: Final = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
+EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
+
+# Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
+# from rank 0 into status.training (SCRAPED).
+METRIC_STEP: Final = "tetrad_step"
+METRIC_LOSS: Final = "tetrad_loss"
+METRIC_GRAD_NORM: Final = "tetrad_grad_norm"
+METRIC_LEARNING_RATE: Final = "tetrad_learning_rate"
+METRIC_STEP_TIME: Final = "tetrad_step_time_seconds"
+METRIC_TOKENS_PER_SECOND: Final = "tetrad_tokens_per_second"
+METRIC_TOKENS_PER_SECOND_PER_DEVICE: Final = "tetrad_tokens_per_second_per_device"
+METRIC_TFLOPS: Final = "tetrad_tflops"
+METRIC_MFU: Final = "tetrad_mfu"
+METRIC_PEAK_MEMORY: Final = "tetrad_peak_memory_bytes"
+METRIC_PEAK_MEMORY_RESERVED: Final = "tetrad_peak_memory_reserved_bytes"
+METRIC_INFO: Final = "tetrad_info"
+
+TRAINER_GAUGES: Final[dict[str, str]] = {
+    METRIC_STEP: "Last completed optimizer step.",
+    METRIC_LOSS: "Training loss of the last logged step (mean over the global batch).",
+    METRIC_GRAD_NORM: "Global gradient L2 norm before clipping.",
+    METRIC_LEARNING_RATE: "Learning rate of the last step.",
+    METRIC_STEP_TIME: "Mean wall time of the steps since the last log.",
+    METRIC_TOKENS_PER_SECOND: "Global training throughput in tokens per second.",
+    METRIC_TOKENS_PER_SECOND_PER_DEVICE: "Throughput per process/GPU.",
+    METRIC_TFLOPS: "Achieved model TFLOPS per device (6N + attention FLOPs per token).",
+    METRIC_MFU: "Model FLOPs utilization per device, 0..1.",
+    METRIC_PEAK_MEMORY: "Peak device memory allocated (CUDA) or peak RSS (CPU).",
+    METRIC_PEAK_MEMORY_RESERVED: "Peak device memory reserved by the allocator.",
+}
+
+# Trainer gauge -> status.training field (camelCase, as stored), and which of them are integers.
+SCRAPED: Final[dict[str, str]] = {
+    METRIC_STEP: "step",
+    METRIC_LOSS: "loss",
+    METRIC_TOKENS_PER_SECOND: "tokensPerSecond",
+    METRIC_MFU: "mfu",
+    METRIC_PEAK_MEMORY: "peakMemoryBytes",
+}
+SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes"})
