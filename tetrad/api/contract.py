@@ -12,7 +12,7 @@ from typing import Final
 # API identity.
 GROUP: Final = "tetrad.dev"
 VERSION: Final = "v1alpha1"
-API_VERSION: Final = f"{GROUP}/{VERSION}"
+API_VERSION: Final = "tetrad.dev/v1alpha1"  # GROUP/VERSION
 KIND: Final = "ParallelTrainingJob"
 PLURAL: Final = "paralleltrainingjobs"
 SHORT_NAME: Final = "ptj"
