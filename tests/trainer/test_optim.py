@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at
+from tetrad_trainer.optim import adamw_implementation, build_optimizer, clip_grad_norm_, lr_at
 
 from tetrad.api.spec import Training
 
@@ -50,3 +50,63 @@ def test_adamw_uses_the_configured_hyperparameters() -> None:
     opt = build_optimizer([p], training("cosine", weight_decay=0.05))
     group = opt.param_groups[0]
     assert group["weight_decay"] == 0.05 and group["betas"] == (0.9, 0.95) and group["lr"] == pytest.approx(1e-4)
+
+
+def params_on(device: str, dtype: torch.dtype = torch.float32, n: int = 3) -> list[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.zeros(4, 4, device=device, dtype=dtype)) for _ in range(n)]
+
+
+def test_fused_adamw_where_the_parameters_allow_it() -> None:
+    assert adamw_implementation(params_on("cpu")) == "fused"  # torch's fused AdamW runs on CPU and CUDA
+    assert adamw_implementation(params_on("cpu", torch.bfloat16)) == "fused"
+    assert adamw_implementation(params_on("meta")) == "foreach"  # no fused kernel for the device
+    assert adamw_implementation(params_on("cpu") + params_on("meta")) == "foreach"  # two device types
+    assert adamw_implementation(params_on("cpu", torch.complex64)) == "foreach"  # a dtype the kernel lacks
+    assert adamw_implementation([]) == "foreach"
+
+
+@pytest.fixture
+def one_rank_mesh():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield init_device_mesh("cpu", (1,))
+    dist.destroy_process_group()
+
+
+def test_dtensor_parameters_get_fused_only_when_dtensor_runs_the_kernel(one_rank_mesh, monkeypatch) -> None:
+    from tetrad_trainer import optim
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    sharded = [torch.nn.Parameter(distribute_tensor(torch.zeros(4, 4), one_rank_mesh, [Shard(0)])) for _ in range(2)]
+    assert optim.adamw_implementation(sharded) == "fused"
+    assert optim.adamw_implementation(sharded + params_on("cpu")) == "foreach"  # DTensors mixed with plain tensors
+    monkeypatch.setattr(optim, "_dtensor_has_fused_adamw", lambda: False)  # as in a torch without the rule
+    assert optim.adamw_implementation(sharded) == "foreach"
+    assert optim.adamw_implementation(params_on("cpu")) == "fused"
+
+
+def test_fused_foreach_and_plain_adamw_take_the_same_steps() -> None:
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(33, 17, generator=g) for _ in range(3)]
+    grads = [[torch.randn(33, 17, generator=g) for _ in range(3)] for _ in range(4)]
+    results = {}
+    for implementation in ("plain", "foreach", "fused"):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        kw = {"foreach": False} if implementation == "plain" else {implementation: True}
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **kw)
+        for step_grads in grads:
+            for p, grad in zip(params, step_grads, strict=True):
+                p.grad = grad.clone()
+            opt.step()
+        results[implementation] = torch.cat([p.detach().flatten() for p in params])
+    moved = (results["plain"] - torch.cat([t.flatten() for t in start])).abs().max().item()
+    assert moved > 1e-2  # the steps did move the weights
+    for implementation in ("foreach", "fused"):
+        assert torch.allclose(results[implementation], results["plain"], rtol=0, atol=1e-6), implementation
+
+
+def test_build_optimizer_picks_the_fused_kernel_on_cpu() -> None:
+    opt = build_optimizer(params_on("cpu"), training("cosine"))
+    assert opt.param_groups[0]["fused"] is True and not opt.param_groups[0]["foreach"]

@@ -1,4 +1,9 @@
-"""AdamW, the learning-rate schedule and gradient clipping across every mesh dim."""
+"""AdamW, the learning-rate schedule and gradient clipping across every mesh dim.
+
+AdamW runs as one fused kernel per device when the parameters allow it (`adamw_implementation`),
+as torch's foreach (multi-tensor) kernels otherwise; both compute the same update as the plain
+per-parameter loop, up to float rounding.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,41 @@ from torch.distributed.tensor import DTensor
 
 from tetrad.api.spec import LRSchedule, Training
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _dtensor_has_fused_adamw() -> bool:
+    """Whether this torch's DTensor shards `aten._fused_adamw_` (older versions lack the rule)."""
+    op = torch.ops.aten._fused_adamw_.default
+    prop = DTensor._op_dispatcher.sharding_propagator
+    tables = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
+    return any(op in getattr(prop, table, {}) for table in tables)
+
+
+def adamw_implementation(params: list[nn.Parameter]) -> str:
+    """"fused" when every parameter is a floating tensor of a dtype the fused kernel takes, all on
+    one device type that has the kernel, and either no parameter or every parameter is a DTensor
+    (FSDP, TP) of a torch whose DTensor runs the kernel; "foreach" otherwise."""
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    if not params:
+        return "foreach"
+    device_types = {p.device.type for p in params}
+    if len(device_types) != 1 or device_types.pop() not in _get_fused_kernels_supported_devices():
+        return "foreach"
+    if any(p.dtype not in FUSED_DTYPES for p in params):
+        return "foreach"
+    dtensors = sum(isinstance(p, DTensor) for p in params)
+    if dtensors and (dtensors < len(params) or not _dtensor_has_fused_adamw()):
+        return "foreach"
+    return "fused"
+
 
 def build_optimizer(params: list[nn.Parameter], training: Training) -> torch.optim.AdamW:
+    params = list(params)
+    implementation = adamw_implementation(params)
     return torch.optim.AdamW(params, lr=lr_at(1, training), betas=(0.9, 0.95), eps=1e-8,
-                             weight_decay=training.weight_decay)
+                             weight_decay=training.weight_decay, **{implementation: True})
 
 
 def lr_at(step: int, training: Training) -> float:
