@@ -41,6 +41,7 @@ CONFIG_FILE: Final = "config.json"
 # Exit codes of a trainer pod, read by the operator's restart policy.
 EXIT_PREEMPTED: Final = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
+EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the same layout cannot help
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tetrad.api.contract import API_VERSION, EXIT_CONFIG_ERROR, KIND
+from tetrad.api.contract import API_VERSION, EXIT_CONFIG_ERROR, EXIT_OOM, KIND
 
 Auto = Literal["auto"]
 Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
@@ -166,7 +166,7 @@ class RunPolicy(Model):
     backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
     backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay.")
     retryable_exit_codes: list[int] = Field(default_factory=list, description="Exit codes that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes and preemption (75) are always retryable.")
-    permanent_exit_codes: list[int] = Field(default_factory=lambda: [EXIT_CONFIG_ERROR], description="Exit codes that fail the job at once, without a restart.")
+    permanent_exit_codes: list[int] = Field(default_factory=lambda: [EXIT_OOM, EXIT_CONFIG_ERROR], description="Exit codes that fail the job at once, without a restart. Default: 77 (the trainer ran out of device memory) and 78 (a config the trainer cannot run).")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has been active this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it succeeded or failed.")
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
