@@ -117,3 +117,23 @@ def test_data_parallel_style_per_layout(layout: dict[str, int], style: str | Non
     from tetrad.api import Layout
 
     assert data_parallel_style(Layout(**layout)) == style
+
+
+def test_fsdp_gives_the_embedding_and_the_output_units_of_their_own(one_rank_mesh) -> None:
+    from tetrad_trainer.parallelize import apply_fsdp
+    from torch.distributed.fsdp import FSDPModule
+
+    from tetrad.api.spec import Precision
+
+    with torch.device("meta"):
+        model = Transformer(CFG)
+    apply_fsdp(model, one_rank_mesh, Precision.FP32, reshard_after_forward=True)
+
+    def unit_params(module: torch.nn.Module) -> set[int]:
+        group = module._get_fsdp_state()._fsdp_param_group
+        return {id(p.sharded_param) for p in group.fsdp_params} if group else set()
+
+    assert all(isinstance(m, FSDPModule) for m in (model, model.tok_embeddings, model.output, *model.layers.values()))
+    assert unit_params(model.tok_embeddings) == {id(model.tok_embeddings.weight)}
+    assert unit_params(model.output) == {id(model.output.weight), id(model.norm.weight)}
+    assert unit_params(model) == set()  # the root holds nothing: every parameter sits in a smaller unit

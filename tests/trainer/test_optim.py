@@ -65,16 +65,6 @@ def test_fused_adamw_where_the_parameters_allow_it() -> None:
     assert adamw_implementation([]) == "foreach"
 
 
-@pytest.fixture
-def one_rank_mesh():
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
-
-
 def test_dtensor_parameters_get_fused_only_when_dtensor_runs_the_kernel(one_rank_mesh, monkeypatch) -> None:
     from tetrad_trainer import optim
     from torch.distributed.tensor import Shard, distribute_tensor

@@ -37,9 +37,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 from tetrad.api.resolved import Layout, ResolvedConfig
+from tetrad.api.rules import MULTI_STAGE
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
-from tetrad_trainer.config import MULTI_STAGE
 from tetrad_trainer.mesh import Mesh
 from tetrad_trainer.model import Transformer, canonical_name, init_weights
 
@@ -159,10 +159,20 @@ def _mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
 
 
 def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool) -> None:
-    """FSDP2 per block, then the root (embedding, final norm, output). A 2D dp_mesh gives HSDP."""
+    """FSDP2 units: the embedding, each block, the final norm with the output projection, then the
+    root (left with no parameters of its own). A 2D dp_mesh gives HSDP.
+
+    The embedding and the output projection are the two largest parameters: each in its own unit
+    is gathered only around its own use, not for the whole forward and backward as the root is.
+    The backward starts at the output, so that unit stays gathered from its forward to its backward.
+    """
     mp = _mixed_precision(precision)
+    if model.tok_embeddings is not None:
+        fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    if model.output is not None:
+        fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
