@@ -57,3 +57,28 @@ def cp_attention(argv: list[str]) -> int:
     print(f"rank {rank} of cp={cp}: mismatches {bad}" if bad else f"rank {rank} of cp={cp}: exact", flush=True)
     dist.destroy_process_group()
     return 1 if bad else 0
+
+
+class PaddedSource:
+    """Wraps the job's source: sample i keeps its first 1..seq_len labels (drawn from i) and pads the rest."""
+
+    def __init__(self, inner, seq_len: int, seed: int):
+        self.inner, self.seq_len, self.seed = inner, seq_len, seed
+
+    def sample(self, index: int):
+        import numpy as np
+        from tetrad_trainer.loss import IGNORE_INDEX
+
+        tokens = self.inner.sample(index).copy()
+        valid = int(np.random.default_rng((self.seed, index, 1)).integers(1, self.seq_len + 1))
+        tokens[valid + 1:] = IGNORE_INDEX
+        return tokens
+
+
+def padded_training(argv: list[str]) -> int:
+    """`tetrad_trainer.train.main` on the job's data padded by PaddedSource (test only: patches this rank's trainer)."""
+    from tetrad_trainer import train
+
+    real = train.build_source
+    train.build_source = lambda cfg: PaddedSource(real(cfg), cfg.model.seq_len, cfg.training.seed)
+    return train.main(argv)

@@ -1,6 +1,7 @@
 """Deterministic, layout-independent batches.
 
-A source maps a global sample index to seq_len+1 tokens (inputs plus the shifted labels). The
+A source maps a global sample index to seq_len+1 tokens (inputs plus the shifted labels); a source
+that pads marks padding with IGNORE_INDEX: the model reads it as token PAD_INPUT, the loss skips it. The
 global batch of step s is samples [s*B, (s+1)*B) for every layout; data-parallel rank r of dp
 takes the contiguous slice r of it. The loader's whole state is the next global sample index,
 so a checkpoint taken with one dp degree resumes under another. Nothing is downloaded.
@@ -17,11 +18,14 @@ import torch
 from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import DataSource
 from tetrad_trainer.config import ConfigError
+from tetrad_trainer.loss import IGNORE_INDEX
+
+PAD_INPUT = 0  # the input token fed at a padded position (its label is IGNORE_INDEX)
 
 
 class TokenSource(Protocol):
     def sample(self, index: int) -> np.ndarray:
-        """The seq_len+1 tokens of global sample index."""
+        """The seq_len+1 tokens of global sample index; IGNORE_INDEX where padded."""
 
 
 class SyntheticTokens:
@@ -104,7 +108,8 @@ class BatchLoader:
         rows = np.stack([self.source.sample(i) for i in range(first, first + self.local_batch)])
         self.sample_index += self.global_batch
         tokens = torch.from_numpy(rows.astype(np.int64))
-        return tokens[:, :-1], tokens[:, 1:]
+        inputs = tokens[:, :-1].masked_fill(tokens[:, :-1] == IGNORE_INDEX, PAD_INPUT)
+        return inputs, tokens[:, 1:]
 
     def state_dict(self) -> dict[str, int]:
         return {"sample_index": self.sample_index}

@@ -107,6 +107,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        self.project_output = True  # False: the last stage returns the final norm's output (the chunked loss projects)
         self.set_positions(torch.arange(cfg.seq_len, device="cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -115,7 +116,7 @@ class Transformer(nn.Module):
         for block in self.layers.values():
             h = block(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        return self.output(h) if self.output is not None and self.project_output else h
 
     def set_positions(self, positions: torch.Tensor) -> None:
         """Positions of the local sequence: 0..seq_len-1, or this rank's chunks under context parallelism."""

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed._composable.replicate import replicate as ddp
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -40,6 +39,7 @@ from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.rules import MULTI_STAGE
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
+from tetrad_trainer.loss import TokenLoss
 from tetrad_trainer.mesh import Mesh
 from tetrad_trainer.model import Transformer, canonical_name, init_weights
 
@@ -51,11 +51,6 @@ SCHEDULES = {
 }
 
 
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss; under loss parallelism logits is a DTensor sharded on the vocab."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-
-
 @dataclass
 class ParallelModel:
     parts: list[Transformer]  # the model, or this rank's pipeline stages
@@ -64,6 +59,7 @@ class ParallelModel:
     has_last_stage: bool
     loss_parallel: bool  # logits are vocab-sharded DTensors: compute the loss under loss_parallel()
     autocast: bool  # bf16 without FSDP's mixed precision: run forward under autocast
+    loss: TokenLoss  # the last stage's loss (the pipeline schedule's loss_fn); its scale is set every step
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -233,13 +229,14 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
             apply_replicate(part, mesh["dp_replicate"], training.precision)
         init_weights(part, device, training.seed)
 
+    loss = TokenLoss()
     schedule = None
     if layout.pp > 1:
         group = mesh["pp"].get_group()
         stages = [PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, ids, strict=True)]
         cls = SCHEDULES[cfg.pp_schedule]
         schedule = cls(stages if cfg.pp_schedule in MULTI_STAGE else stages[0],
-                       n_microbatches=cfg.pp_microbatches, loss_fn=cross_entropy, scale_grads=True)
+                       n_microbatches=cfg.pp_microbatches, loss_fn=loss, scale_grads=False)
 
     return ParallelModel(
         parts=parts,
@@ -249,6 +246,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         loss_parallel=layout.tp > 1,
         # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need autocast.
         autocast=training.precision == Precision.BF16 and data_parallel in (None, "ddp"),
+        loss=loss,
     )
 
 

@@ -34,7 +34,7 @@ from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from tetrad_trainer.parallelize import cross_entropy, full_parameters, parallelize
+from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, report_exit
 
 
@@ -88,25 +88,25 @@ class Trainer:
             yield
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Gradient accumulation over micro batches; returns the mean loss of this rank's batch."""
+        """Gradient accumulation over micro batches; returns this rank's scaled loss sum (tetrad_trainer.loss)."""
         (model,) = self.model.parts
         n = inputs.shape[0] // self.cfg.training.micro_batch
         total = torch.zeros((), device=self.device)
         for x, y in zip(inputs.chunk(n), labels.chunk(n), strict=True):
-            loss = cross_entropy(model(x), y) / n
+            loss = self.model.loss(model(x), y)
             loss.backward()
             total += plain(loss.detach())
         return total
 
     def pipeline_forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One pipeline schedule; returns the mean microbatch loss on the last stage, 0 elsewhere."""
+        """One pipeline schedule; returns the scaled loss sum on the last stage, 0 elsewhere."""
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.model.has_first_stage else ()
         kwargs = {"target": labels, "losses": losses} if self.model.has_last_stage else {}
         self.model.schedule.step(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=self.device)
-        return torch.stack([plain(x.detach()) for x in losses]).mean()
+        return torch.stack([plain(x.detach()) for x in losses]).sum()
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         inputs, labels = self.loader.next_batch()
@@ -117,6 +117,7 @@ class Trainer:
         lr = lr_at(self.step, self.cfg.training)
         set_lr(self.optimizer, lr)
         self.optimizer.zero_grad()
+        self.model.loss.set_scale(labels, self.mesh.dp_cp.get_group(), self.mesh.dp_cp.size())
         with self.step_context():
             if self.model.schedule is not None:
                 loss = self.pipeline_forward_backward(inputs, labels)
@@ -127,7 +128,8 @@ class Trainer:
         return loss, grad_norm, lr
 
     def global_loss(self, loss: torch.Tensor) -> float:
-        """Mean over the global batch: sum the last stage's loss across pp, average over dp x cp."""
+        """Mean over the global batch's valid tokens: each last-stage rank holds its loss sum times
+        dp x cp / (global valid tokens); sum across pp and dp x cp, divide by dp x cp."""
         loss = loss.detach().float().reshape(1).clone()
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
