@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tetrad.api import ResolvedConfig, parse, resolve
+from tetrad.api import ResolvedConfig, parse
+from tetrad.resolve import resolve
 
 
 def config(preset: str, seq_len: int, procs: int, path: Path, async_save: bool, batch_per_rank: int) -> ResolvedConfig:

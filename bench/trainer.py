@@ -31,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tetrad.api import ResolvedConfig, parse, resolve
+from tetrad.api import ResolvedConfig, parse
+from tetrad.resolve import resolve
 
 MODES = {"single": "", "ddp": "dpReplicate", "fsdp": "dpShard"}
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse, resolve
+from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
 from tetrad.api.contract import EXIT_PREEMPTED
 from tetrad.api.spec import CleanPodPolicy, Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
+from tetrad.resolve import resolve
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
+from tetrad.api.quantity import parse_quantity
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -18,7 +17,7 @@ PODS = "pods"
 
 def to_units(resource: str, value: Any) -> int:
     """A Kubernetes quantity in the integer unit the scheduler compares: millicores for cpu."""
-    q = Decimal(str(value)) if isinstance(value, int | float) else parse_quantity(value)
+    q = parse_quantity(value)
     return math.ceil(q * 1000) if resource == CPU else math.ceil(q)
 
 
@@ -41,12 +40,6 @@ class Resources:
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.items)
-
-    def __add__(self, other: Resources) -> Resources:
-        out = self.as_dict()
-        for k, v in other.items:
-            out[k] = out.get(k, 0) + v
-        return Resources.of(out)
 
     def __sub__(self, other: Resources) -> Resources:
         out = self.as_dict()

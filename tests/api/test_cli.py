@@ -103,3 +103,32 @@ def test_plan_says_when_nothing_fits(tmp_path):
 def test_crd_command_matches_file():
     r = tetrad("crd")
     assert r.returncode == 0 and r.stdout == (ROOT / "crds" / "tetrad.dev_paralleltrainingjobs.yaml").read_text()
+
+
+def test_every_single_job_command_rejects_a_multi_document_file(tmp_path):
+    """One loader: plan, render and run all refuse to pick one document of several."""
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([manifest(), manifest(nodes=3)]))
+    for command in ("plan", "render", "run"):
+        r = tetrad(command, str(path))
+        assert r.returncode == 1, (command, r.stdout)
+        assert "expected one ParallelTrainingJob, found 2 documents" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+
+
+def test_every_command_reports_unreadable_files_alike(tmp_path):
+    for command in ("validate", "plan", "render", "run"):
+        r = tetrad(command, write(tmp_path, "syntax.yaml", "spec: [unclosed\n"))
+        assert r.returncode == 1 and "invalid YAML at line" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+
+
+def test_operator_command_comes_from_the_entry_point_group():
+    """`tetrad operator` is registered by the operator package (pyproject.toml), not imported by the core."""
+    from importlib.metadata import entry_points
+
+    from tetrad.cli import COMMANDS_GROUP
+
+    assert [e.value for e in entry_points(group=COMMANDS_GROUP, name="operator")] == ["tetrad_operator.command:operator"]
+    r = tetrad("operator", "--help")
+    assert r.returncode == 0 and "--all-namespaces" in r.stdout, r.stderr
+    r = tetrad("operator")
+    assert r.returncode == 1 and "give --namespace NAME (repeatable) or --all-namespaces" in r.stderr

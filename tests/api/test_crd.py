@@ -6,17 +6,23 @@ The CEL rules are evaluated with cel-python here; tests/cluster also runs them i
 from __future__ import annotations
 
 import re
+from collections import Counter
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import celpy
 import pytest
 import yaml
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from tests.api.helpers import manifest
 from tetrad.api.crd import crd, crd_yaml
+from tetrad.api.presets import PRESETS
+from tetrad.api.problems import Problem
 from tetrad.api.spec import ParallelTrainingJobSpec
-from tetrad.api.validation import validate_document
+from tetrad.resolve import validate_document
 
 CRD_FILE = Path(__file__).parents[2] / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
 
@@ -76,21 +82,32 @@ def _cel_format(text: Any, args: Any) -> Any:
     return celpy.celtypes.StringType(re.sub(r"%[ds]", lambda _: str(next(values)), str(text)))
 
 
+_ENV = celpy.Environment()
+
+
+@cache
+def _program(expression: str, formatted: bool = False) -> Any:
+    """A compiled CEL program (compiling is slow; the property below evaluates thousands)."""
+    return _ENV.program(_ENV.compile(expression), functions={"format": _cel_format} if formatted else None)
+
+
 def _evaluate(rule: dict[str, str], activation: dict[str, Any]) -> tuple[bool, str]:
-    env = celpy.Environment()
-    ok = bool(env.program(env.compile(rule["rule"])).evaluate(activation))
+    ok = bool(_program(rule["rule"]).evaluate(activation))
     if ok:
         return True, ""
     if "messageExpression" in rule:
-        program = env.program(env.compile(rule["messageExpression"]), functions={"format": _cel_format})
-        return False, str(program.evaluate(activation))
+        return False, str(_program(rule["messageExpression"], formatted=True).evaluate(activation))
     return False, rule["message"]
 
 
-def spec_rule_failures(doc: dict[str, Any]) -> list[str]:
+def spec_rule_results(doc: dict[str, Any]) -> list[tuple[dict[str, str], bool, str]]:
+    """(rule, admitted, message) for every spec-level CEL rule."""
     activation = {"self": _defaulted(doc)}
-    results = [_evaluate(r, activation) for r in schema()["properties"]["spec"]["x-kubernetes-validations"]]
-    return [msg for ok, msg in results if not ok]
+    return [(r, *_evaluate(r, activation)) for r in schema()["properties"]["spec"]["x-kubernetes-validations"]]
+
+
+def spec_rule_failures(doc: dict[str, Any]) -> list[str]:
+    return [msg for _, ok, msg in spec_rule_results(doc) if not ok]
 
 
 CASES = [
@@ -100,8 +117,12 @@ CASES = [
     (manifest(model={"seqLen": 102}), ["seqLen=102 must be divisible by tp*2*cp = 4"]),
     (manifest(model={"preset": "llama3-8b", "heads": 6, "kvHeads": 6, "dim": 4092}, parallelism={"tp": 4, "pp": 1}),
      ["tp=4 must divide heads=6 and kvHeads=6"]),
-    (manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}), ["pp=8 exceeds layers=4"]),
-    (manifest(parallelism={"ppMicrobatches": 1}), ["ppMicrobatches=1 is below pp=2"]),
+    (manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}),
+     ["pp*ppStagesPerRank = 8*1 = 8 stages exceed layers=4 + 2"]),
+    (manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 6, "dpShard": 1, "tp": 1}), []),
+    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 4}), ["2*4 = 8 stages exceed layers=4 + 2"]),
+    (manifest(parallelism={"ppMicrobatches": 1}), ["ppMicrobatches=1 is below the 2 pipeline stages (pp=2 x 1 per rank)"]),
+    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppMicrobatches": 2}), ["ppMicrobatches=2 is below the 4 pipeline stages"]),
     (manifest(resources={"gpu": 2}), ["gpu=2 must equal nprocPerNode=4"]),
     (manifest(gang={"scheduler": "kueue"}), ["needs gang.queue"]),
     (manifest(parallelism={"dpShard": "auto", "tp": "auto"}), []),
@@ -116,10 +137,102 @@ def test_cel_spec_rules(doc, expected):
         assert words in msg
 
 
-@pytest.mark.parametrize("doc,expected", CASES)
-def test_cel_agrees_with_python(doc, expected):
-    """Whatever CEL rejects, the Python validation rejects too (it checks strictly more)."""
-    if expected:
+# The spec-level rules CEL and Python both express: CEL's fieldPath -> whether a Python problem is that rule.
+SHARED_RULES: dict[str, Any] = {
+    ".parallelism": lambda p: p.field == "spec.parallelism" and "product of the degrees" in p.message,
+    ".parallelism.tp": lambda p: p.field == "spec.parallelism.tp",
+    ".model": lambda p: p.field == "spec.model.seqLen",
+    ".parallelism.pp": lambda p: "stages exceed layers" in p.message,
+    ".parallelism.ppMicrobatches": lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
+    ".resources.gpu": lambda p: p.field == "spec.resources.gpu",
+    ".gang.queue": lambda p: p.field == "spec.gang.queue",
+}
+DEGREE_VALUES = [1, 2, 3, 4, 6, 8]
+
+
+@st.composite
+def model_specs(draw: Any) -> dict[str, Any]:
+    """Valid models only (CEL leaves the model's own consistency to Python): a preset, maybe with
+    layers or seqLen overridden, or explicit dims."""
+    seq_len = st.sampled_from([8, 12, 16, 24, 32, 48, 100, 102, 128])
+    if draw(st.booleans()):
+        model: dict[str, Any] = {"preset": draw(st.sampled_from(list(PRESETS)))}
+        if draw(st.booleans()):
+            model["layers"] = draw(st.integers(1, 6))
+        if draw(st.booleans()):
+            model["seqLen"] = draw(seq_len)
+        return model
+    heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12]))
+    kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
+    return {"dim": heads * draw(st.sampled_from([8, 16])), "layers": draw(st.integers(1, 6)), "heads": heads,
+            "kvHeads": kv_heads, "vocab": 64, "ffnDim": 32, "seqLen": draw(seq_len)}
+
+
+@st.composite
+def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
+    """Manifests near the rules' edges: small worlds, degrees that often but not always multiply out."""
+    nodes, nproc = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4, 6, 8]))
+    degree = st.sampled_from([*DEGREE_VALUES, "auto"]) if auto else st.sampled_from(DEGREE_VALUES)
+    parallelism: dict[str, Any] = {d: draw(degree) for d in ("dpShard", "tp", "cp", "pp")}
+    if draw(st.booleans()):  # half the time degrees that multiply out to the world, so the other rules decide
+        rest = nodes * nproc
+        for d in ("tp", "cp", "pp"):
+            parallelism[d] = draw(st.sampled_from([v for v in range(1, rest + 1) if rest % v == 0]))
+            rest //= parallelism[d]
+        parallelism["dpShard"] = rest
+    parallelism["ppSchedule"] = draw(st.sampled_from(["GPipe", "1F1B", "Interleaved1F1B", "ZeroBubble"]))
+    if draw(st.booleans()):
+        parallelism["ppStagesPerRank"] = draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        parallelism["ppMicrobatches"] = draw(st.integers(1, 16))
+    gang: dict[str, Any] = {"scheduler": draw(st.sampled_from(["builtin", "kueue"]))}
+    if draw(st.booleans()):
+        gang["queue"] = "team-a"
+    return manifest(nodes=nodes, nprocPerNode=nproc, parallelism=parallelism, model=draw(model_specs()),
+                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
+                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96]))})
+
+
+def _python_rejects(problems: list[Problem]) -> set[str]:
+    errors = [p for p in problems if p.severity == "error"]
+    return {path for path, matches in SHARED_RULES.items() if any(matches(p) for p in errors)}
+
+
+def _cel_rejects(doc: dict[str, Any]) -> set[str]:
+    return {rule["fieldPath"] for rule, ok, _ in spec_rule_results(doc) if not ok}
+
+
+def test_shared_rules_are_the_crd_spec_rules():
+    assert {r["fieldPath"] for r in schema()["properties"]["spec"]["x-kubernetes-validations"]} == set(SHARED_RULES)
+
+
+def test_cel_agrees_with_python_on_generated_specs():
+    """With explicit degrees, each shared rule rejects in CEL iff it rejects in Python.
+
+    Guard against passing vacuously: every rule must be seen both admitting and rejecting.
+    """
+    seen: Counter[tuple[str, bool]] = Counter()
+
+    @settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(spec_documents(auto=False))
+    def agree(doc: dict[str, Any]) -> None:
+        cel, python = _cel_rejects(doc), _python_rejects(validate_document(doc))
+        assert cel == python, f"CEL rejects {sorted(cel)}, Python {sorted(python)}: {doc['spec']}"
+        for path in SHARED_RULES:
+            seen[path, path in cel] += 1
+            event(f"{path} {'rejects' if path in cel else 'admits'}")
+
+    agree()
+    thin = {f"{path} {'rejects' if rejects else 'admits'}": seen[path, rejects]
+            for path in SHARED_RULES for rejects in (True, False) if seen[path, rejects] < 5}
+    assert not thin, f"the generated specs rarely reach these outcomes, widen the strategy: {thin}"
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec_documents(auto=True))
+def test_cel_never_rejects_what_python_admits(doc: dict[str, Any]) -> None:
+    """With `auto` degrees CEL skips the layout rules (Python solves them first): CEL may admit more, never less."""
+    if _cel_rejects(doc):
         assert [p for p in validate_document(doc) if p.severity == "error"]
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tests.api.helpers import manifest
-from tetrad.api import InvalidJob, Layout, parse, resolve
+from tetrad.api import InvalidJob, Layout, parse
 from tetrad.api.accelerators import ACCELERATORS
 from tetrad.api.presets import PRESETS
 from tetrad.api.resolved import ModelConfig
-from tetrad.api.solver import CLEARLY_FASTER
 from tetrad.api.spec import ActivationCheckpointing, Precision
-from tetrad.api.validation import check_spec
 from tetrad.plan.estimate import FSDP, GiB, Workload, estimate
+from tetrad.plan.solver import CLEARLY_FASTER
 from tetrad.plan.timing import MATMUL_EFFICIENCY, crosses_nodes, step_time
+from tetrad.resolve import check_spec, resolve
 
 AUTO = {"dpReplicate": "auto", "dpShard": "auto", "tp": "auto", "cp": "auto", "pp": "auto"}
 

@@ -7,8 +7,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tetrad.api import parse, validate_document
+from tetrad.api import parse
 from tetrad.render import render
+from tetrad.resolve import validate_document
 
 degree = st.one_of(st.sampled_from([1, 1, 2, 4, 8, 3]), st.just("auto"), st.integers(-2, 64))
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.api.helpers import manifest
-from tetrad.api import InvalidJob, parse, resolve, validate_document
+from tetrad.api import InvalidJob, parse
+from tetrad.resolve import resolve, validate_document
 
 # (name, failing manifest, passing manifest, field named by the problem, words the message must contain)
 RULES = [
@@ -18,16 +19,16 @@ RULES = [
      "spec.parallelism.tp", ["tp=3", "heads=8", "kvHeads=4", "[1, 2, 4]"]),
     ("seqLen divisible by tp*2*cp", manifest(model={"seqLen": 102}), manifest(model={"seqLen": 128}),
      "spec.model.seqLen", ["seqLen=102", "tp*2*cp = 2*2*1 = 4", "use seqLen 100 or 104"]),
-    ("pp <= layers", manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}),
-     manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 4, "dpShard": 2, "tp": 1}),
-     "spec.parallelism.pp", ["pp=8", "layers=4"]),
+    ("pipeline stages <= layers + 2", manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}),
+     manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 6, "dpShard": 1, "tp": 1}, training={"globalBatch": 6}),
+     "spec.parallelism.pp", ["8*1 = 8 stages", "layers=4 + 2", "at most 6 stages"]),
     ("microbatches >= stages", manifest(parallelism={"ppMicrobatches": 1}), manifest(parallelism={"ppMicrobatches": 2}),
      "spec.parallelism.ppMicrobatches", ["ppMicrobatches=1", "2 pipeline stages"]),
     ("interleaved needs stages per rank", manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 1}),
      manifest(parallelism={"ppSchedule": "Interleaved1F1B"}), "spec.parallelism.ppStagesPerRank", ["Interleaved1F1B", "2"]),
-    ("stages <= layers", manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 3}),
-     manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 2}),
-     "spec.parallelism.ppStagesPerRank", ["2*3 = 6 stages", "layers=4"]),
+    ("stages per rank within layers + 2", manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 4}, training={"globalBatch": 12}),
+     manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 3}, training={"globalBatch": 12}),
+     "spec.parallelism.ppStagesPerRank", ["2*4 = 8 stages", "layers=4 + 2"]),
     ("global batch divisible by dp", manifest(training={"globalBatch": 7}), manifest(training={"globalBatch": 8}),
      "spec.training.globalBatch", ["globalBatch=7", "dpReplicate*dpShard = 2", "use 8"]),
     ("micro batch divides local batch", manifest(nodes=1, parallelism={"pp": 1, "tp": 2, "dpShard": 2}, training={"globalBatch": 8, "microBatch": 3}),

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tetrad.api import ResolvedConfig, parse, resolve
+from tetrad.api import ResolvedConfig, parse
+from tetrad.resolve import resolve
 
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.pipelining",
            "torch.distributed.tensor.parallel", "tetrad_trainer.train"]

@@ -1,11 +1,13 @@
-"""The ParallelTrainingJob API: spec and status models, presets, validation, the auto-degree solver."""
+"""The ParallelTrainingJob API model, the bottom layer: spec and status, presets, the pod contract,
+the shared rules, the resolved trainer config and manifest parsing. It imports nothing else of Tetrad;
+validation and resolution (tetrad.resolve) and the planner (tetrad.plan) sit above it."""
 
-from tetrad.api.resolve import resolve
+from tetrad.api.manifest import parse
+from tetrad.api.problems import InvalidJob, Problem
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.spec import ParallelTrainingJob, ParallelTrainingJobSpec, ParallelTrainingJobStatus
-from tetrad.api.validation import InvalidJob, Problem, parse, validate_document, validate_spec
 
 __all__ = [
     "InvalidJob", "Layout", "ModelConfig", "ParallelTrainingJob", "ParallelTrainingJobSpec",
-    "ParallelTrainingJobStatus", "Problem", "ResolvedConfig", "parse", "resolve", "validate_document", "validate_spec",
+    "ParallelTrainingJobStatus", "Problem", "ResolvedConfig", "parse",
 ]

@@ -2,7 +2,8 @@
 
 The OpenAPI schema is the model's JSON schema made structural (refs inlined, int-or-string
 degrees, defaults on every object so CEL sees concrete values). The CEL rules repeat the
-checks of tetrad.api.validation that CEL can express; the presets table is compiled into them.
+rules of tetrad.api.rules that CEL can express, built from the same constants; the presets table
+is compiled into them. tests/api/test_crd.py checks on generated specs that CEL and Python agree.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from tetrad.api.presets import PRESETS
+from tetrad.api.rules import DEFAULT_MULTI_STAGES_PER_RANK, MULTI_STAGE, NON_BLOCK_STAGE_UNITS
 from tetrad.api.spec import ParallelTrainingJobSpec, ParallelTrainingJobStatus
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
@@ -95,9 +97,17 @@ def _fmt(text: str, *args: str) -> str:
     return f"'{text}'.format([{', '.join(args)}])"
 
 
+def _stages_per_rank() -> str:
+    """rules.stages_per_rank: ppStagesPerRank, else 2 for the multi-stage schedules, else 1."""
+    multi = ", ".join(f"'{s.value}'" for s in MULTI_STAGE)
+    return f"(has(self.parallelism.ppStagesPerRank) ? self.parallelism.ppStagesPerRank : (self.parallelism.ppSchedule in [{multi}] ? {DEFAULT_MULTI_STAGES_PER_RANK} : 1))"
+
+
 def spec_rules() -> list[dict[str, str]]:
     heads, kv, layers, seq = (_preset_lookup(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
     product = "*".join(_p(d) for d in DEGREES)
+    per_rank = _stages_per_rank()
+    max_stages = f"{layers} + {NON_BLOCK_STAGE_UNITS}"  # rules.max_pipeline_stages
     return [
         {
             "rule": f"!({_is_int(*DEGREES)}) || {product} == self.nodes * self.nprocPerNode",
@@ -125,16 +135,21 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".model",
         },
         {
-            "rule": f"!({_is_int('pp')}) || {_p('pp')} <= {layers}",
-            "messageExpression": _fmt("spec.parallelism.pp: pp=%d exceeds layers=%d; use pp <= %d", _p("pp"), layers, layers),
+            "rule": f"!({_is_int('pp')}) || {_p('pp')} == 1 || {_p('pp')} * {per_rank} <= {max_stages}",
+            "messageExpression": _fmt(
+                f"spec.parallelism: pp*ppStagesPerRank = %d*%d = %d stages exceed layers=%d + {NON_BLOCK_STAGE_UNITS}"
+                " (the embedding and the output take a stage each); use at most %d stages",
+                _p("pp"), per_rank, f"{_p('pp')} * {per_rank}", layers, max_stages),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.pp",
         },
         {
-            "rule": f"!({_is_int('pp')}) || !has(self.parallelism.ppMicrobatches) || self.parallelism.ppMicrobatches >= {_p('pp')}",
+            "rule": (f"!({_is_int('pp')}) || {_p('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
+                     f" || self.parallelism.ppMicrobatches >= {_p('pp')} * {per_rank}"),
             "messageExpression": _fmt(
-                "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below pp=%d; use ppMicrobatches >= %d",
-                "self.parallelism.ppMicrobatches", _p("pp"), _p("pp")),
+                "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below the %d pipeline stages (pp=%d x %d per rank);"
+                " use ppMicrobatches >= %d",
+                "self.parallelism.ppMicrobatches", f"{_p('pp')} * {per_rank}", _p("pp"), per_rank, f"{_p('pp')} * {per_rank}"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.ppMicrobatches",
         },

@@ -1,7 +1,8 @@
 """The resolved trainer config: every `auto` solved, every preset expanded.
 
-This is the only thing the trainer reads from the API. The operator ships it in a ConfigMap,
-`tetrad run` writes it to a file; both come from `resolve()` in `tetrad.api.resolve`.
+The trainer reads it, with the pod contract (tetrad.api.contract), and checks it again with the
+shared rules (tetrad.api.rules). The operator ships it in a ConfigMap, `tetrad run` writes it to a
+file; both come from `resolve()` in `tetrad.resolve`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 from pydantic import Field
 
 from tetrad.api.spec import (
+    CamelModel,
     Checkpoint,
     Data,
     Metrics,
-    Model,
     PPSchedule,
     Training,
 )
@@ -23,10 +24,10 @@ from tetrad.api.spec import (
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
-class Layout(Model):
+class Layout(CamelModel):
     """A concrete 4D layout. Its mesh dims, outermost first, are MESH_DIMS."""
 
-    model_config = Model.model_config | {"frozen": True}
+    model_config = CamelModel.model_config | {"frozen": True}
     pp: int = Field(1, ge=1, description="Pipeline degree.")
     dp_replicate: int = Field(1, ge=1, description="Data-parallel replicate degree.")
     dp_shard: int = Field(1, ge=1, description="Data-parallel shard degree.")
@@ -50,7 +51,7 @@ class Layout(Model):
         return f"pp{self.pp}.dpr{self.dp_replicate}.dps{self.dp_shard}.cp{self.cp}.tp{self.tp}"
 
 
-class ModelConfig(Model):
+class ModelConfig(CamelModel):
     name: str = Field(description="Preset name, or 'custom'.")
     dim: int
     layers: int
@@ -82,7 +83,7 @@ class ModelConfig(Model):
         return 6.0 * n + 12.0 * self.layers * self.heads * self.head_dim * t
 
 
-class ResolvedConfig(Model):
+class ResolvedConfig(CamelModel):
     job_name: str = Field(description="The job's name.")
     namespace: str = Field("default", description="The job's namespace.")
     nodes: int

@@ -18,7 +18,9 @@ Auto = Literal["auto"]
 Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
 
-class Model(BaseModel):
+class CamelModel(BaseModel):
+    """Base of the API objects: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
@@ -29,7 +31,7 @@ class PPSchedule(StrEnum):
     ZERO_BUBBLE = "ZeroBubble"
 
 
-class Parallelism(Model):
+class Parallelism(CamelModel):
     dp_replicate: Degree = Field(1, description="Data-parallel replicate degree (DDP, or the replicate dim of HSDP). An integer >= 1 or 'auto'.")
     dp_shard: Degree = Field("auto", description="Data-parallel shard degree (FSDP2). An integer >= 1 or 'auto'; 'auto' takes whatever the other degrees leave.")
     tp: Degree = Field(1, description="Tensor-parallel degree, with sequence parallel on the norms. Must divide heads and kvHeads; keep it within a node. An integer >= 1 or 'auto'.")
@@ -40,7 +42,7 @@ class Parallelism(Model):
     pp_stages_per_rank: int | None = Field(None, ge=1, description="Pipeline stages held by each rank. Defaults to 2 for Interleaved1F1B and ZeroBubble, 1 otherwise.")
 
 
-class ModelSpec(Model):
+class ModelSpec(CamelModel):
     preset: str | None = Field("debug", description="Model preset: debug, llama3-125m, llama3-1b, llama3-8b, llama3-70b or llama3-405b. Explicit dims below override the preset's.")
     dim: int | None = Field(None, ge=8, description="Hidden size.")
     layers: int | None = Field(None, ge=1, description="Number of transformer blocks.")
@@ -70,7 +72,7 @@ class LRSchedule(StrEnum):
     CONSTANT = "constant"
 
 
-class Training(Model):
+class Training(CamelModel):
     steps: int = Field(100, ge=1, description="Optimizer steps to train for.")
     global_batch: int = Field(8, ge=1, description="Sequences per optimizer step across all data-parallel ranks.")
     micro_batch: int = Field(1, ge=1, description="Sequences per forward pass on one data-parallel rank (gradient accumulation fills the rest). With pipeline parallelism the per-rank batch is split into ppMicrobatches instead.")
@@ -92,14 +94,14 @@ class DataSource(StrEnum):
     TOKENS = "tokens"
 
 
-class Data(Model):
+class Data(CamelModel):
     source: DataSource = Field(DataSource.SYNTHETIC, description="synthetic (deterministic from the seed), text (a local text file) or tokens (a pre-tokenized, memory-mapped token file).")
     path: str | None = Field(None, description="Path inside the pod of the text or token file.")
     tokenizer: str = Field("byte", description="For text: 'byte' for the byte-level tokenizer, or the path of a local tokenizer.json.")
     token_dtype: Literal["uint16", "uint32"] = Field("uint16", description="Element type of a token file.")
 
 
-class Checkpoint(Model):
+class Checkpoint(CamelModel):
     enabled: bool = Field(False, description="Save DCP checkpoints.")
     path: str = Field("/checkpoints", description="Directory of the checkpoints inside the pod.")
     volume: dict[str, Any] | None = Field(None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
@@ -110,13 +112,13 @@ class Checkpoint(Model):
     async_save: bool = Field(False, alias="async", description="Overlap saving with training.")
 
 
-class Metrics(Model):
+class Metrics(CamelModel):
     port: int = Field(9400, ge=1024, le=65535, description="Port of every rank's Prometheus endpoint (rank r on port + local rank).")
     log_interval: int = Field(1, ge=1, description="Log a JSON line and update metrics every this many steps.")
     peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOPS per device for MFU; defaults to the GPU's datasheet bf16 peak, or a measured matmul peak on CPU.")
 
 
-class Resources(Model):
+class Resources(CamelModel):
     cpu: str | None = Field(None, description="CPU request and limit per pod, e.g. '8'.")
     memory: str | None = Field(None, description="Memory request and limit per pod, e.g. '64Gi'.")
     gpu: int = Field(0, ge=0, description="nvidia.com/gpu per pod. 0 runs on CPU with gloo; otherwise it must equal nprocPerNode.")
@@ -127,7 +129,7 @@ class Resources(Model):
 _OBJ: Final[dict[str, Any]] = {"x-kubernetes-preserve-unknown-fields": True}
 
 
-class PodTemplate(Model):
+class PodTemplate(CamelModel):
     env: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra container env vars (Kubernetes EnvVar objects).")
     volumes: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra pod volumes (Kubernetes Volume objects).")
     volume_mounts: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra={"items": _OBJ}, description="Extra container volume mounts (Kubernetes VolumeMount objects).")
@@ -147,7 +149,7 @@ class Scheduler(StrEnum):
     KUEUE = "kueue"
 
 
-class Gang(Model):
+class Gang(CamelModel):
     scheduler: Scheduler = Field(Scheduler.BUILTIN, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins) or kueue.")
     queue: str | None = Field(None, description="Queue name: the Volcano queue or the Kueue LocalQueue.")
     timeout_seconds: int = Field(300, ge=1, description="If some pods are still unscheduled this long after release, the gang is re-gated and retried with backoff.")
@@ -160,7 +162,7 @@ class CleanPodPolicy(StrEnum):
     NONE = "None"
 
 
-class RunPolicy(Model):
+class RunPolicy(CamelModel):
     max_restarts: int = Field(3, ge=0, description="Whole-gang restarts after failures allowed before the job fails. "
                               "Disruptions (preemption, eviction, a lost node) restart the gang without counting.")
     backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
@@ -174,12 +176,12 @@ class RunPolicy(Model):
     termination_grace_period_seconds: int = Field(120, ge=0, description="Time a pod has after SIGTERM to save a checkpoint and exit.")
 
 
-class Rendezvous(Model):
+class Rendezvous(CamelModel):
     port: int = Field(29500, ge=1024, le=65535, description="Port of rank 0's c10d rendezvous and process-group store.")
     timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet.")
 
 
-class ParallelTrainingJobSpec(Model):
+class ParallelTrainingJobSpec(CamelModel):
     nodes: int = Field(1, ge=1, le=100000, description="Number of pods (one torchrun agent per pod).")
     nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="The 4D layout. The product of the degrees must equal nodes * nprocPerNode.")
@@ -217,7 +219,7 @@ class Phase(StrEnum):
     SUSPENDED = "Suspended"
 
 
-class Condition(Model):
+class Condition(CamelModel):
     type: str = Field(description="Condition type, e.g. GangReleased, Running, Succeeded, Failed, Suspended, Restarting.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field("", description="CamelCase reason of the last transition.")
@@ -225,7 +227,7 @@ class Condition(Model):
     last_transition_time: str | None = Field(None, description="When the status last changed (RFC 3339).")
 
 
-class TrainingStatus(Model):
+class TrainingStatus(CamelModel):
     step: int | None = Field(None, description="Last step reported by rank 0.")
     loss: float | None = Field(None, description="Last training loss.")
     tokens_per_second: float | None = Field(None, description="Global training throughput.")
@@ -234,7 +236,7 @@ class TrainingStatus(Model):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
-class ParallelTrainingJobStatus(Model):
+class ParallelTrainingJobStatus(CamelModel):
     phase: Phase | None = Field(None, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
     restarts: int = Field(0, description="Whole-gang restarts so far, disruptions included.")

@@ -30,11 +30,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract, resolve
+from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract
 from tetrad.api.contract import ENV_JSONL, EXIT_CONFIG_ERROR
 from tetrad.render import names
 from tetrad.render.env import torchrun_env
 from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND
+from tetrad.resolve import resolve
 
 MASTER_ADDR = "127.0.0.1"
 STOP_GRACE_S = 10.0

@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tetrad.api.resolved import Layout, ModelConfig
+from tetrad.api.rules import pipeline_units
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 
 GiB = 1024**3
@@ -57,25 +58,25 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
-def stage_params(m: ModelConfig, layout: Layout, spr: int) -> tuple[float, float]:
+def stage_params(m: ModelConfig, layout: Layout, stages_per_rank: int) -> tuple[float, float]:
     """(params of the largest pipeline stage on one rank, params of one block) before TP/FSDP."""
     total = m.num_params()
     block = (total - 2 * m.vocab * m.dim - m.dim) / m.layers
     if layout.pp == 1:
         return total, block
-    stages = layout.pp * spr
+    stages = layout.pp * stages_per_rank
     # embedding and output count as one layer each, as the trainer splits them
-    units_per_stage = math.ceil((m.layers + 2) / stages)
+    units_per_stage = math.ceil(pipeline_units(m.layers) / stages)
     embed = m.vocab * m.dim
     largest_stage = (units_per_stage - 1) * block + max(embed, block)
-    return largest_stage * spr, block
+    return largest_stage * stages_per_rank, block
 
 
 def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     cbytes = 4 if w.precision == Precision.FP32 else 2
     shard = layout.dp_shard * layout.cp  # FSDP shards over dp_shard x cp
-    spr = w.pp_stages_per_rank if layout.pp > 1 else 1
-    p_rank, p_block = stage_params(m, layout, spr)
+    per_rank = w.pp_stages_per_rank if layout.pp > 1 else 1
+    p_rank, p_block = stage_params(m, layout, per_rank)
     p_local = p_rank / layout.tp  # after TP, before FSDP
 
     params = 4 * p_local / shard  # fp32 sharded master weights
@@ -113,7 +114,7 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     else:
         per_mb = layers_rank * full_layer
     if layout.pp > 1:
-        in_flight = n_micro if w.pp_schedule == PPSchedule.GPIPE else min(n_micro, layout.pp * spr)
+        in_flight = n_micro if w.pp_schedule == PPSchedule.GPIPE else min(n_micro, layout.pp * per_rank)
     else:
         in_flight = 1
     logits = 2 * s * mb * m.vocab * 4 / layout.tp  # fp32 logits and their gradient, loss-parallel
@@ -138,5 +139,5 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         kv = m.kv_heads * m.head_dim / layout.tp
         comm["cp"] = 2 * 2 * layers_rank * mb * m.seq_len * kv * cbytes * _ring(layout.cp) * n_micro
     if layout.pp > 1:
-        comm["pp"] = 2 * n_micro * spr * tokens_micro * h * cbytes / layout.tp
+        comm["pp"] = 2 * n_micro * per_rank * tokens_micro * h * cbytes / layout.tp
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tetrad.api import contract
+from tetrad.api.quantity import scale_quantity
 from tetrad.api.spec import ParallelTrainingJobSpec, Scheduler
 from tetrad.render import names
 
@@ -22,23 +23,13 @@ KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 DEFAULT_SCHEDULER_NAMES = {Scheduler.VOLCANO: "volcano", Scheduler.COSCHEDULING: "scheduler-plugins-scheduler"}
 
 
-def _quantity_sum(value: str | None, n: int) -> str | None:
-    """n times a CPU or memory quantity, kept in its own unit ('4' -> '16', '16Gi' -> '64Gi')."""
-    if value is None:
-        return None
-    digits = len(value) - len(value.lstrip("0123456789."))
-    number, unit = value[:digits], value[digits:]
-    total = float(number) * n
-    return f"{int(total) if total.is_integer() else total}{unit}"
-
-
 def gang_resources(spec: ParallelTrainingJobSpec) -> dict[str, str]:
     """The whole gang's requests: what the scheduler must find before any pod runs."""
     r = spec.resources
-    out = {"cpu": _quantity_sum(r.cpu, spec.nodes), "memory": _quantity_sum(r.memory, spec.nodes)}
+    out = {name: scale_quantity(value, spec.nodes) for name, value in (("cpu", r.cpu), ("memory", r.memory)) if value is not None}
     if r.gpu:
         out["nvidia.com/gpu"] = str(r.gpu * spec.nodes)
-    return {k: v for k, v in out.items() if v is not None}
+    return out
 
 
 def pod_group(spec: ParallelTrainingJobSpec, job: str, namespace: str) -> dict[str, Any] | None:

@@ -10,10 +10,11 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from tetrad.api import ParallelTrainingJob, ResolvedConfig, contract, resolve
+from tetrad.api import ParallelTrainingJob, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, ENV_RDZV_TIMEOUT, KIND
 from tetrad.render import gang, names
 from tetrad.render.env import torchrun_env
+from tetrad.resolve import resolve
 
 RUN_AS_USER = 1000
 CONFIG_PATH = f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"
@@ -123,7 +124,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         rdzv_timeout=spec.rendezvous.timeout_seconds,
         shutdown_timeout=max(1, spec.run_policy.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS),
     )
-    env_list = [{"name": k, "value": v} for k, v in env.items()]
+    env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env_list += copy.deepcopy(spec.template.env)
     volumes, mounts = _volumes(job)

@@ -1,13 +1,13 @@
-"""`tetrad plan`: the solved layout and its predicted costs, as a dict and as a table."""
+"""`tetrad plan`: the solved layout and its predicted costs, as a dict and as a table (part of the CLI layer)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
-from tetrad.api.solver import solve, usable_bytes
-from tetrad.api.validation import check_spec
 from tetrad.plan.estimate import GiB
+from tetrad.plan.solver import solve, usable_bytes
+from tetrad.resolve import check_spec
 
 
 def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:

@@ -1,16 +1,28 @@
-"""`tetrad validate | render | plan | crd | run | operator`. Heavy imports stay inside commands."""
+"""`tetrad validate | render | plan | crd | run`, and the commands other packages register.
+
+The CLI is the top layer. Heavy imports stay inside commands. Every subcommand reads its files
+through `load_documents`; the ones that act on one job (render, plan, run) take it through
+`load_document`, which rejects a file of several documents instead of picking one.
+
+Other packages add subcommands through the entry-point group COMMANDS_GROUP (the operator's
+`tetrad operator`, see pyproject.toml), so the core imports none of them.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 import yaml
 
-from tetrad.api import ParallelTrainingJob, Problem, parse, validate_spec
+from tetrad.api import ParallelTrainingJob, Problem, parse
+from tetrad.resolve import validate_spec
+
+COMMANDS_GROUP = "tetrad.commands"
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tetrad: 4D-parallel PyTorch training on Kubernetes.")
 
@@ -38,15 +50,20 @@ def load_documents(path: Path) -> list[Any]:
     return docs
 
 
-def load_job(path: Path) -> ParallelTrainingJob:
-    """The single valid job in `path`, or exit 1 with one line per problem."""
+def load_document(path: Path) -> Any:
+    """The one document of `path`, or exit 1 saying why (unreadable, not YAML, empty, several documents)."""
     try:
         docs = load_documents(path)
     except ManifestError as e:
         _fail([str(e)])
     if len(docs) != 1:
-        _fail([f"{path}: expected one ParallelTrainingJob, found {len(docs)} documents"])
-    job, problems = parse(docs[0])
+        _fail([f"{path}: expected one ParallelTrainingJob, found {len(docs)} documents; split the file or use `tetrad validate`"])
+    return docs[0]
+
+
+def load_job(path: Path) -> ParallelTrainingJob:
+    """The single valid job in `path`, or exit 1 with one line per problem."""
+    job, problems = parse(load_document(path))
     if job is not None:
         problems = validate_spec(job.spec)
     errors = [p for p in problems if p.severity == "error"]
@@ -55,7 +72,7 @@ def load_job(path: Path) -> ParallelTrainingJob:
     return job
 
 
-def _fail(lines: list[str]) -> Any:
+def _fail(lines: list[str]) -> NoReturn:
     for line in lines:
         typer.echo(f"error: {line}", err=True)
     raise typer.Exit(1)
@@ -106,13 +123,9 @@ def render(file: Path, restart: int = typer.Option(0, help="Render the gang of t
 @app.command()
 def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Solve `auto` degrees and predict memory, FLOPs and communication per device."""
-    from tetrad.plan.report import plan_job, print_plan
+    from tetrad.cli.report import plan_job, print_plan
 
-    try:
-        docs = load_documents(file)
-    except ManifestError as e:
-        _fail([str(e)])
-    job, problems = parse(docs[0])
+    job, problems = parse(load_document(file))
     if job is None:
         _fail([f"{file}: {p}" for p in problems])
     report = plan_job(job)
@@ -144,21 +157,13 @@ def run(
     raise typer.Exit(run_local(load_job(file), steps=steps, jsonl=jsonl, workdir=workdir))
 
 
-@app.command()
-def operator(
-    namespace: list[str] = typer.Option([], "--namespace", "-n", help="Watch these namespaces (repeatable)."),
-    all_namespaces: bool = typer.Option(False, "--all-namespaces", "-A", help="Watch every namespace."),
-    metrics_port: int = typer.Option(8080, help="Port of the operator's Prometheus metrics."),
-    peering: str | None = typer.Option(None, help="kopf peering name for leader election between replicas."),
-    standalone: bool = typer.Option(False, help="Run without peering (a single replica)."),
-) -> None:
-    """Run the Tetrad operator (wraps `kopf run`)."""
-    from tetrad_operator.main import run_operator
+def register_commands(target: typer.Typer) -> None:
+    """Add the subcommands installed packages declare in COMMANDS_GROUP (name = module:function)."""
+    for entry in entry_points(group=COMMANDS_GROUP):
+        target.command(name=entry.name)(entry.load())
 
-    if not namespace and not all_namespaces:
-        _fail(["give --namespace NAME (repeatable) or --all-namespaces"])
-    raise typer.Exit(run_operator(namespaces=namespace, all_namespaces=all_namespaces, metrics_port=metrics_port,
-                                  peering=peering, standalone=standalone))
+
+register_commands(app)
 
 
 def main() -> None:

@@ -20,9 +20,10 @@ import itertools
 from dataclasses import dataclass
 
 from tetrad.api.accelerators import ACCELERATORS, ASSUMED, Accelerator, find_accelerator
+from tetrad.api.problems import Problem, errors
 from tetrad.api.resolved import Layout, ModelConfig
+from tetrad.api.rules import check_layout, divisors, microbatches, stages_per_rank
 from tetrad.api.spec import ParallelTrainingJobSpec
-from tetrad.api.validation import Problem, check_layout, microbatches, stages_per_rank
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
 from tetrad.plan.timing import StepTime, step_time
 
@@ -39,10 +40,6 @@ class Solution:
     reason: str = ""
     candidates: int = 0
     time: StepTime | None = None
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
@@ -88,9 +85,9 @@ def _candidates(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[Layout]
     def options(value: int | str, auto: list[int]) -> list[int]:
         return auto if value == "auto" else [int(value)]
 
-    tp_auto = [d for d in _divisors(spec.nproc_per_node) if cfg.heads % d == 0 and cfg.kv_heads % d == 0]
+    tp_auto = [d for d in divisors(spec.nproc_per_node) if cfg.heads % d == 0 and cfg.kv_heads % d == 0]
     out = []
-    for pp, cp, tp in itertools.product(options(p.pp, _divisors(world)), options(p.cp, _divisors(world)),
+    for pp, cp, tp in itertools.product(options(p.pp, divisors(world)), options(p.cp, divisors(world)),
                                         options(p.tp, tp_auto)):
         rest, rem = divmod(world, pp * cp * tp)
         if rem:
@@ -120,7 +117,7 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     for layout in _candidates(spec, cfg):
         problems: list[Problem] = []
         check_layout(spec, cfg, layout, problems)
-        if any(pr.severity == "error" for pr in problems):
+        if errors(problems):
             continue
         valid.append((layout, estimate(cfg, layout, workload(spec, layout))))
     if not valid:

@@ -1,0 +1,108 @@
+"""The layers of the core point one way; checked over the import statements of every module (ast).
+
+    cli (tetrad.cli: commands, the plan report)         top
+    launch (tetrad.launch: `tetrad run`)
+    render (tetrad.render: pure renderer), rendezvous
+    resolve (tetrad.resolve: validation and resolution)
+    plan (tetrad.plan: estimates, step time, the solver)
+    api (tetrad.api: model, contract, rules, quantity)   bottom
+
+A module may import its own layer and the layers below it, never above. The core never imports
+the operator or the trainer; the trainer imports only tetrad.api of the core.
+
+Deferred imports: an import inside a function is allowed for third-party modules (heavy ones such
+as rich, yaml or kopf load only when used) and for a CLI subcommand's module; a deferred import of
+another layer of the core anywhere else is a cycle dodged, and fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+LAYERS = [("tetrad.api",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render", "tetrad.rendezvous"),
+          ("tetrad.launch",), ("tetrad.cli",)]
+OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
+
+
+def layer(module: str) -> int | None:
+    for i, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, package: str) -> Iterator[tuple[str, bool]]:
+    """(imported module, inside a function) for every import statement of the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    deferred: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            deferred.update(id(n) for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, id(node) in deferred
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                yield (f"{base}.{node.module}" if node.module else base), id(node) in deferred
+            else:
+                assert node.module is not None
+                yield node.module, id(node) in deferred
+
+
+def core_modules() -> list[tuple[str, Path]]:
+    return sorted((module_name(p, ROOT), p) for p in (ROOT / "tetrad").rglob("*.py"))
+
+
+def test_every_core_module_has_a_layer():
+    assert [m for m, _ in core_modules() if m != "tetrad" and layer(m) is None] == []
+
+
+@pytest.mark.parametrize("module, path", core_modules(), ids=[m for m, _ in core_modules()])
+def test_core_imports_point_down(module: str, path: Path) -> None:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    own = layer(module)
+    for imported, in_function in imports(path, package):
+        assert not imported.startswith(OUTSIDE_THE_CORE), f"{module} imports {imported}: the core never imports the operator or the trainer"
+        target = layer(imported)
+        if target is None:
+            continue  # the standard library or a third-party package
+        assert own is not None and target <= own, f"{module} (layer {LAYERS[own or 0]}) imports {imported} from a layer above"
+        if in_function:
+            subcommand = own == len(LAYERS) - 1  # the CLI loads a command's modules when the command runs
+            assert subcommand, f"{module} defers the import of {imported}: a dodged cycle; import it at the top"
+
+
+def test_api_and_plan_import_nothing_above_them():
+    """The two bottom layers, spelt out (the parametrized test above covers them too)."""
+    for module, path in core_modules():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for imported, _ in imports(path, package):
+            if module.startswith("tetrad.api"):
+                assert not imported.startswith(("tetrad.plan", "tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
+            if module.startswith("tetrad.plan"):
+                assert not imported.startswith(("tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
+
+
+def test_trainer_imports_only_the_api_of_the_core():
+    trainer = ROOT / "trainer-image"
+    found = []
+    for path in sorted((trainer / "tetrad_trainer").rglob("*.py")):
+        module = module_name(path, trainer)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for imported, _ in imports(path, package):
+            if imported.startswith(("tetrad.", "kopf", "kubernetes", "tetrad_operator")) or imported == "tetrad":
+                found.append(imported)
+                assert imported == "tetrad.api" or imported.startswith("tetrad.api."), f"{module} imports {imported}: the trainer uses only tetrad.api"
+    assert found, "no import of tetrad.api found: the walk is broken"

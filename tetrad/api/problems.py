@@ -1,0 +1,28 @@
+"""What a check reports: a problem names the field, the values and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+def errors(problems: list[Problem]) -> list[Problem]:
+    return [p for p in problems if p.severity == "error"]
+
+
+class InvalidJob(ValueError):
+    """A job that cannot run; `problems` holds its errors (warnings are dropped)."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = errors(problems)
+        super().__init__("; ".join(str(p) for p in self.problems))

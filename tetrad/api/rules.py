@@ -1,0 +1,130 @@
+"""The layout rules, written once: Python validation, the trainer's check of a resolved config and
+the CRD's CEL rules (tetrad.api.crd) all take them from here.
+
+Invariants:
+- a rule lives in one function or constant here; the CEL generator builds its expressions from
+  the same constants (tests/api/test_crd.py checks with generated specs that CEL and Python agree);
+- the checks append field-named problems (field, values, fix) and never raise;
+- this module imports only the API model: the planner and the trainer sit above it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from tetrad.api.problems import Problem
+from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
+from tetrad.api.spec import ParallelTrainingJobSpec, PPSchedule, Training
+
+# Schedules that hold several pipeline stages per rank.
+MULTI_STAGE: Final = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
+# Stages per rank of a multi-stage schedule when ppStagesPerRank is not set.
+DEFAULT_MULTI_STAGES_PER_RANK: Final = 2
+# ZeroBubble runs its V-shaped schedule with exactly this many stages per rank.
+ZERO_BUBBLE_STAGES_PER_RANK: Final = 2
+# The pipeline split counts the token embedding and the output projection as one layer each
+# (tetrad_trainer.parallelize.stage_layers, tetrad.plan.estimate.stage_params), so a model of
+# L blocks splits into at most L + 2 stages that each hold something.
+NON_BLOCK_STAGE_UNITS: Final = 2
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def pipeline_units(layers: int) -> int:
+    """What the pipeline split distributes over the stages: the blocks, the embedding and the output."""
+    return layers + NON_BLOCK_STAGE_UNITS
+
+
+def max_pipeline_stages(layers: int) -> int:
+    """The most pipeline stages a model of `layers` blocks splits into, every stage holding a unit."""
+    return pipeline_units(layers)
+
+
+def default_stages_per_rank(schedule: PPSchedule) -> int:
+    return DEFAULT_MULTI_STAGES_PER_RANK if schedule in MULTI_STAGE else 1
+
+
+def stages_per_rank(spec: ParallelTrainingJobSpec) -> int:
+    p = spec.parallelism
+    return p.pp_stages_per_rank if p.pp_stages_per_rank is not None else default_stages_per_rank(p.pp_schedule)
+
+
+def microbatches(spec: ParallelTrainingJobSpec, layout: Layout) -> int:
+    p = spec.parallelism
+    return p.pp_microbatches if p.pp_microbatches is not None else layout.pp * stages_per_rank(spec)
+
+
+def check_pipeline(schedule: PPSchedule, pp: int, per_rank: int, n_microbatches: int, layers: int,
+                   problems: list[Problem]) -> None:
+    """Stages, schedule and microbatches of a pipeline (pp > 1)."""
+    par = "spec.parallelism"
+    stages = pp * per_rank
+    limit = max_pipeline_stages(layers)
+    if stages > limit:
+        field = f"{par}.pp" if per_rank == 1 else f"{par}.ppStagesPerRank"
+        problems.append(Problem(field, (
+            f"pp*ppStagesPerRank = {pp}*{per_rank} = {stages} stages exceed layers={layers} + {NON_BLOCK_STAGE_UNITS}"
+            f" (the embedding and the output take a stage each); use at most {limit} stages")))
+    multi = schedule in MULTI_STAGE
+    if multi and per_rank < 2:
+        problems.append(Problem(f"{par}.ppStagesPerRank", f"ppSchedule={schedule.value} needs ppStagesPerRank >= 2 (got {per_rank}); set it to 2 or use 1F1B"))
+    if not multi and per_rank != 1:
+        problems.append(Problem(f"{par}.ppStagesPerRank", f"ppSchedule={schedule.value} runs one stage per rank (got {per_rank}); set ppStagesPerRank: 1 or use Interleaved1F1B"))
+    if schedule == PPSchedule.ZERO_BUBBLE and per_rank != ZERO_BUBBLE_STAGES_PER_RANK:
+        problems.append(Problem(f"{par}.ppStagesPerRank", (
+            f"ppSchedule=ZeroBubble uses the V-shaped schedule with {ZERO_BUBBLE_STAGES_PER_RANK} stages per rank"
+            f" (got {per_rank}); set ppStagesPerRank: {ZERO_BUBBLE_STAGES_PER_RANK}")))
+    if n_microbatches < stages:
+        problems.append(Problem(f"{par}.ppMicrobatches", f"ppMicrobatches={n_microbatches} is below the {stages} pipeline stages (pp={pp} x {per_rank} per rank); use ppMicrobatches >= {stages}"))
+    if multi and n_microbatches % pp:
+        problems.append(Problem(f"{par}.ppMicrobatches", f"ppMicrobatches={n_microbatches} must be a multiple of pp={pp} for {schedule.value}; use {n_microbatches + pp - n_microbatches % pp}"))
+
+
+def check_batch(training: Training, layout: Layout, n_microbatches: int, problems: list[Problem]) -> None:
+    """The global batch splits over the data-parallel ranks, then into pipeline microbatches or microBatch."""
+    gb, dp = training.global_batch, layout.dp
+    if gb % dp:
+        problems.append(Problem("spec.training.globalBatch", f"globalBatch={gb} must be divisible by dpReplicate*dpShard = {dp}; use {gb + dp - gb % dp}"))
+        return
+    local = gb // dp
+    if layout.pp > 1:
+        if local % n_microbatches:
+            problems.append(Problem("spec.training.globalBatch", f"the per-rank batch globalBatch/dp = {gb}/{dp} = {local} must split into ppMicrobatches={n_microbatches}; make globalBatch a multiple of {dp * n_microbatches}"))
+    elif local % training.micro_batch:
+        problems.append(Problem("spec.training.microBatch", f"microBatch={training.micro_batch} must divide the per-rank batch globalBatch/dp = {gb}/{dp} = {local}; use a divisor of {local}"))
+
+
+def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout, problems: list[Problem]) -> None:
+    """Checks that need concrete degrees (explicit, or solved from 'auto')."""
+    world = spec.nodes * spec.nproc_per_node
+    par = "spec.parallelism"
+    if layout.world_size != world:
+        problems.append(Problem(par, (
+            f"the product of the degrees dpReplicate*dpShard*tp*cp*pp = {layout.dp_replicate}*{layout.dp_shard}*{layout.tp}*{layout.cp}*{layout.pp}"
+            f" = {layout.world_size} must equal nodes*nprocPerNode = {spec.nodes}*{spec.nproc_per_node} = {world};"
+            " change a degree or set dpShard: auto")))
+    if cfg.heads % layout.tp or cfg.kv_heads % layout.tp:
+        common = [d for d in divisors(cfg.kv_heads) if cfg.heads % d == 0]
+        problems.append(Problem(f"{par}.tp", f"tp={layout.tp} must divide heads={cfg.heads} and kvHeads={cfg.kv_heads}; use one of {common}"))
+    chunk = 2 * layout.tp * layout.cp
+    if cfg.seq_len % chunk:
+        problems.append(Problem("spec.model.seqLen", (
+            f"seqLen={cfg.seq_len} must be divisible by tp*2*cp = {layout.tp}*2*{layout.cp} = {chunk};"
+            f" use seqLen {cfg.seq_len - cfg.seq_len % chunk or chunk} or {cfg.seq_len + chunk - cfg.seq_len % chunk}")))
+    n_microbatches = microbatches(spec, layout)
+    if layout.pp > 1:
+        check_pipeline(spec.parallelism.pp_schedule, layout.pp, stages_per_rank(spec), n_microbatches, cfg.layers, problems)
+    check_batch(spec.training, layout, n_microbatches, problems)
+    if layout.tp > spec.nproc_per_node:
+        problems.append(Problem(f"{par}.tp", f"tp={layout.tp} spans nodes (nprocPerNode={spec.nproc_per_node}); TP is fastest within a node", "warning"))
+
+
+def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
+    """The pipeline and batch rules for a resolved config (the trainer's check of configs written by hand)."""
+    problems: list[Problem] = []
+    if cfg.layout.pp > 1:
+        check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches, cfg.model.layers, problems)
+    check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
+    return problems

@@ -1,0 +1,3 @@
+from tetrad.cli import main
+
+main()

@@ -1,0 +1,157 @@
+"""Validation and resolution: a parsed job to its problems, or to the trainer's ResolvedConfig.
+
+This layer sits above the API model (tetrad.api) and the planner (tetrad.plan): `auto` degrees
+are solved once, in `check_spec`, by the planner's solver, then checked by the shared rules
+(tetrad.api.rules). The CRD's CEL rules reject at `kubectl apply` what CEL can express of the same
+rules; these checks add the rest. Every problem names the field, the values and a fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tetrad.api.manifest import parse
+from tetrad.api.presets import PRESETS
+from tetrad.api.problems import InvalidJob, Problem, errors
+from tetrad.api.quantity import parse_quantity
+from tetrad.api.resolved import ModelConfig, ResolvedConfig
+from tetrad.api.rules import check_layout, microbatches, stages_per_rank
+from tetrad.api.spec import DataSource, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
+from tetrad.plan.solver import Solution, solve
+
+DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
+
+
+def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> ModelConfig | None:
+    """The model's dims from its preset and explicit fields; None (and problems) when they make no model."""
+    m = spec.model
+    base: dict[str, Any] = {}
+    if m.preset is not None:
+        if m.preset not in PRESETS:
+            problems.append(Problem("spec.model.preset", f"unknown preset {m.preset!r}; use one of {', '.join(PRESETS)} or give explicit dims"))
+            return None
+        base = dict(PRESETS[m.preset])
+    explicit = m.model_dump(by_alias=True, exclude={"preset"}, exclude_none=True)
+    dims = base | explicit
+    dims.setdefault("ropeTheta", 500000.0)
+    dims.setdefault("normEps", 1e-5)
+    missing = [k for k in ("dim", "layers", "heads", "kvHeads", "vocab", "ffnDim", "seqLen") if k not in dims]
+    if missing:
+        problems.append(Problem("spec.model", f"no preset and missing dims {', '.join(missing)}; set model.preset or give every dim"))
+        return None
+    name = m.preset if m.preset and not explicit else "custom"
+    cfg = ModelConfig(name=name, **dims)
+    before = len(problems)
+    if cfg.heads % cfg.kv_heads:
+        problems.append(Problem("spec.model.kvHeads", f"kvHeads={cfg.kv_heads} does not divide heads={cfg.heads}; use a divisor of heads"))
+    if cfg.dim % cfg.heads:
+        problems.append(Problem("spec.model.dim", f"dim={cfg.dim} is not a multiple of heads={cfg.heads}; make dim a multiple of heads"))
+    elif cfg.head_dim % 2:
+        problems.append(Problem("spec.model.dim", f"head dim {cfg.dim}/{cfg.heads}={cfg.head_dim} is odd, RoPE needs it even; change dim or heads"))
+    return cfg if len(problems) == before else None
+
+
+def check_explicit_degrees(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
+    for name, alias in DEGREES:
+        v = getattr(spec.parallelism, name)
+        if v != "auto" and v < 1:
+            problems.append(Problem(f"spec.parallelism.{alias}", f"{alias}={v} must be >= 1; use 1 to disable this dimension or 'auto'"))
+
+
+def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
+    r = spec.resources
+    for name, value in (("cpu", r.cpu), ("memory", r.memory)):
+        if value is not None:
+            try:
+                parse_quantity(value)
+            except ValueError as e:
+                problems.append(Problem(f"spec.resources.{name}", str(e)))
+    if r.gpu and r.gpu != spec.nproc_per_node:
+        problems.append(Problem("spec.resources.gpu", f"gpu={r.gpu} must equal nprocPerNode={spec.nproc_per_node} (one process per GPU), or be 0 for CPU"))
+    d = spec.data
+    if d.source in (DataSource.TEXT, DataSource.TOKENS) and not d.path:
+        problems.append(Problem("spec.data.path", f"data.source={d.source.value} needs data.path; set the file's path inside the pod"))
+    if spec.gang.scheduler == Scheduler.KUEUE and not spec.gang.queue:
+        problems.append(Problem("spec.gang.queue", "gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name"))
+    top = spec.metrics.port + spec.nproc_per_node - 1
+    if top > 65535:
+        problems.append(Problem("spec.metrics.port", f"metrics.port={spec.metrics.port} + nprocPerNode={spec.nproc_per_node} runs past 65535; use a lower port"))
+    if spec.metrics.port <= spec.rendezvous.port <= top:
+        problems.append(Problem("spec.rendezvous.port", f"rendezvous.port={spec.rendezvous.port} collides with the metrics ports {spec.metrics.port}..{top}; move one of them"))
+    c = spec.checkpoint
+    if c.enabled:
+        mounted = c.volume is not None or any(m.get("mountPath") == c.path for m in spec.template.volume_mounts)
+        if not mounted:
+            problems.append(Problem("spec.checkpoint.volume", (
+                f"checkpoints go to {c.path} but no volume is mounted there; in a cluster the read-only root"
+                " filesystem fails the first save: set checkpoint.volume (e.g. a PVC) or mount one via template"), "warning"))
+        if c.keep_last == 1:
+            problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
+    if spec.training.min_lr > spec.training.lr:
+        problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
+
+
+@dataclass
+class Checked:
+    """What validation learned on the way: the problems, the model and the solved layout."""
+
+    problems: list[Problem]
+    model: ModelConfig | None = None
+    solution: Solution | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not errors(self.problems)
+
+
+def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
+    """All semantic problems of a parsed spec; `auto` degrees are solved once, here."""
+    checked = Checked([])
+    check_other(spec, checked.problems)
+    check_explicit_degrees(spec, checked.problems)
+    checked.model = expand_model(spec, checked.problems)
+    if checked.model is None or any(p.field.startswith("spec.parallelism.") for p in checked.problems):
+        return checked
+    checked.solution = solve(spec, checked.model)
+    if checked.solution.layout is None:
+        checked.problems.append(Problem("spec.parallelism", checked.solution.reason))
+    else:
+        check_layout(spec, checked.model, checked.solution.layout, checked.problems)
+    return checked
+
+
+def validate_spec(spec: ParallelTrainingJobSpec) -> list[Problem]:
+    return check_spec(spec).problems
+
+
+def validate_document(document: Any) -> list[Problem]:
+    job, problems = parse(document)
+    return problems if job is None else validate_spec(job.spec)
+
+
+def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
+    """Solve every `auto`, expand the preset; raise InvalidJob listing every problem."""
+    spec = job.spec
+    checked = check_spec(spec)
+    if not checked.ok:
+        raise InvalidJob(checked.problems)
+    cfg, layout = checked.model, checked.solution.layout if checked.solution else None
+    assert cfg is not None and layout is not None, "check_spec admitted an unsolvable job"
+    return ResolvedConfig(
+        job_name=job.metadata.name,
+        namespace=job.metadata.namespace,
+        nodes=spec.nodes,
+        nproc_per_node=spec.nproc_per_node,
+        layout=layout,
+        pp_schedule=spec.parallelism.pp_schedule,
+        pp_microbatches=microbatches(spec, layout),
+        pp_stages_per_rank=stages_per_rank(spec) if layout.pp > 1 else 1,
+        model=cfg,
+        training=spec.training,
+        data=spec.data,
+        checkpoint=spec.checkpoint,
+        metrics=spec.metrics,
+        gpu_type=spec.resources.gpu_type,
+        use_gpu=spec.resources.gpu > 0,
+    )
