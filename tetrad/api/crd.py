@@ -84,7 +84,8 @@ def _is_int(*degrees: str) -> str:
     return " && ".join(f"type(self.parallelism.{d}) == int" for d in degrees)
 
 
-def _p(d: str) -> str:
+def _degree(d: str) -> str:
+    """The CEL path of a parallelism degree."""
     return f"self.parallelism.{d}"
 
 
@@ -105,7 +106,7 @@ def _stages_per_rank() -> str:
 
 def spec_rules() -> list[dict[str, str]]:
     heads, kv, layers, seq = (_preset_lookup(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
-    product = "*".join(_p(d) for d in DEGREES)
+    product = "*".join(_degree(d) for d in DEGREES)
     per_rank = _stages_per_rank()
     max_stages = f"{layers} + {NON_BLOCK_STAGE_UNITS}"  # rules.max_pipeline_stages
     return [
@@ -114,42 +115,42 @@ def spec_rules() -> list[dict[str, str]]:
             "messageExpression": _fmt(
                 "spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = %d*%d*%d*%d*%d = %d"
                 " must equal nodes*nprocPerNode = %d*%d = %d; change a degree or set dpShard: auto",
-                *(_p(d) for d in DEGREES), product, "self.nodes", "self.nprocPerNode", "self.nodes * self.nprocPerNode"),
+                *(_degree(d) for d in DEGREES), product, "self.nodes", "self.nprocPerNode", "self.nodes * self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism",
         },
         {
-            "rule": f"!({_is_int('tp')}) || ({heads} % {_p('tp')} == 0 && {kv} % {_p('tp')} == 0)",
+            "rule": f"!({_is_int('tp')}) || ({heads} % {_degree('tp')} == 0 && {kv} % {_degree('tp')} == 0)",
             "messageExpression": _fmt(
                 "spec.parallelism.tp: tp=%d must divide heads=%d and kvHeads=%d; use a common divisor of both",
-                _p("tp"), heads, kv),
+                _degree("tp"), heads, kv),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.tp",
         },
         {
-            "rule": f"!({_is_int('tp', 'cp')}) || {seq} % ({_p('tp')} * 2 * {_p('cp')}) == 0",
+            "rule": f"!({_is_int('tp', 'cp')}) || {seq} % ({_degree('tp')} * 2 * {_degree('cp')}) == 0",
             "messageExpression": _fmt(
                 "spec.model.seqLen: seqLen=%d must be divisible by tp*2*cp = %d; change seqLen, tp or cp",
-                seq, f"{_p('tp')} * 2 * {_p('cp')}"),
+                seq, f"{_degree('tp')} * 2 * {_degree('cp')}"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".model",
         },
         {
-            "rule": f"!({_is_int('pp')}) || {_p('pp')} == 1 || {_p('pp')} * {per_rank} <= {max_stages}",
+            "rule": f"!({_is_int('pp')}) || {_degree('pp')} == 1 || {_degree('pp')} * {per_rank} <= {max_stages}",
             "messageExpression": _fmt(
                 f"spec.parallelism: pp*ppStagesPerRank = %d*%d = %d stages exceed layers=%d + {NON_BLOCK_STAGE_UNITS}"
                 " (the embedding and the output take a stage each); use at most %d stages",
-                _p("pp"), per_rank, f"{_p('pp')} * {per_rank}", layers, max_stages),
+                _degree("pp"), per_rank, f"{_degree('pp')} * {per_rank}", layers, max_stages),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.pp",
         },
         {
-            "rule": (f"!({_is_int('pp')}) || {_p('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
-                     f" || self.parallelism.ppMicrobatches >= {_p('pp')} * {per_rank}"),
+            "rule": (f"!({_is_int('pp')}) || {_degree('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
+                     f" || self.parallelism.ppMicrobatches >= {_degree('pp')} * {per_rank}"),
             "messageExpression": _fmt(
                 "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below the %d pipeline stages (pp=%d x %d per rank);"
                 " use ppMicrobatches >= %d",
-                "self.parallelism.ppMicrobatches", f"{_p('pp')} * {per_rank}", _p("pp"), per_rank, f"{_p('pp')} * {per_rank}"),
+                "self.parallelism.ppMicrobatches", f"{_degree('pp')} * {per_rank}", _degree("pp"), per_rank, f"{_degree('pp')} * {per_rank}"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.ppMicrobatches",
         },
