@@ -7,19 +7,28 @@ Environment (all optional):
                                      that save, or the next step, pauses for PAUSE seconds so
                                      the kill lands where it is aimed on any machine (S < PAUSE)
   TETRAD_TEST_PROGRESS=DIR           append "save N", "saved N" and every save phase (up to
-                                     "committed N") to DIR/rank-R
+                                     "committed N") to DIR/rank-R, and "starting" when the
+                                     trainer starts building
+  TETRAD_TEST_SLOW_START=S           the trainer's start-up (before the model is built) takes S
+                                     seconds longer
+  TETRAD_TEST_SLOW_SAVE=S            every save takes S seconds longer, after its DCP write (a
+                                     slow filesystem), on every rank
+
+Under torchrun: `torchrun -m tests.checkpoint.probe --config ...` (from the repository root).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tetrad_trainer import checkpoint, train
+from tetrad_trainer.checkpoint import store
 
 
 def _note(line: str) -> None:
@@ -52,8 +61,13 @@ def main(argv: list[str]) -> int:
             if when == "train":
                 pause_next_step.set()
 
+    slow_save = float(os.environ.get("TETRAD_TEST_SLOW_SAVE", "0"))
+    slow_start = float(os.environ.get("TETRAD_TEST_SLOW_START", "0"))
+
     def hook(phase: str, step: int) -> None:
         _note(f"{phase} {step}")
+        if phase == "dcp-written" and slow_save:
+            time.sleep(slow_save)
         if len(die) == 3 and (phase, step, rank) == (die[0], int(die[1]), int(die[2])):
             os.kill(os.getpid(), signal.SIGKILL)
         if phase == "dcp-written" and aimed(step, "save"):
@@ -69,8 +83,16 @@ def main(argv: list[str]) -> int:
         return train_step(self)
 
     train.Trainer.train_step = paused_train_step  # type: ignore[method-assign]
+    init = train.Trainer.__init__
 
-    checkpoint.phase_hook = hook
+    def slow_init(self: train.Trainer, *args: Any, **kwargs: Any) -> None:
+        _note("starting")
+        time.sleep(slow_start)
+        init(self, *args, **kwargs)
+
+    train.Trainer.__init__ = slow_init  # type: ignore[method-assign]
+
+    store.phase_hook = hook
     save = checkpoint.Checkpointer.save
 
     def traced_save(self: checkpoint.Checkpointer, step: int, **kwargs: Any) -> Any:
@@ -82,3 +104,7 @@ def main(argv: list[str]) -> int:
 
     checkpoint.Checkpointer.save = traced_save  # type: ignore[method-assign]
     return train.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tetrad_trainer import checkpoint as ck
+from tetrad_trainer import checkpoint
+from tetrad_trainer.checkpoint import store as ck
 from tetrad_trainer.preemption import node_exit_code
 from torch import nn
 
@@ -134,21 +135,21 @@ def test_merged_view_joins_pipeline_stages_under_full_names():
     full = toy.ToyLM(cfg)
     first = toy.ToyLM(cfg, keep={0, 1}, last=False)
     last = toy.ToyLM(cfg, keep={2}, first=False)
-    view = ck.merged_view([first, last])
+    view = checkpoint.merged_view([first, last])
     assert sorted(n for n, _ in view.named_parameters()) == sorted(n for n, _ in full.named_parameters())
     assert view.layers["2"] is last.layers["2"]
     with pytest.raises(ck.CheckpointError, match="overlap in 'layers'"):
-        ck.merged_view([first, toy.ToyLM(cfg, keep={1}, first=False)])
+        checkpoint.merged_view([first, toy.ToyLM(cfg, keep={1}, first=False)])
 
 
 # -- one process, no process group --------------------------------------------------------------
 
-def tiny(path: Path, **ckpt) -> tuple[ck.Checkpointer, nn.Module, torch.optim.Optimizer]:
+def tiny(path: Path, **ckpt) -> tuple[checkpoint.Checkpointer, nn.Module, torch.optim.Optimizer]:
     cfg = toy.config({}, path, **ckpt)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    return ck.Checkpointer(cfg, model_parts=[model], optimizers=[opt], restart=3, logger=lambda m: None), model, opt
+    return checkpoint.Checkpointer(cfg, model_parts=[model], optimizers=[opt], logger=lambda m: None), model, opt
 
 
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
@@ -158,11 +159,12 @@ def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> Non
         opt.zero_grad()
 
 
-def test_single_process_damage_falls_back_to_previous(tmp_path):
+def test_single_process_damage_falls_back_to_previous(tmp_path, monkeypatch):
+    monkeypatch.setenv("TETRAD_RESTART", "3")
     saver, model, opt = tiny(tmp_path, keep_last=3)
     for step in (1, 2, 3):
         train_steps(model, opt, 1)
-        saver.save(step, extra={"at": step})
+        saver.save(step)
         if step == 2:
             at_two = {k: v.clone() for k, v in model.state_dict().items()}
     assert (tmp_path / ck.LATEST).read_text() == "step-00000003\n"
@@ -175,7 +177,7 @@ def test_single_process_damage_falls_back_to_previous(tmp_path):
     loader, fresh, _ = tiny(tmp_path)
     loader._say = lines.append
     resumed = loader.resume()
-    assert resumed is not None and resumed.step == 2 and resumed.extra == {"at": 2} and resumed.restart == 3
+    assert resumed is not None and resumed.step == 2 and resumed.restart == 3
     assert any("refusing" in ln and "__0_0.distcp: CRC32" in ln and "(corrupted)" in ln for ln in lines)
     assert any("falling back to the previous good checkpoint" in ln for ln in lines)
     for k, v in fresh.state_dict().items():
@@ -201,7 +203,7 @@ def test_single_process_model_change_names_both_layouts(tmp_path):
     assert manifest["layout_label"] == "pp1.dpr1.dps1.cp1.tp1" and manifest["config"]["checkpoint"]["path"] == str(tmp_path)
     other = toy.config({}, tmp_path, dims={**toy.DIMS, "dim": 48})
     opt2 = torch.optim.AdamW(model.parameters())
-    loader = ck.Checkpointer(other, model_parts=[model], optimizers=[opt2], logger=lambda m: None)
+    loader = checkpoint.Checkpointer(other, model_parts=[model], optimizers=[opt2], logger=lambda m: None)
     with pytest.raises(ck.CheckpointMismatch, match=r"layout pp1\.dpr1\.dps1\.cp1\.tp1.*dim 32 -> 48"):
         loader.resume()
 
@@ -215,5 +217,5 @@ def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
     reports = [{"rank": 0, "dp_rank": 0, "files": {"__0_0.distcp": {"size": 4, "crc32": "0"}}},
                {"rank": 1, "dp_rank": 1, "files": {"__1_0.distcp": {"size": 4, "crc32": "0"}}}]
     with pytest.raises(ck.CheckpointError, match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
-        saver._commit(1, tmp, reports)
+        saver.dir.commit(1, tmp, reports, {}, keep_last=3)
     assert not (tmp_path / ck.LATEST).exists() and not (tmp_path / "step-00000001").exists()

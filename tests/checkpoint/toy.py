@@ -1,5 +1,6 @@
-"""A small training job for exercising checkpoint.py alone: a few-layer MLP language model under
-FSDP2 and tensor parallelism, AdamW, a LambdaLR schedule and a data loader with per-rank state.
+"""A small training job for exercising the checkpoint package alone: a few-layer MLP language model
+under FSDP2 and tensor parallelism, AdamW, a learning rate that is a function of the step (as the
+trainer's) and a data loader with per-rank state.
 
 `train(rank, world, spec)` runs in a gang (tests/checkpoint/gang.py): it resumes when a
 checkpoint exists, trains to spec["steps"], saves every spec["interval"] steps and returns its
@@ -23,8 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tetrad_trainer import checkpoint
-from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.checkpoint import Checkpointer, store
 from tetrad_trainer.data import BatchLoader
 from tetrad_trainer.preemption import Preemption
 from torch import nn
@@ -35,8 +35,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from tetrad.api import parse
 from tetrad.api.contract import EXIT_PREEMPTED
+from tetrad.api.resolve import resolve
 from tetrad.api.resolved import ResolvedConfig
-from tetrad.resolve import resolve
 
 DIMS = {"dim": 32, "layers": 3, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 64, "seqLen": 8}
 
@@ -167,8 +167,13 @@ def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
 
 
+def lr_at(step: int, base: float) -> float:
+    """The toy's schedule: warm-up then decay, a function of the step alone (nothing to checkpoint)."""
+    return base * min(1.0, (step + 1) / 3) * 0.9 ** step
+
+
 def die_at(phase: str, step: int) -> Callable[[str, int], None]:
-    """A checkpoint.phase_hook that SIGKILLs this process when the save of `step` reaches `phase`."""
+    """A checkpoint.store.phase_hook that SIGKILLs this process when the save of `step` reaches `phase`."""
     def hook(name: str, at: int) -> None:
         if (name, at) == (phase, step):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -185,7 +190,7 @@ def inside_save(events: Path) -> bool:
     """Whether the rank died between a save's start and its commit (asynchronous writes included)."""
     opened = committed = 0
     for line in events.read_text().splitlines():
-        name, step = line.split()
+        name, _, step = line.partition(" ")
         if name == "save":
             opened = int(step)
         elif name == "committed":
@@ -220,7 +225,6 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     model, mesh = build_model(cfg)
     dp_rank = mesh["dp_shard"].get_local_rank()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3) * 0.9 ** s)
     if spec.get("loader") == "trainer":  # the trainer's own loader: its state is the global sample index
         source = RecordingSource(cfg)
         loader: Any = BatchLoader(source, cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
@@ -229,15 +233,15 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         loader = ToyLoader(cfg, dp_rank)
         consumed = loader.consumed
     log: list[str] = []
-    ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], lr_schedulers=[sched], data_loader=loader,
-                        dp_rank=dp_rank, logger=log.append)
+    ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], data_loader=loader, dp_rank=dp_rank,
+                        logger=log.append)
     preemption = Preemption() if spec.get("preemptible") else None
 
     die = spec.get("die")  # {"rank": r, "phase": "dcp-written", "step": 5}: SIGKILL ourselves there
     if die and die["rank"] == rank and die.get("phase"):
-        checkpoint.phase_hook = die_at(die["phase"], die["step"])
+        store.phase_hook = die_at(die["phase"], die["step"])
     elif spec.get("progress"):
-        checkpoint.phase_hook = lambda phase, at: _progress(spec, rank, f"{phase} {at}")
+        store.phase_hook = lambda phase, at: _progress(spec, rank, f"{phase} {at}")
 
     resumed = ckpt.resume()
     step = resumed.step if resumed else 0
@@ -248,11 +252,12 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         x, y = loader.next_batch()
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         loss.backward()
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step - 1, cfg.training.lr)
         if spec.get("pause_at") == step:  # a window inside training for a kill from outside
             _progress(spec, rank, f"paused {step}")
             time.sleep(spec.get("pause_s", 1.0))
         opt.step()
-        sched.step()
         opt.zero_grad()
         reduced = loss.detach().clone()
         dist.all_reduce(reduced)
@@ -263,7 +268,7 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             _progress(spec, rank, f"save {step}")
             limit = spec.get("disk_limit")
             with disk_full(limit["bytes"] if limit and (limit["rank"], limit["step"]) == (rank, step) else None):
-                ckpt.save(step, extra={"loss": losses[step]})
+                ckpt.save(step)
             _progress(spec, rank, f"saved {step}")
         if preemption is not None and preemption.requested():
             ckpt.save(step, blocking=True)
@@ -274,5 +279,5 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     return {"losses": losses, "params": params if rank == 0 else None, "consumed": consumed,
             "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
             "resumed": None if resumed is None else {"step": resumed.step, "saved_layout": resumed.saved_layout,
-                                                     "extra": resumed.extra, "refused": resumed.refused},
-            "log": log, "lr": sched.get_last_lr(), "stats": ckpt.last_stats}
+                                                     "refused": resumed.refused},
+            "log": log, "lr": [g["lr"] for g in opt.param_groups], "stats": ckpt.last_stats}
