@@ -35,8 +35,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from tetrad.api import parse
 from tetrad.api.contract import EXIT_PREEMPTED
-from tetrad.api.resolve import resolve
 from tetrad.api.resolved import ResolvedConfig
+from tetrad.resolve import resolve
 
 DIMS = {"dim": 32, "layers": 3, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 64, "seqLen": 8}
 
