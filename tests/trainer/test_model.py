@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tetrad_trainer.cp import shard_sequence
-from tetrad_trainer.model import Transformer, canonical_name, init_weights, initial_value
+from tetrad_trainer.model import Transformer, canonical_name, init_weights, initial_slice, initial_value
 from tetrad_trainer.parallelize import pipeline_split, stage_ids, stage_layers
 
 from tests.trainer.harness import job
@@ -137,3 +137,31 @@ def test_fsdp_gives_the_embedding_and_the_output_units_of_their_own(one_rank_mes
     assert unit_params(model.tok_embeddings) == {id(model.tok_embeddings.weight)}
     assert unit_params(model.output) == {id(model.output.weight), id(model.norm.weight)}
     assert unit_params(model) == set()  # the root holds nothing: every parameter sits in a smaller unit
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("output.weight", (700, 2500)),  # several tiles each way, ragged last tiles
+    ("layers.1.feed_forward.w2.weight", (300, 1030)),
+    ("tok_embeddings.weight", (513, 64)),
+    ("layers.0.attention_norm.weight", (3000,)),
+])
+def test_any_box_of_a_parameter_equals_that_box_of_its_full_value(name: str, shape: tuple[int, ...]) -> None:
+    full = initial_value(name, torch.Size(shape), CFG, 5)
+    g = torch.Generator().manual_seed(len(name))
+    for _ in range(20):
+        start = [int(torch.randint(0, n, (1,), generator=g)) for n in shape]
+        size = [int(torch.randint(0, n - s + 1, (1,), generator=g)) for s, n in zip(start, shape, strict=True)]
+        box = initial_slice(name, shape, start, size, CFG, 5)
+        assert torch.equal(box, full[tuple(slice(s, s + n) for s, n in zip(start, size, strict=True))]), (start, size)
+    # Even shards, as FSDP on dim 0 and TP on either dim cut them, reassemble the full value.
+    if len(shape) == 2:
+        bounds = [r * shape[0] // 4 for r in range(5)]
+        rows = [initial_slice(name, shape, [a, 0], [b - a, shape[1]], CFG, 5) for a, b in zip(bounds, bounds[1:], strict=False)]
+        assert torch.equal(torch.cat(rows), full)
+
+
+def test_initial_values_differ_across_tiles_and_names() -> None:
+    w = initial_value("output.weight", torch.Size((512, 2048)), CFG, 0)
+    tiles = [w[i:i + 256, j:j + 1024] for i in (0, 256) for j in (0, 1024)]
+    assert all(not torch.equal(a, b) for k, a in enumerate(tiles) for b in tiles[k + 1:])
+    assert not torch.equal(w, initial_value("layers.0.attention.wq.weight", torch.Size((512, 2048)), CFG, 0))

@@ -6,14 +6,16 @@ by the global layer index: a pipeline stage deletes the blocks it does not own a
 names of the rest.
 
 The model is built on the meta device, parallelized there, then materialized with
-`init_weights`, which draws every parameter from (seed, parameter name) on its full shape and
-keeps only the local shard. Hence the same seed gives the same model for every layout.
+`init_weights`: each rank draws only the values it holds, every value a function of (seed,
+parameter name, its global index) (`initial_slice`). Hence the same seed gives the same model,
+bit for bit, for every layout, and no rank ever holds a whole parameter it does not own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -134,37 +136,72 @@ def canonical_name(fqn: str) -> str:
     return ".".join(p for p in fqn.split(".") if p not in ("_orig_mod", "_checkpoint_wrapped_module"))
 
 
-def _seed_for(seed: int, name: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
+TILE = (256, 1024)  # rows x columns of one independently drawn piece of a parameter
+
+
+def _tile_generator(seed: int, name: str, tile: tuple[int, int]) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}/{name}/{tile[0]}/{tile[1]}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _draw(name: str, cfg: ModelConfig) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor]:
+    """How the parameter called name is drawn: fills a tensor in place from a generator."""
+    leaf = name.split(".")[-2] if "." in name else name
+    if name.endswith("norm.weight"):
+        return lambda t, g: t.fill_(1.0)
+    if name == "tok_embeddings.weight":
+        return lambda t, g: nn.init.normal_(t, std=1.0, generator=g)
+    if name == "output.weight":
+        std, cut = cfg.dim**-0.5, 3.0
+    elif leaf in ("wo", "w2", "w3"):
+        # Scale the residual branches down with depth, as in Llama and torchtitan.
+        std, cut = 0.02 / math.sqrt(2 * (int(name.split(".")[1]) + 1)), 2.0
+    else:
+        std, cut = 0.02, 2.0
+    return lambda t, g: nn.init.trunc_normal_(t, std=std, a=-cut * std, b=cut * std, generator=g)
+
+
+def initial_slice(name: str, shape: Sequence[int], offset: Sequence[int], size: Sequence[int], cfg: ModelConfig,
+                  seed: int) -> torch.Tensor:
+    """The box [offset, offset+size) of the initial value of the parameter called name (full shape
+    `shape`), on the CPU in fp32, computed without the rest of the parameter.
+
+    The parameter is cut into TILE-sized tiles, each drawn from its own generator seeded by
+    (seed, name, tile index): a value depends only on (seed, name, its global index), whatever box
+    it is computed in. Only the tiles the box touches are drawn, one at a time.
+    """
+    if len(shape) not in (1, 2):
+        raise ValueError(f"{name}: initial_slice takes 1-D or 2-D parameters, got shape {tuple(shape)}")
+    out = torch.empty(tuple(size), dtype=torch.float32)
+    if out.numel() == 0:
+        return out
+    draw = _draw(name, cfg)
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape
+    (r0, c0), (nr, nc) = ((0, offset[0]), (1, size[0])) if len(shape) == 1 else (offset, size)
+    box = out.view(nr, nc)
+    tr, tc = TILE
+    for i in range(r0 // tr, (r0 + nr - 1) // tr + 1):
+        for j in range(c0 // tc, (c0 + nc - 1) // tc + 1):
+            top, left = i * tr, j * tc
+            tile = draw(torch.empty(min(tr, rows - top), min(tc, cols - left)), _tile_generator(seed, name, (i, j)))
+            # the part of the tile inside the box, in tile and in box coordinates
+            a, b = max(r0, top), min(r0 + nr, top + tile.shape[0])
+            c, d = max(c0, left), min(c0 + nc, left + tile.shape[1])
+            box[a - r0:b - r0, c - c0:d - c0] = tile[a - top:b - top, c - left:d - left]
+    return out
 
 
 def initial_value(name: str, shape: torch.Size, cfg: ModelConfig, seed: int) -> torch.Tensor:
     """The full, layout-independent initial value of the parameter called name (on the CPU, fp32)."""
-    g = torch.Generator().manual_seed(_seed_for(seed, name))
-    t = torch.empty(shape, dtype=torch.float32)
-    leaf = name.split(".")[-2] if "." in name else name
-    if name.endswith("norm.weight"):
-        return t.fill_(1.0)
-    if name == "tok_embeddings.weight":
-        return nn.init.normal_(t, std=1.0, generator=g)
-    if name == "output.weight":
-        std = cfg.dim**-0.5
-        return nn.init.trunc_normal_(t, std=std, a=-3 * std, b=3 * std, generator=g)
-    if leaf in ("wo", "w2", "w3"):
-        # Scale the residual branches down with depth, as in Llama and torchtitan.
-        layer = int(name.split(".")[1])
-        std = 0.02 / math.sqrt(2 * (layer + 1))
-    else:
-        std = 0.02
-    return nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std, generator=g)
+    return initial_slice(name, shape, [0] * len(shape), shape, cfg, seed)
 
 
-def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """This rank's piece of full, laid out like param (a plain tensor or a DTensor)."""
+def local_box(param: torch.Tensor) -> tuple[list[int], list[int]]:
+    """(global offset, local size) of this rank's piece of param (a plain tensor or a DTensor)."""
     if not isinstance(param, DTensor):
-        return full
-    shape, offset = compute_local_shape_and_global_offset(full.shape, param.device_mesh, param.placements)
-    return full[tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))]
+        return [0] * param.dim(), list(param.shape)
+    size, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return list(offset), list(size)
 
 
 @torch.no_grad()
@@ -172,7 +209,7 @@ def init_weights(model: Transformer, device: torch.device, seed: int) -> None:
     """Materialize a meta-device (possibly parallelized) model on device with its initial weights."""
     model.to_empty(device=device)
     for fqn, param in model.named_parameters():
-        full = initial_value(canonical_name(fqn), param.shape, model.cfg, seed)
+        offset, size = local_box(param)
         local = param.to_local() if isinstance(param, DTensor) else param
-        local.copy_(local_shard(full, param))
+        local.copy_(initial_slice(canonical_name(fqn), param.shape, offset, size, model.cfg, seed))
     model.init_buffers()
