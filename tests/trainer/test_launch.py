@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,25 +86,146 @@ def test_an_invalid_job_is_a_config_error_before_anything_starts(tmp_path: Path)
     assert not (tmp_path / "work").exists()
 
 
-def test_ctrl_c_stops_every_agent_and_worker(tmp_path: Path) -> None:
-    import signal
-    import subprocess
+# -- stopping: every signal, and the parent's death, stop every process of the run ------------------
 
-    job = make_job("interrupted", training={"steps": 100000, "globalBatch": 4})
-    (tmp_path / "job.json").write_text(job.model_dump_json(by_alias=True))
-    script = ("import sys; from pathlib import Path; from tetrad.api import ParallelTrainingJob; "
-              "from tetrad.launch import run_local; "
-              "job = ParallelTrainingJob.model_validate_json(Path(sys.argv[1]).read_text()); "
-              "sys.exit(run_local(job, steps=None, jsonl=None, workdir=Path(sys.argv[2])))")
-    work = tmp_path / "work"
-    launcher = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "job.json"), str(work)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    jsonl, deadline = work / "metrics.jsonl", time.monotonic() + 180
-    while not (jsonl.exists() and jsonl.read_text()):  # wait for the first step
-        assert launcher.poll() is None, launcher.communicate()[0].decode()[-3000:]
-        assert time.monotonic() < deadline, "no step within 180 s"
-        time.sleep(0.5)
-    assert len(processes_mentioning(str(work))) >= 4  # 2 agents and their 2 workers are training
-    launcher.send_signal(signal.SIGINT)
-    assert launcher.wait(timeout=60) == 130
-    assert not processes_mentioning(str(work))
+def run_processes(work: Path) -> dict[int, str]:
+    """pid -> command line of every live process of the run in `work` (each names its config or workdir)."""
+    found = {}
+    for line in processes_mentioning(str(work)):
+        pid, _, args = line.partition(": ")
+        if _state(int(pid)) not in ("Z", "X", ""):
+            found[int(pid)] = args
+    return found
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def workers(work: Path) -> list[int]:
+    return [pid for pid, args in run_processes(work).items()
+            if "tetrad_trainer.train" in args and "torch.distributed.run" not in args and "preemption" not in args]
+
+
+def frozen(work: Path) -> list[int]:
+    """The workers and torchrun agents of the run (the processes a test freezes with SIGSTOP)."""
+    return [pid for pid, args in run_processes(work).items()
+            if "tetrad_trainer.train" in args and "preemption" not in args]
+
+
+def wait_until_gone(work: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (left := run_processes(work)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"still running after {timeout} s: {left}"
+
+
+class LocalRun:
+    """`tetrad run JOB --workdir WORK` in a subprocess (optionally under a parent process of its own)."""
+
+    def __init__(self, tmp_path: Path, name: str, *, grace: int, under_parent: bool = False):
+        job = make_job(name, training={"steps": 100000, "globalBatch": 4},
+                       runPolicy={"terminationGracePeriodSeconds": grace})
+        self.job_file, self.work = tmp_path / "job.json", tmp_path / "work"
+        self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_none=True))
+        self.output = tmp_path / "tetrad-run.out"
+        command = [sys.executable, "-m", "tetrad.cli", "run", str(self.job_file), "--workdir", str(self.work)]
+        if under_parent:  # a parent that waits for `tetrad run`, as a shell would
+            command = [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *command]
+        with self.output.open("wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
+
+    def wait_for_first_step(self) -> None:
+        jsonl, deadline = self.work / "metrics.jsonl", time.monotonic() + 240
+        while not (jsonl.exists() and jsonl.read_text()):
+            assert self.proc.poll() is None, self.text()
+            assert time.monotonic() < deadline, "no step within 240 s"
+            time.sleep(0.5)
+        assert len(workers(self.work)) == 2, run_processes(self.work)
+
+    def text(self) -> str:
+        logs = "".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.work.glob("node-*.log")))
+        return self.output.read_text()[-3000:] + logs
+
+    def cleanup(self) -> None:
+        for pid in run_processes(self.work):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_stops_every_process_of_the_run_gracefully(tmp_path: Path, sig: signal.Signals) -> None:
+    # The workers get SIGTERM through the supervisor and torchrun, finish their step and exit 75.
+    run = LocalRun(tmp_path, f"stop-{sig.name.lower()}", grace=60)
+    try:
+        run.wait_for_first_step()
+        start = time.monotonic()
+        run.proc.send_signal(sig)
+        assert run.proc.wait(timeout=90) == 128 + sig, run.text()
+        assert time.monotonic() - start < 60, "the stop took the whole grace period"
+        wait_until_gone(run.work, 5)
+        assert "stopped: the nodes exited [75]" in run.output.read_text(), run.text()
+        for node in (0, 1):
+            assert "on SIGTERM" in (run.work / f"node-{node}.log").read_text(), run.text()
+    finally:
+        run.cleanup()
+
+
+def test_a_second_ctrl_c_kills_the_run_at_once(tmp_path: Path) -> None:
+    # Frozen nodes cannot stop gracefully: without the escalation the stop would wait the 300 s grace.
+    run = LocalRun(tmp_path, "stop-twice", grace=300)
+    try:
+        run.wait_for_first_step()
+        for pid in frozen(run.work):
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        run.proc.send_signal(signal.SIGINT)
+        time.sleep(2)
+        assert run.proc.poll() is None, run.text()  # still inside the grace period
+        run.proc.send_signal(signal.SIGINT)
+        assert run.proc.wait(timeout=30) == 130, run.text()
+        wait_until_gone(run.work, 5)
+        assert time.monotonic() - start < 30
+        assert "SIGKILLed: not every node stopped within the grace" in run.output.read_text(), run.text()
+    finally:
+        run.cleanup()
+
+
+def test_the_grace_period_ends_in_sigkill_of_every_process(tmp_path: Path) -> None:
+    # torchrun's shutdown timeout (grace - 10 s) SIGKILLs frozen workers; a frozen torchrun is left
+    # to the launcher's own limit, the grace period.
+    run = LocalRun(tmp_path, "stop-grace", grace=15)
+    try:
+        run.wait_for_first_step()
+        for pid in frozen(run.work):
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=60) == 128 + signal.SIGTERM, run.text()
+        wait_until_gone(run.work, 5)
+        assert 14 < time.monotonic() - start < 45, "the stop did not wait for the grace period"
+        assert "SIGKILLed: not every node stopped within the grace" in run.output.read_text(), run.text()
+    finally:
+        run.cleanup()
+
+
+def test_the_death_of_the_parent_stops_every_process(tmp_path: Path) -> None:
+    run = LocalRun(tmp_path, "orphaned", grace=60, under_parent=True)
+    try:
+        run.wait_for_first_step()
+        launcher = [pid for pid, args in run_processes(run.work).items() if args.split()[1:3] == ["-m", "tetrad.cli"]]
+        assert len(launcher) == 1, run_processes(run.work)
+        run.proc.kill()  # SIGKILL to the parent of `tetrad run`
+        run.proc.wait()
+        wait_until_gone(run.work, 60)
+        assert "SIGHUP: stopping every node" in run.output.read_text(), run.text()
+        assert "stopped: the nodes exited [75]" in run.output.read_text(), run.text()
+    finally:
+        run.cleanup()

@@ -3,8 +3,14 @@
 One torchrun agent per node, each a local process with the node's environment from
 `tetrad.render.env.torchrun_env` and the pod's command from `tetrad.render.objects`, so a job
 behaves the same here and in Kubernetes. Agents log to WORKDIR/node-N.log; rank 0's JSON lines
-drive a live progress bar and the summary. If any node fails, or on Ctrl-C, every agent and
-every worker is stopped: nothing is left running.
+drive a live progress bar and the summary.
+
+Stopping: SIGTERM, SIGHUP and SIGINT, and the death of the process that started `tetrad run`
+(its parent), stop the run as Kubernetes stops a pod: SIGTERM to each node's supervisor (which
+torchrun turns into SIGTERM to the workers: finish the step, save, exit 75), the job's
+terminationGracePeriodSeconds to finish, then SIGKILL to every process of the run. A second
+signal during that grace skips the rest of it. If a node fails, the others are stopped with a
+short grace (a gang with a dead rank cannot save). Nothing is left running.
 
 This module imports neither torch nor the trainer: the trainer runs in the agents' processes.
 """
@@ -34,11 +40,12 @@ from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract
 from tetrad.api.contract import ENV_JSONL, EXIT_CONFIG_ERROR
 from tetrad.render import names
 from tetrad.render.env import torchrun_env
-from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND
+from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND, shutdown_timeout
 from tetrad.resolve import resolve
 
 MASTER_ADDR = "127.0.0.1"
-STOP_GRACE_S = 10.0
+FAILED_STOP_GRACE_S = 10.0  # the other nodes of a failed run: nothing to save with a rank gone
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def free_port() -> int:
@@ -88,8 +95,8 @@ class Records:
         return new
 
 
-def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path,
-                 *, rdzv_timeout: int, extra_args: list[str] | None = None) -> list[Agent]:
+def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path, *, rdzv_timeout: int,
+                 shutdown_timeout: int, extra_args: list[str] | None = None) -> list[Agent]:
     """One torchrun agent per node, each in its own session so it can be stopped as a group."""
     master_port = free_port()
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
@@ -100,7 +107,7 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
             **torchrun_env(cfg, node_rank=node, master_addr=MASTER_ADDR, master_port=master_port,
                            rdzv_id=names.rendezvous_id(cfg.job_name, None, 0), restart=0,
-                           config_path=str(config_path), rdzv_timeout=rdzv_timeout,
+                           config_path=str(config_path), rdzv_timeout=rdzv_timeout, shutdown_timeout=shutdown_timeout,
                            # Nodes share this machine: give each its own block of metrics ports.
                            metrics_port=cfg.metrics.port + node * cfg.nproc_per_node),
         }
@@ -137,19 +144,57 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def stop_agents(agents: list[Agent], grace: float = STOP_GRACE_S) -> None:
-    """SIGTERM every agent (torchrun stops its workers), then SIGKILL whatever is left, workers included."""
+class StopSignals:
+    """While active, SIGTERM, SIGHUP and SIGINT are recorded instead of ending this process; so is the
+    death of its parent (seen as a change of the parent pid), which counts as a SIGHUP."""
+
+    def __init__(self) -> None:
+        self.received: list[signal.Signals] = []
+        self._parent = os.getppid()
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received.append(signal.Signals(signum))
+
+    def poll(self) -> int:
+        """How many stop requests so far (signals, and the parent's death once)."""
+        if os.getppid() != self._parent:
+            self._parent = os.getppid()
+            self.received.append(signal.SIGHUP)
+        return len(self.received)
+
+
+def stop_agents(agents: list[Agent], grace: float, signals: StopSignals | None = None) -> bool:
+    """SIGTERM each node's supervisor (torchrun stops its workers), wait up to `grace` seconds, then
+    SIGKILL every process of the run, workers included. A new stop request (`signals`) during the
+    grace ends it at once. Returns whether every node exited within the grace."""
     running = [a for a in agents if a.proc.poll() is None]
-    everyone = [a.proc.pid for a in running] + _descendants([a.proc.pid for a in running])
-    for a in running:
-        _signal_group(a.proc.pid, signal.SIGTERM)
+    everyone = {a.proc.pid for a in running} | set(_descendants([a.proc.pid for a in running]))
+    requests = signals.poll() if signals is not None else 0
+    for a in running:  # the supervisor only: it forwards to torchrun, which must see one SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(a.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(a.proc.poll() is None for a in running):
+        if signals is not None and signals.poll() > requests:
+            break
+        everyone |= set(_descendants([a.proc.pid for a in running if a.proc.poll() is None]))
         time.sleep(0.1)
+    clean = all(a.proc.poll() is not None for a in running)
     for pid in everyone:  # agents and workers lead their own process groups
         _signal_group(pid, signal.SIGKILL)
     for a in agents:
         a.proc.wait()
+    return clean
 
 
 def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jsonl: Path, workdir: Path) -> Table:
@@ -189,7 +234,8 @@ def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
 
 def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path | None = None,
               workdir: Path | None = None) -> int:
-    """Run job on this machine; returns 0 on success, else the failing node's exit code (130 on Ctrl-C)."""
+    """Run job on this machine; returns 0 on success, the failing node's exit code, or 128 + N when
+    stopped by signal N (130 on Ctrl-C; the parent's death counts as SIGHUP, 129)."""
     console = Console(stderr=True, highlight=False)
     try:
         cfg = resolve(job)
@@ -212,29 +258,41 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
     console.print(f"tetrad run: {cfg.job_name}: {cfg.nodes} node(s) x {cfg.nproc_per_node} process(es),"
                   f" mesh {cfg.layout.label()}, {cfg.training.steps} steps; logs in {workdir}")
     start = time.monotonic()
-    agents = start_agents(cfg, config_path, workdir, jsonl, rdzv_timeout=job.spec.rendezvous.timeout_seconds)
+    grace = job.spec.run_policy.termination_grace_period_seconds
     failed: Agent | None = None
     code = 0
     progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                         TimeElapsedColumn(), console=console, transient=False)
-    try:
-        with progress:
-            task = progress.add_task("starting", total=cfg.training.steps)
-            while True:
-                for row in records.poll():
-                    progress.update(task, completed=row["step"], description=(
-                        f"loss {row['loss']:.4f}  {row['tokens_per_second']:,.0f} tok/s  MFU {row['mfu']:.1%}"))
-                codes = [a.proc.poll() for a in agents]
-                failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
-                if failed is not None or all(c == 0 for c in codes):
-                    break
-                time.sleep(0.2)
-            records.poll()
-    except KeyboardInterrupt:
-        code = 130
-        console.print("[yellow]interrupted: stopping every agent and worker[/yellow]")
-    finally:
-        stop_agents(agents)
+    with StopSignals() as signals:
+        agents = start_agents(cfg, config_path, workdir, jsonl, rdzv_timeout=job.spec.rendezvous.timeout_seconds,
+                              shutdown_timeout=shutdown_timeout(job.spec))
+        try:
+            with progress:
+                task = progress.add_task("starting", total=cfg.training.steps)
+                while not signals.poll():
+                    for row in records.poll():
+                        progress.update(task, completed=row["step"], description=(
+                            f"loss {row['loss']:.4f}  {row['tokens_per_second']:,.0f} tok/s  MFU {row['mfu']:.1%}"))
+                    codes = [a.proc.poll() for a in agents]
+                    failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
+                    if failed is not None or all(c == 0 for c in codes):
+                        break
+                    time.sleep(0.2)
+        finally:
+            if signals.poll():
+                sig = signals.received[0]
+                code, failed = 128 + sig, None
+                console.print(f"[yellow]{sig.name}: stopping every node (SIGTERM, then SIGKILL after the"
+                              f" {grace} s grace period; signal again to skip it)[/yellow]")
+                clean = stop_agents(agents, grace, signals)
+                exits = sorted({a.proc.returncode for a in agents})
+                console.print(f"[yellow]stopped: the nodes exited {exits}"
+                              + ("" if clean else " (SIGKILLed: not every node stopped within the grace)")
+                              + (f"; exit {contract.EXIT_PREEMPTED} means saved" if contract.EXIT_PREEMPTED in exits else "")
+                              + "[/yellow]")
+            else:
+                stop_agents(agents, FAILED_STOP_GRACE_S)
+        records.poll()
     if failed is not None:
         rc = failed.proc.returncode
         code = rc if rc > 0 else 128 - rc  # -N: killed by signal N

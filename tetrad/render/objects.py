@@ -10,7 +10,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from tetrad.api import ParallelTrainingJob, ResolvedConfig, contract
+from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, ENV_RDZV_TIMEOUT, KIND
 from tetrad.render import gang, names
 from tetrad.render.env import torchrun_env
@@ -116,13 +116,18 @@ SECURE_CONTAINER = {
 }
 
 
+def shutdown_timeout(spec: ParallelTrainingJobSpec) -> int:
+    """torchrun's --shutdown-timeout of a node, in a pod and under `tetrad run` alike."""
+    return max(1, spec.run_policy.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
+
+
 def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int) -> dict[str, Any]:
     spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace
     env = torchrun_env(
         cfg, node_rank=rank, master_addr=names.master_addr(name, ns), master_port=spec.rendezvous.port,
         rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart, config_path=CONFIG_PATH,
         rdzv_timeout=spec.rendezvous.timeout_seconds,
-        shutdown_timeout=max(1, spec.run_policy.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS),
+        shutdown_timeout=shutdown_timeout(spec),
     )
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})

@@ -8,13 +8,18 @@ workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
 - In each worker, `Preemption` records the signal; `requested()`, called by every rank once per
   step, agrees across ranks (an all-reduce of the flag), so all ranks stop after the same step
   even when only some of them were signalled. The trainer then saves and calls `exit_with(75)`.
-- `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM
-  and SIGINT, and exits with the workers' own code: 75 when every local worker reported 75,
-  78 (EXIT_CONFIG_ERROR) when any reported it, torchrun's code otherwise.
+- `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM,
+  SIGINT and SIGHUP, and exits with the workers' own code: 75 when every local worker reported
+  75, 78 (EXIT_CONFIG_ERROR) when any reported it, torchrun's code otherwise.
+
+Orphans: the supervisor gets SIGTERM when its parent dies (`tetrad run` SIGKILLed), torchrun
+gets SIGTERM when the supervisor dies, and a worker gets SIGKILL when torchrun dies
+(PR_SET_PDEATHSIG), so no process of a node outlives the one that started it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -60,6 +65,18 @@ class Preemption:
             signal.signal(sig, previous)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals) -> None:
+    """Have the kernel send `sig` to this process when its parent exits (Linux; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
 def report_exit(code: int) -> None:
     """Tell the supervising `python -m tetrad_trainer.preemption` this worker's exit code."""
     directory = os.environ.get(ENV_EXIT_DIR)
@@ -85,13 +102,25 @@ def supervise(command: list[str]) -> int:
     """Run `command` (torchrun ...) with signals forwarded; return the node's exit code."""
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         env = {**os.environ, ENV_EXIT_DIR: exit_dir}
-        child = subprocess.Popen(command, env=env)
+        child: subprocess.Popen[bytes] | None = None
+        received: list[int] = []
+        forwarded = False
 
-        def forward(signum: int, frame: FrameType | None) -> None:
-            child.send_signal(signum)
+        def forward_once() -> None:
+            # torchrun's graceful stop is one SIGTERM: a second one interrupts its wait for the workers.
+            nonlocal forwarded
+            if child is not None and received and not forwarded:
+                forwarded = True
+                child.send_signal(signal.SIGTERM)
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, forward)
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            received.append(signum)
+            forward_once()
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, on_signal)
+        child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        forward_once()  # a signal that came before torchrun existed
         code = child.wait()
         reported = [int(p.read_text()) for p in Path(exit_dir).glob("rank-*")]
     nproc = os.environ.get("PET_NPROC_PER_NODE")
@@ -108,6 +137,7 @@ def main() -> None:
         command = command[1:]
     if not command:
         sys.exit("usage: python -m tetrad_trainer.preemption torchrun [ARGS...]")
+    die_with_parent(signal.SIGTERM)
     sys.exit(supervise(command))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
-from tetrad_trainer.preemption import Preemption, report_exit
+from tetrad_trainer.preemption import Preemption, die_with_parent, report_exit
 
 
 def log(msg: str) -> None:
@@ -226,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent(signal.SIGKILL)  # torchrun gone: nobody waits for this worker any more
     code = run(parse_args(argv))
     report_exit(code)  # for the node's exit-code supervisor (tetrad_trainer.preemption)
     return code
