@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,6 +64,9 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     config = json.loads((tmp_path / "work" / "config.json").read_text())
     assert config["training"]["steps"] == 3  # --steps is written into the resolved config
     assert not processes_mentioning(str(tmp_path / "work"))
+    # torchrun's log tree is in the work directory, nothing of the run is left in the temp directory
+    assert (tmp_path / "work" / "torchelastic" / "node-0").is_dir()
+    assert not list(Path(tempfile.gettempdir()).glob("torchelastic_*/smoke-*"))
 
 
 def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ Stopping: SIGTERM, SIGHUP and SIGINT, and the death of the process that started 
 torchrun turns into SIGTERM to the workers: finish the step, save, exit 75), the job's
 terminationGracePeriodSeconds to finish, then SIGKILL to every process of the run. A second
 signal during that grace skips the rest of it. If a node fails, the others are stopped with a
-short grace (a gang with a dead rank cannot save). Nothing is left running.
+short grace (a gang with a dead rank cannot save). Nothing is left running, and torchrun's own
+log tree lives in WORKDIR/torchelastic, not in the temp directory.
 
 This module imports neither torch nor the trainer: the trainer runs in the agents' processes.
 """
@@ -110,6 +111,8 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
                            config_path=str(config_path), rdzv_timeout=rdzv_timeout, shutdown_timeout=shutdown_timeout,
                            # Nodes share this machine: give each its own block of metrics ports.
                            metrics_port=cfg.metrics.port + node * cfg.nproc_per_node),
+            # torchrun's per-run log tree (by default a torchelastic_* directory left in /tmp).
+            "PET_LOG_DIR": str(workdir / "torchelastic" / f"node-{node}"),
         }
         if node == 0:
             env[ENV_JSONL] = str(jsonl)
