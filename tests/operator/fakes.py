@@ -66,6 +66,8 @@ class FakeCluster:
         self.uids = itertools.count()
         self.last: lifecycle.Decision | None = None
         self.placement: dict[str, str] = {}  # pod -> node, as the admission planned it
+        self.refuse: str | None = None  # the API server's answer to every pod creation, when set
+        self.rejection: lifecycle.PodRejection | None = None  # as the controller counts refused passes
 
     # ------------------------------------------------------------------ observation
 
@@ -91,7 +93,8 @@ class FakeCluster:
 
     def reconcile(self, admit: bool = True) -> lifecycle.Decision:
         assert self.job is not None
-        d = lifecycle.decide(self.job, self.pod_states(), self.node_states(), self.now, self.settings)
+        d = lifecycle.decide(self.job, self.pod_states(), self.node_states(), self.now, self.settings,
+                             rejection=self.rejection)
         self.apply(d)
         if admit and d.gang is not None:
             nodes = list(self.node_states().values())
@@ -108,11 +111,17 @@ class FakeCluster:
         training = self.status.get("training")
         self.job["status"] = copy.deepcopy(d.status) | ({"training": training} if training else {})
         self.events += d.events
+        creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
+        if creates and self.refuse is not None:
+            attempts = self.rejection.attempts + 1 if self.rejection else 1
+            self.rejection = lifecycle.PodRejection(attempts, self.refuse)
+        elif creates:
+            self.rejection = None
         for a in d.actions:
             if isinstance(a, lifecycle.Ensure):
                 self.objects[(a.obj["kind"], a.obj["metadata"]["name"])] = copy.deepcopy(a.obj)
             elif isinstance(a, lifecycle.CreatePod):
-                if a.name not in self.pods:
+                if a.name not in self.pods and self.refuse is None:
                     pod = copy.deepcopy(a.obj)
                     pod["metadata"].update(uid=f"pod-{next(self.uids)}", creationTimestamp=format_time(self.now))
                     pod["status"] = {"phase": "Pending"}

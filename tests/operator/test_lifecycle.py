@@ -159,6 +159,51 @@ def test_permanent_exit_code_fails_at_once():
     assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
 
 
+def test_device_out_of_memory_fails_at_once_and_says_what_to_read():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.finish(contract.EXIT_OOM, rank=1)
+    c.reconcile()
+    assert c.phase == "Failed" and c.status["restarts"] == 0, "retrying the same layout cannot help"
+    assert cond(c, "Failed")["reason"] == "DeviceOutOfMemory"
+    assert c.status["message"] == ("pod job-r0-1 failed with exit code 77 in container trainer: the trainer ran out "
+                                   "of device memory; see the pod log for the planner's figures and the knobs to turn")
+    assert c.events[-1].type == "Warning" and c.events[-1].reason == "DeviceOutOfMemory"
+
+
+def test_device_out_of_memory_restarts_when_the_user_made_it_retryable():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "permanentExitCodes": [78]}))
+    running(c)
+    c.finish(contract.EXIT_OOM, rank=0)
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodFailed"
+
+
+def test_pods_the_api_server_refuses_fail_the_job_after_a_few_passes():
+    refused = 'pods "job-r0-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0'
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    c.refuse = refused
+    attempts = c.settings.pod_create_attempts
+    for _ in range(attempts):
+        c.reconcile()
+        assert c.phase == "Pending" and not c.pods
+    assert c.rejection is not None and c.rejection.attempts == attempts
+    d = c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "PodCreationRejected"
+    assert c.status["message"] == f"the API server rejected the job's pods {attempts} times in a row: {refused}"
+    assert not [a for a in d.actions if isinstance(a, CreatePod)]
+
+
+def test_a_refusal_that_clears_in_time_does_not_fail_the_job():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    c.refuse = "exceeded quota"
+    for _ in range(c.settings.pod_create_attempts - 1):
+        c.reconcile()
+    c.refuse = None  # e.g. the quota was raised
+    running(c)
+    assert c.rejection is None and c.status["restarts"] == 0
+
+
 @pytest.mark.parametrize(("retryable", "code", "phase"), [
     ([42], 1, "Failed"), ([42], 42, "Restarting"), ([42], 75, "Restarting"), ([], 75, "Restarting")])
 def test_retryable_exit_codes(retryable, code, phase):
@@ -232,6 +277,8 @@ def test_externally_deleted_or_missing_pod_restarts_the_gang():
     d = c.reconcile()
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "PodMissing"
     assert d.verify, "an absence must be confirmed against the API before acting on it"
+    deleted = [a for a in d.actions if isinstance(a, DeletePod)]
+    assert [(a.name, a.uid) for a in deleted] == [("job-r0-1", c.pods["job-r0-1"]["metadata"]["uid"])]
 
 
 def test_restart_count_survives_a_lost_status():

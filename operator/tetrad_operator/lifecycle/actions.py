@@ -1,0 +1,73 @@
+"""What a decision asks of the cluster: idempotent actions, events, and the Decision that carries them.
+
+Every action is safe to repeat: names are deterministic, creations are create-if-absent (or an
+apply of the whole object), deletions are delete-if-present with a uid precondition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tetrad_operator.gang import GangRequest
+
+
+@dataclass(frozen=True)
+class Ensure:
+    """Bring this object (Service, ConfigMap, PodGroup) to exactly this content, creating it if absent."""
+
+    obj: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CreatePod:
+    obj: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    name: str
+    uid: str
+    force: bool = False  # grace period 0: no kubelet will ever confirm the deletion
+
+
+@dataclass(frozen=True)
+class Ungate:
+    """Remove the gang scheduling gate from these pods (name, uid)."""
+
+    pods: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """The TTL after finishing ran out."""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+Action = Ensure | CreatePod | DeletePod | Ungate | DeleteJob
+
+
+@dataclass
+class Decision:
+    status: dict[str, Any]
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None  # reconcile again after this long even without events
+    # The outcome rests on a pod being absent: confirm with a fresh list before acting, since a
+    # watch cache can lag (e.g. right after a paused replica resumes).
+    verify: bool = False
+    gang: GangRequest | None = None  # a complete, gated gang asking the built-in admission to go
+
+    def after(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)

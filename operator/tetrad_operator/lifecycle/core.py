@@ -1,0 +1,175 @@
+"""`decide`: the job's phases in order, composed from the restart policy (policy.py) and the
+built-in gang (gang.py) over one `JobPass` (machine.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
+from tetrad.api.spec import Phase, RunPolicy, Scheduler
+from tetrad.render import render
+from tetrad.render.objects import pod as render_pod
+from tetrad.resolve import resolve
+from tetrad_operator.lifecycle import gang, policy
+from tetrad_operator.lifecycle.actions import CreatePod, Decision, Ensure
+from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
+from tetrad_operator.state import NodeState, PodState, format_time, parse_time
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A job's spec, parsed and resolved; the same for every pass over one metadata.generation."""
+
+    job: ParallelTrainingJob | None
+    config: ResolvedConfig | None  # None: `problem` says why the spec cannot run
+    problem: str = ""
+
+
+def resolve_job(body: Mapping[str, Any]) -> ResolvedJob:
+    doc = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    job, problems = parse(doc)
+    if job is None:
+        return ResolvedJob(None, None, "; ".join(str(p) for p in problems))
+    try:
+        return ResolvedJob(job, resolve(job))
+    except InvalidJob as e:
+        return ResolvedJob(job, None, str(e))
+
+
+@dataclass(frozen=True)
+class PodRejection:
+    """The API server refused to create the job's pods (a quota, an admission webhook, an invalid
+    field) in `attempts` passes in a row; `message` is its last answer."""
+
+    attempts: int
+    message: str
+
+
+def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str, NodeState], now: datetime,
+           settings: Settings | None = None, *, spec: ResolvedJob | None = None,
+           rejection: PodRejection | None = None) -> Decision:
+    """The next status and the actions that move the cluster toward it.
+
+    `pods` are the job's pods (any restart), `nodes` every node by name. `spec` is
+    `resolve_job(body)`, which a caller may keep per generation (it is computed when absent).
+    """
+    m = JobPass(body, pods, nodes, now, settings or Settings())
+    spec = spec or resolve_job(body)
+    job, cfg = spec.job, spec.config
+    if job is None or cfg is None:
+        if m.phase not in TERMINAL:
+            m.transition(Phase.FAILED, "InvalidSpec", f"the spec is invalid: {spec.problem}", warning=True)
+            m.status["completionTime"] = format_time(now)
+        m.finished(job.spec.run_policy if job is not None else RunPolicy())
+        return m.decision
+
+    m.status["worldSize"] = cfg.world_size
+    m.status["mesh"] = cfg.layout.label()
+    run_policy = job.spec.run_policy
+    if m.phase in TERMINAL:
+        m.finished(run_policy)
+        return m.decision
+    if run_policy.suspend:
+        _suspended(m)
+        return m.decision
+    if m.phase == Phase.SUSPENDED:
+        m.transition(Phase.PENDING, "Resumed", "the job was resumed")
+        m.status.pop("startTime", None)
+    if not m.phase:
+        m.transition(Phase.PENDING, "Created", "creating the job's objects")
+    m.status.setdefault("startTime", format_time(now))
+
+    deadline = run_policy.active_deadline_seconds
+    if deadline is not None:
+        start = parse_time(m.status["startTime"]) or now
+        left = deadline - (now - start).total_seconds()
+        if left <= 0:
+            m.fail("DeadlineExceeded", f"the job was active longer than activeDeadlineSeconds={deadline}", run_policy)
+            return m.decision
+        m.decision.after(left)
+
+    if rejection is not None and rejection.attempts >= m.settings.pod_create_attempts:
+        m.fail("PodCreationRejected", f"the API server rejected the job's pods {rejection.attempts} times in a row: "
+               f"{rejection.message}", run_policy)
+        return m.decision
+
+    _active(m, job, cfg)
+    return m.decision
+
+
+def _suspended(m: JobPass) -> None:
+    if m.phase != Phase.SUSPENDED:
+        m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
+        m.status.pop("startTime", None)
+        gang.withdraw_release(m, "Suspended", "the job is suspended")
+    m.delete(m.pods)
+
+
+def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
+    spec, run_policy = job.spec, job.spec.run_policy
+    recorded = int(m.status.get("restarts") or 0)
+    restart = max([recorded, *(p.restart for p in m.pods)])
+    if restart > recorded and m.phase == Phase.RUNNING:
+        m.transition(Phase.RESTARTING, "Recovered", f"found pods of restart {restart}; continuing with it")
+    m.status["restarts"] = restart
+    old = [p for p in m.pods if p.restart < restart]
+    current = {p.rank: p for p in m.pods if p.restart == restart and 0 <= p.rank < spec.nodes}
+    builtin = spec.gang.scheduler == Scheduler.BUILTIN
+    gang_timed_out = builtin and gang.timed_out(m)
+    expect_deleting = gang_timed_out or m.phase == Phase.PENDING  # our own re-creation after suspend/timeout
+
+    # 1. Any failure in the current gang: fail the job, or restart the whole gang.
+    failures = policy.failures(m, current, spec.nodes, expect_deleting)
+    if failures:
+        policy.on_failure(m, failures, list(current.values()), restart, run_policy)
+        return
+
+    # 2. Pods of earlier incarnations must be gone before a new one starts.
+    if old:
+        m.delete(old)
+        return
+
+    # 3. Create the incarnation's missing pods, after the restart backoff.
+    missing = [r for r in range(spec.nodes) if r not in current]
+    if missing:
+        if any(p.deleting for p in current.values()):
+            m.delete([p for p in current.values() if p.deleting])  # force them when stuck
+            return
+        hold = policy.hold_until(m, run_policy, restart, gang_timed_out)
+        if hold is not None and hold > m.now:
+            m.decision.after((hold - m.now).total_seconds())
+            return
+        if m.phase == Phase.RESTARTING:
+            m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
+        if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
+            rendered = render(job, restart=restart, config=cfg)
+            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.pod_group) if o)
+            m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
+        else:  # only the missing pods (rendering a 1024-pod gang takes a while)
+            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart)) for r in missing)
+        if builtin:
+            gang.creating(m, spec.nodes, restart)
+        return
+
+    pods = [current[r] for r in range(spec.nodes)]
+    # 4. Every pod finished: success.
+    if all(p.phase == "Succeeded" for p in pods):
+        m.transition(Phase.SUCCEEDED, "Succeeded", f"all {spec.nodes} pods succeeded")
+        m.status["completionTime"] = format_time(m.now)
+        m.finished(run_policy)
+        return
+
+    # 5. The built-in gang: admission, release of the remaining gates, and the gang timeout.
+    if builtin and gang.drive(m, job, pods, restart):
+        return
+
+    # 6. Running once every pod runs (or already succeeded); GangWaiting before.
+    if all(p.phase in ("Running", "Succeeded") for p in pods):
+        if m.phase != Phase.RUNNING:
+            m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
+    elif m.phase != Phase.GANG_WAITING:
+        m.transition(Phase.GANG_WAITING, "WaitingForScheduler",
+                     f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them")

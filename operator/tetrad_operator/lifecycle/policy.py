@@ -1,0 +1,136 @@
+"""The failure and restart policy: what counts as a failure of the current gang, which failures
+end the job, and when the next incarnation may start.
+
+Any failure of one pod restarts the whole gang (a torch.distributed job cannot lose a rank).
+A failure is either the job's (a pod failed with an exit code) or a disruption (the cluster took
+the pod away, or the trainer was preempted and saved a checkpoint): disruptions are always
+retryable and spend no maxRestarts budget. A rank whose pod is missing is a failure without a
+pod; nothing about it can be deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from tetrad.api.contract import EXIT_OOM, EXIT_PREEMPTED
+from tetrad.api.spec import Phase, RunPolicy
+from tetrad_operator.lifecycle import gang
+from tetrad_operator.lifecycle.actions import DeletePod
+from tetrad_operator.lifecycle.machine import JobPass
+from tetrad_operator.state import PodState
+
+# pod.status.reason values of a kubelet or the node lifecycle taking the pod away.
+EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"})
+# Permanent exit codes the trainer documents: the job's reason and what the user should read.
+EXPLAINED_EXITS = {
+    EXIT_OOM: ("DeviceOutOfMemory", "the trainer ran out of device memory; see the pod log for the planner's figures "
+               "and the knobs to turn"),
+}
+
+
+def backoff_seconds(policy: RunPolicy, restart: int) -> float:
+    """Delay before starting gang incarnation `restart` (>= 1): doubling, capped."""
+    if restart <= 0:
+        return 0.0
+    return float(min(policy.backoff_seconds * 2 ** (restart - 1), policy.backoff_max_seconds))
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    pod: PodState | None  # None: the rank's pod is missing
+    reason: str  # PodFailed, PodEvicted, PodDeleted, NodeLost, PodMissing
+    detail: str
+    infrastructure: bool  # the cluster took the pod away: always retryable
+    force: bool = False  # delete the pod with grace period 0
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.infrastructure or self.pod is None else self.pod.exit_code
+
+    @property
+    def disruption(self) -> bool:
+        """The cluster, not the job, ended the pod: such restarts spend no maxRestarts budget."""
+        return self.infrastructure or self.exit_code == EXIT_PREEMPTED
+
+
+def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleting: bool) -> list[Failure]:
+    """The failures of the current incarnation, by rank; `current` maps rank to its pod."""
+    out = []
+    for rank, p in sorted(current.items()):
+        if p.phase == "Failed":
+            infra = p.reason in EVICTED_REASONS or p.disrupted is not None
+            why = p.disrupted or p.reason
+            if infra:
+                out.append(Failure(rank, p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))
+            else:
+                code = "unknown" if p.exit_code is None else str(p.exit_code)
+                where = f" in container {p.container}" if p.container else ""
+                out.append(Failure(rank, p, "PodFailed", f"pod {p.name} failed with exit code {code}{where}", False))
+            continue
+        if p.phase == "Succeeded":
+            continue
+        if (why := m.lost(p)) is not None:
+            out.append(Failure(rank, p, "NodeLost", f"pod {p.name} was lost: {why}", True, force=True))
+        elif p.deleting and not expect_deleting:
+            out.append(Failure(rank, p, "PodDeleted", f"pod {p.name} was deleted ({p.disrupted or 'externally'})", True))
+    if m.phase == Phase.RUNNING:  # every rank had a pod: one that is gone now was taken away
+        for rank in range(nodes):
+            if rank not in current:
+                out.append(Failure(rank, None, "PodMissing", f"the pod of rank {rank} disappeared", True))
+                m.decision.verify = True
+    return out
+
+
+def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
+    """(reason, message) when this failure must end the job without a restart, else None."""
+    code = f.exit_code
+    if f.infrastructure or code is None or code == EXIT_PREEMPTED:
+        return None
+    if code in policy.permanent_exit_codes:
+        if code in EXPLAINED_EXITS:
+            reason, why = EXPLAINED_EXITS[code]
+            return reason, f"{f.detail}: {why}"
+        return "PermanentExitCode", f"{f.detail}; exit code {code} is not retryable"
+    if policy.retryable_exit_codes and code not in policy.retryable_exit_codes:
+        return "NonRetryableExitCode", f"{f.detail}; exit code {code} is not retryable"
+    return None
+
+
+def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], restart: int, policy: RunPolicy) -> None:
+    """Fail the job, or restart the whole gang as incarnation restart+1 after the backoff."""
+    for f in found:
+        if (verdict := fatal(policy, f)) is not None:
+            m.fail(*verdict, policy)
+            return
+    # A disruption's peers often fail too (a collective loses a rank): one disruption covers them.
+    disruption = next((f for f in found if f.disruption), None)
+    first = disruption or found[0]
+    disruptions = min(int(m.status.get("disruptions") or 0), restart)
+    if disruption is None and restart - disruptions >= policy.max_restarts:
+        m.fail("MaxRestartsExceeded",
+               f"{first.detail}; the gang was already restarted {restart - disruptions} times after failures"
+               f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions not counted)", policy)
+        return
+    m.status["restarts"] = restart + 1
+    m.status["disruptions"] = disruptions + (disruption is not None)
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    wait = backoff_seconds(policy, restart + 1)
+    m.transition(Phase.RESTARTING, first.reason,
+                 f"{first.detail}{more}; restarting the whole gang as restart {restart + 1} in {wait:g}s", warning=True)
+    gang.withdraw_release(m, "Restarting", "the gang is restarting")
+    forced = {f.pod.name for f in found if f.force and f.pod is not None}
+    m.delete([p for p in current if p.name not in forced])
+    m.decision.actions.extend(DeletePod(p.name, p.uid, force=True) for p in current if p.name in forced)
+    m.decision.after(wait)
+
+
+def hold_until(m: JobPass, policy: RunPolicy, restart: int, gang_timed_out: bool) -> datetime | None:
+    """When the incarnation's pods may be created: after the restart backoff or a gang timeout's pause."""
+    if m.phase == Phase.RESTARTING:
+        return m.since(Phase.RESTARTING) + timedelta(seconds=backoff_seconds(policy, restart))
+    if gang_timed_out:
+        return m.since(gang.RELEASED) + timedelta(seconds=min(policy.backoff_seconds, policy.backoff_max_seconds))
+    return None
