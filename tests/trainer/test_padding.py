@@ -17,11 +17,18 @@ from tests.trainer.test_equivalence import LOSS_RTOL, MODEL, PARAM_ATOL, TRAININ
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-LAYOUTS = {
-    "dpShard2": ({"dpShard": 2}, 2),
-    "pp2-1F1B": ({"pp": 2, "ppSchedule": "1F1B"}, 2),
-    "tp2": ({"tp": 2}, 2),
-    "cp2-dpReplicate2": ({"cp": 2, "dpReplicate": 2}, 4),
+# name: (parallelism, processes, training overrides)
+LAYOUTS: dict[str, tuple[dict[str, object], int, dict[str, object]]] = {
+    "dpShard2": ({"dpShard": 2}, 2, {}),
+    "pp2-1F1B": ({"pp": 2, "ppSchedule": "1F1B"}, 2, {}),
+    "tp2": ({"tp": 2}, 2, {}),
+    "cp2-dpReplicate2": ({"cp": 2, "dpReplicate": 2}, 4, {}),
+    # The chunked loss (projection and loss over 3 slices of each sequence) against the plain one-process loss.
+    "single-lossChunks3": ({}, 1, {"lossChunks": 3}),
+    "dpShard2-lossChunks3": ({"dpShard": 2}, 2, {"lossChunks": 3}),
+    "pp2-lossChunks3": ({"pp": 2, "ppSchedule": "1F1B"}, 2, {"lossChunks": 3}),
+    "tp2-lossChunks3": ({"tp": 2}, 2, {"lossChunks": 3}),
+    "cp2-tp2-dpShard2-lossChunks3": ({"cp": 2, "tp": 2, "dpShard": 2}, 8, {"lossChunks": 3}),
 }
 
 
@@ -54,8 +61,8 @@ def compare(run: Run, params: dict[str, torch.Tensor], reference: tuple[list[flo
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_padded_layout_matches_single_process(name: str, reference, tmp_path: Path) -> None:
-    parallelism, nproc = LAYOUTS[name]
-    compare(*train(tmp_path, parallelism, nproc), reference)
+    parallelism, nproc, training = LAYOUTS[name]
+    compare(*train(tmp_path, parallelism, nproc, training=training), reference)
 
 
 def test_padding_changes_the_loss(reference, tmp_path: Path) -> None:

@@ -99,6 +99,7 @@ class ResolvedConfig(CamelModel):
     metrics: Metrics
     gpu_type: str | None = None
     use_gpu: bool = Field(False, description="Pods request GPUs; the trainer still falls back to CPU when none is visible.")
+    predicted_peak_bytes: float | None = Field(None, description="The planner's predicted peak memory per device, in bytes, quoted by the trainer when the device runs out of memory; None when not planned.")
 
     @property
     def world_size(self) -> int:

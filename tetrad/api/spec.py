@@ -86,6 +86,7 @@ class Training(CamelModel):
     precision: Precision = Field(Precision.BF16, description="Compute precision: bf16 (bf16 params, fp32 reduce and master weights) or fp32.")
     activation_checkpointing: ActivationCheckpointing = Field(ActivationCheckpointing.NONE, description="Activation checkpointing: none, full (every block) or selective (every other block).")
     compile: bool = Field(False, description="torch.compile each transformer block.")
+    loss_chunks: int = Field(1, ge=1, le=1024, description="Apply the output projection and the loss to this many slices of the sequence, recomputing each slice's logits in the backward: the batch x seq x vocab logits and their fp32 copies exist one slice at a time (less memory, one more output-layer forward). 1: the plain loss.")
 
 
 class DataSource(StrEnum):

@@ -28,6 +28,7 @@ class Workload:
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     pp_microbatches: int = 1
     pp_stages_per_rank: int = 1
+    loss_chunks: int = 1
 
 
 @dataclass

@@ -52,6 +52,7 @@ def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
         pp_schedule=spec.parallelism.pp_schedule,
         pp_microbatches=microbatches(spec, layout),
         pp_stages_per_rank=stages_per_rank(spec),
+        loss_chunks=t.loss_chunks,
     )
 
 

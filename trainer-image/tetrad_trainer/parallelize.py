@@ -229,7 +229,13 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
             apply_replicate(part, mesh["dp_replicate"], training.precision)
         init_weights(part, device, training.seed)
 
-    loss = TokenLoss()
+    # The last stage's output projection moves into the loss when it is chunked (tetrad_trainer.loss).
+    last = next((part for part in parts if part.output is not None), None)
+    if training.loss_chunks > 1 and last is not None:
+        last.project_output = False
+        loss = TokenLoss(training.loss_chunks, last.output, layout.tp)
+    else:
+        loss = TokenLoss()
     schedule = None
     if layout.pp > 1:
         group = mesh["pp"].get_group()
