@@ -42,7 +42,7 @@ PER_RACK=${TETRAD_NODES_PER_RACK:-2}
 RACKS_PER_ZONE=${TETRAD_RACKS_PER_ZONE:-2}
 GPU_PRODUCT=${TETRAD_GPU_PRODUCT:-NVIDIA-H100-80GB-HBM3}
 NODE_TAINT=${TETRAD_NODE_TAINT:-}
-SERVICE_CIDR=10.96.0.0/16
+SERVICE_CIDR=198.19.0.0/16   # the kubernetes Service is its .1
 COMPONENTS="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
 
 usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
@@ -58,6 +58,7 @@ while (($#)); do
   esac
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
+[[ $NODES =~ ^[0-9]+$ ]] || { echo "--nodes takes a count" >&2; exit 2; }
 
 for tool in openssl curl awk setsid base64 xargs; do
   command -v "$tool" >/dev/null || { echo "cluster.sh needs $tool" >&2; exit 1; }
@@ -193,11 +194,13 @@ gen_pki() {
   # Separate CA for the aggregation layer (front proxy), as kubeadm does.
   new_ca front-proxy-ca "tetrad-front-proxy-ca-$NAME"
   local client='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
-  sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:198.19.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   sign admin "/O=system:masters/CN=tetrad-admin" "$client"
   sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
   sign kube-scheduler "/CN=system:kube-scheduler" "$client"
   sign kwok "/O=system:masters/CN=kwok-controller" "$client"
+  # The apiserver's identity towards real kubelets (logs, exec, port-forward).
+  sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
   sign front-proxy-client "/CN=front-proxy-client" "$client" front-proxy-ca
   gen_key "$PKI/sa.key"
   openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
@@ -231,173 +234,11 @@ EOF
 # ---------------------------------------------------------------- kwok config
 
 write_kwok_config() {
-  local kube_version; kube_version=$("$BIN/kube-apiserver" --version | awk '{ print $2 }')
-  cat > "$ETC/kwok.yaml" <<EOF
-apiVersion: config.kwok.x-k8s.io/v1alpha1
-kind: KwokConfiguration
-options:
-  # Fallback only: every node gets its own spec.podCIDR, so pod IPs are unique.
-  cidr: 10.127.0.0/16
-  nodeIP: 172.31.255.254
-  nodeLeaseDurationSeconds: 40
-  nodeLeaseParallelism: 16
-  nodePlayStageParallelism: 8
-  podPlayStageParallelism: 8
-  enableDebuggingHandlers: false
-  enableProfilingHandler: false
----
-# Node becomes Ready once, with the kubelet-like status the scheduler needs.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tetrad-node-ready
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: NotIn
-      values: ["True"]
-  next:
-    statusTemplate: |
-      {{ \$now := Now }}
-      {{ \$since := or .metadata.creationTimestamp \$now }}
-      conditions:
-      - {type: Ready, status: "True", reason: KubeletReady, message: "kwok node is ready", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
-      - {type: MemoryPressure, status: "False", reason: KubeletHasSufficientMemory, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
-      - {type: DiskPressure, status: "False", reason: KubeletHasNoDiskPressure, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
-      - {type: PIDPressure, status: "False", reason: KubeletHasSufficientPID, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
-      - {type: NetworkUnavailable, status: "False", reason: RouteCreated, message: "", lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ \$since | Quote }}}
-      {{ with .status.capacity }}
-      capacity:
-      {{ YAML . 1 }}
-      allocatable:
-      {{ YAML . 1 }}
-      {{ end }}
-      nodeInfo:
-        architecture: amd64
-        operatingSystem: linux
-        kubeletVersion: $kube_version
-        containerRuntimeVersion: kwok://$("$BIN/kwok" --version 2>/dev/null | awk '{ print $3 }')
-        kernelVersion: kwok
-        osImage: kwok fake node
-        machineID: ""
-        bootID: ""
-        systemUUID: ""
-        kubeProxyVersion: ""
-      phase: Running
----
-# Liveness comes from node Leases (kwok renews them); this only refreshes
-# the condition heartbeats now and then, like a kubelet does.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tetrad-node-heartbeat
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
-      operator: In
-      values: ["True"]
-  delay:
-    durationMilliseconds: 240000
-    jitterDurationMilliseconds: 300000
-  next:
-    statusTemplate: |
-      {{ \$now := Now }}
-      conditions:
-      {{ range .status.conditions }}
-      - {type: {{ .type | Quote }}, status: {{ .status | Quote }}, reason: {{ .reason | Quote }}, message: {{ .message | Quote }}, lastHeartbeatTime: {{ \$now | Quote }}, lastTransitionTime: {{ .lastTransitionTime | Quote }}}
-      {{ end }}
----
-# Pending pod bound to a fake node -> Running with a pod IP from the node's
-# podCIDR. Nothing ever completes a pod: tests (acting as the kubelet) patch
-# phase Succeeded/Failed themselves, and this stage only matches Pending pods,
-# so such a patch is never overwritten.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tetrad-pod-running
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: .metadata.deletionTimestamp
-      operator: DoesNotExist
-    - key: .status.phase
-      operator: In
-      values: [Pending]
-  next:
-    statusTemplate: |
-      {{ \$now := Now }}
-      phase: Running
-      startTime: {{ \$now | Quote }}
-      conditions:
-      - {type: PodReadyToStartContainers, status: "True", lastTransitionTime: {{ \$now | Quote }}}
-      - {type: Initialized, status: "True", lastTransitionTime: {{ \$now | Quote }}}
-      - {type: ContainersReady, status: "True", lastTransitionTime: {{ \$now | Quote }}}
-      - {type: Ready, status: "True", lastTransitionTime: {{ \$now | Quote }}}
-      {{ range .spec.readinessGates }}
-      - {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ \$now | Quote }}}
-      {{ end }}
-      {{ with .spec.initContainers }}
-      initContainerStatuses:
-      {{ range . }}
-      - name: {{ .name | Quote }}
-        image: {{ .image | Quote }}
-        imageID: {{ printf "kwok://%s" .image | Quote }}
-        restartCount: 0
-        {{ if eq .restartPolicy "Always" }}
-        ready: true
-        started: true
-        state: {running: {startedAt: {{ \$now | Quote }}}}
-        {{ else }}
-        ready: true
-        state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ \$now | Quote }}, finishedAt: {{ \$now | Quote }}}}
-        {{ end }}
-      {{ end }}
-      {{ end }}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - name: {{ .name | Quote }}
-        image: {{ .image | Quote }}
-        imageID: {{ printf "kwok://%s" .image | Quote }}
-        containerID: {{ printf "kwok://%s" .name | Quote }}
-        ready: true
-        started: true
-        restartCount: 0
-        state: {running: {startedAt: {{ \$now | Quote }}}}
-      {{ end }}
-      {{ with NodeIPsWith .spec.nodeName }}
-      hostIP: {{ index . 0 | Quote }}
-      hostIPs:
-      {{ range . }}
-      - ip: {{ . | Quote }}
-      {{ end }}
-      {{ end }}
-      {{ with PodIPsWith .spec.nodeName (or .spec.hostNetwork false) (or .metadata.uid "") (or .metadata.name "") (or .metadata.namespace "") }}
-      podIP: {{ index . 0 | Quote }}
-      podIPs:
-      {{ range . }}
-      - ip: {{ . | Quote }}
-      {{ end }}
-      {{ end }}
----
-# A pod being deleted disappears at once, as if its containers stopped.
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: tetrad-pod-delete
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - key: .metadata.deletionTimestamp
-      operator: Exists
-  next:
-    delete: true
-EOF
+  local kube_version kwok_version
+  kube_version=$("$BIN/kube-apiserver" --version | awk '{ print $2 }')
+  kwok_version=$("$BIN/kwok" --version 2>/dev/null | awk '{ print $3 }')
+  sed -e "s/@KUBE_VERSION@/$kube_version/" -e "s/@KWOK_VERSION@/$kwok_version/" \
+    "$HACK/cluster/kwok.yaml" > "$ETC/kwok.yaml"
 }
 
 # ---------------------------------------------------------------- nodes
@@ -435,8 +276,10 @@ write_nodes() {
 }
 
 # Create the nodes with a few kubectl processes in parallel (one at a time is
-# slow for a thousand nodes).
-create_nodes() {
+# slow for a thousand nodes), then wait until kwok has made them all Ready.
+create_fake_nodes() {
+  ((NODES > 0)) || return 0
+  write_nodes
   local chunk=$(( (NODES + 7) / 8 ))
   ((chunk >= 32)) || chunk=32
   rm -rf "$ETC/nodes.d"; mkdir -p "$ETC/nodes.d"
@@ -445,6 +288,7 @@ create_nodes() {
     { print > f }' "$ETC/nodes.yaml"
   printf '%s\0' "$ETC"/nodes.d/*.yaml |
     xargs -0 -n1 -P4 "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" create -o name -f >/dev/null
+  must_wait kwok "$NODES nodes Ready" $((60 + NODES / 4)) fake_nodes_ready
 }
 
 kctl() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
@@ -452,6 +296,155 @@ kctl() { "$BIN/kubectl" --kubeconfig "$STATE/kubeconfig" "$@"; }
 ready_nodes() {
   kctl get nodes -l tetrad.dev/fake-gpu-node=true --no-headers \
     -o custom-columns='R:.status.conditions[?(@.type=="Ready")].status' 2>/dev/null | grep -c '^True$' || true
+}
+fake_nodes_ready() { [[ $(ready_nodes) -ge $NODES ]]; }
+
+# ---------------------------------------------------------------- components
+# Each component has start_<name> (launch it in the background) and
+# healthy_<name> (one probe). `launch` starts one and waits for its probe;
+# the apiserver's three clients start together and are awaited afterwards.
+# Ports come from cluster.env (ETCD_PORT, APISERVER_PORT, ...).
+
+start_etcd() {
+  # shellcheck disable=SC2086  # the *_ARGS variables are word lists on purpose
+  start etcd --name "$NAME" --data-dir "$STATE/data/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "$NAME=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --unsafe-no-fsync --quota-backend-bytes 8589934592 --log-level warn ${TETRAD_ETCD_ARGS:-}
+}
+healthy_etcd() { curl -sf "http://127.0.0.1:$ETCD_PORT/health"; }
+
+# Endpoint reconciling is off: the "kubernetes" Service cannot point at a
+# loopback address. Services take addresses from 198.19.0.0/16, inside the
+# 198.18.0.0/15 benchmark range like every address of the cluster, so no
+# packet to a Service is ever addressed outside it. `kubectl logs/exec`
+# reach a real node's kubelet at its InternalIP.
+start_kube_apiserver() {
+  # shellcheck disable=SC2086
+  start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
+    --kubelet-preferred-address-types InternalIP \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
+    --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
+    --profiling=false --endpoint-reconciler-type none ${TETRAD_APISERVER_ARGS:-}
+}
+healthy_kube_apiserver() {
+  curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER_URL/readyz"
+}
+
+start_kube_controller_manager() {
+  local kc=$STATE/kube-controller-manager.kubeconfig
+  # shellcheck disable=SC2086
+  start kube-controller-manager --kubeconfig "$kc" \
+    --authentication-kubeconfig "$kc" --authorization-kubeconfig "$kc" \
+    --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" --leader-elect=false \
+    --use-service-account-credentials --service-account-private-key-file "$PKI/sa.key" \
+    --root-ca-file "$PKI/ca.crt" --cluster-signing-cert-file "$PKI/ca.crt" \
+    --cluster-signing-key-file "$PKI/ca.key" --kube-api-qps 200 --kube-api-burst 400 \
+    --profiling=false ${TETRAD_CONTROLLER_MANAGER_ARGS:-}
+}
+healthy_kube_controller_manager() { curl -sfk "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz"; }
+
+start_kube_scheduler() {
+  cat > "$ETC/kube-scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $STATE/kube-scheduler.kubeconfig
+  qps: 200
+  burst: 400
+leaderElection:
+  leaderElect: false
+enableProfiling: false
+EOF
+  # shellcheck disable=SC2086
+  start kube-scheduler --config "$ETC/kube-scheduler.yaml" \
+    --authentication-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" ${TETRAD_SCHEDULER_ARGS:-}
+}
+healthy_kube_scheduler() { curl -sfk "https://127.0.0.1:$SCHEDULER_PORT/healthz"; }
+
+start_kwok() {
+  write_kwok_config
+  mkdir -p "$STATE/kwok-home"
+  # shellcheck disable=SC2086
+  HOME=$STATE/kwok-home start kwok --kubeconfig "$STATE/kwok.kubeconfig" --config "$ETC/kwok.yaml" \
+    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
+    --server-address "127.0.0.1:$KWOK_PORT" ${TETRAD_KWOK_ARGS:-}
+}
+healthy_kwok() { curl -sf "http://127.0.0.1:$KWOK_PORT/healthz"; }
+
+await() { must_wait "$1" "$1 to be healthy" "$2" "healthy_${1//-/_}"; }
+launch() { "start_${1//-/_}"; await "$1" "$2"; }
+
+# ---------------------------------------------------------------- state
+
+# A fresh state dir: PKI, ports, cluster.env, one kubeconfig per client.
+prepare_state() {
+  rm -rf "$STATE"
+  mkdir -p "$RUN" "$LOGS" "$ETC" "$STATE/data"
+  gen_pki
+  local -a taken=()
+  local var
+  for var in ETCD_PORT ETCD_PEER_PORT APISERVER_PORT CONTROLLER_MANAGER_PORT SCHEDULER_PORT KWOK_PORT; do
+    if [[ $var == APISERVER_PORT && -n ${TETRAD_APISERVER_PORT:-} ]]; then
+      printf -v "$var" '%s' "$TETRAD_APISERVER_PORT"
+    else
+      printf -v "$var" '%s' "$(free_port "${taken[@]}")"
+    fi
+    taken+=("${!var}")
+  done
+  APISERVER_URL=https://127.0.0.1:$APISERVER_PORT
+  cat > "$STATE/cluster.env" <<EOF
+TETRAD_CLUSTER_NAME=$NAME
+TETRAD_CLUSTER_STATE=$STATE
+KUBECONFIG=$STATE/kubeconfig
+APISERVER_URL=$APISERVER_URL
+ETCD_PORT=$ETCD_PORT
+ETCD_PEER_PORT=$ETCD_PEER_PORT
+APISERVER_PORT=$APISERVER_PORT
+CONTROLLER_MANAGER_PORT=$CONTROLLER_MANAGER_PORT
+SCHEDULER_PORT=$SCHEDULER_PORT
+KWOK_PORT=$KWOK_PORT
+SERVICE_CIDR=$SERVICE_CIDR
+NODES=$NODES
+GPUS_PER_NODE=$GPUS
+EOF
+  local c
+  for c in admin kube-controller-manager kube-scheduler kwok; do
+    write_kubeconfig "$STATE/$c.kubeconfig" "$c"
+  done
+  mv "$STATE/admin.kubeconfig" "$STATE/kubeconfig"
+}
+
+# Read an existing cluster's ports and URL from cluster.env
+# (not its shape: flags keep theirs); false if there is none.
+load_state() {
+  [[ -f $STATE/cluster.env ]] || return 1
+  local key value
+  while IFS='=' read -r key value; do
+    if [[ $key =~ ^([A-Z_]+_PORT|APISERVER_URL)$ ]]; then printf -v "$key" '%s' "$value"; fi
+  done < "$STATE/cluster.env"
+}
+
+known_clusters() {
+  local env names=""
+  for env in "$CACHE"/clusters/*/cluster.env; do
+    [[ -f $env ]] && names+=" $(basename "$(dirname "$env")")"
+  done
+  echo "${names:- (none)}"
 }
 
 # ---------------------------------------------------------------- commands
@@ -468,106 +461,12 @@ cmd_up() {
   trap up_failed EXIT
   TETRAD_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok" \
     "$HACK/k8s-tools.sh" build >&2
-  rm -rf "$STATE"
-  mkdir -p "$RUN" "$LOGS" "$ETC" "$STATE/data"
-  gen_pki
-
-  local etcd_port peer_port api_port kcm_port sched_port kwok_port
-  etcd_port=$(free_port); peer_port=$(free_port "$etcd_port")
-  api_port=${TETRAD_APISERVER_PORT:-$(free_port "$etcd_port" "$peer_port")}
-  kcm_port=$(free_port "$etcd_port" "$peer_port" "$api_port")
-  sched_port=$(free_port "$etcd_port" "$peer_port" "$api_port" "$kcm_port")
-  kwok_port=$(free_port "$etcd_port" "$peer_port" "$api_port" "$kcm_port" "$sched_port")
-  APISERVER_URL=https://127.0.0.1:$api_port
-  cat > "$STATE/cluster.env" <<EOF
-TETRAD_CLUSTER_NAME=$NAME
-TETRAD_CLUSTER_STATE=$STATE
-KUBECONFIG=$STATE/kubeconfig
-APISERVER_URL=$APISERVER_URL
-ETCD_PORT=$etcd_port
-ETCD_PEER_PORT=$peer_port
-APISERVER_PORT=$api_port
-CONTROLLER_MANAGER_PORT=$kcm_port
-SCHEDULER_PORT=$sched_port
-KWOK_PORT=$kwok_port
-NODES=$NODES
-GPUS_PER_NODE=$GPUS
-EOF
-  local c
-  for c in admin kube-controller-manager kube-scheduler kwok; do
-    write_kubeconfig "$STATE/$c.kubeconfig" "$c"
-  done
-  mv "$STATE/admin.kubeconfig" "$STATE/kubeconfig"
-
-  # shellcheck disable=SC2086  # the *_ARGS variables are word lists on purpose
-  start etcd --name "$NAME" --data-dir "$STATE/data/etcd" \
-    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-    --initial-cluster "$NAME=http://127.0.0.1:$peer_port" \
-    --unsafe-no-fsync --quota-backend-bytes 8589934592 --log-level warn ${TETRAD_ETCD_ARGS:-}
-  must_wait etcd "etcd" 30 curl -sf "http://127.0.0.1:$etcd_port/health"
-
-  # Endpoint reconciling is off: the "kubernetes" Service cannot point at a
-  # loopback address, and nothing in a kwok cluster could reach it anyway.
-  # shellcheck disable=SC2086
-  start kube-apiserver --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
-    --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
-    --requestheader-client-ca-file "$PKI/front-proxy-ca.crt" --requestheader-allowed-names front-proxy-client \
-    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
-    --requestheader-extra-headers-prefix X-Remote-Extra- \
-    --proxy-client-cert-file "$PKI/front-proxy-client.crt" --proxy-client-key-file "$PKI/front-proxy-client.key" \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
-    --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-    --profiling=false --endpoint-reconciler-type none ${TETRAD_APISERVER_ARGS:-}
-  must_wait kube-apiserver "kube-apiserver /readyz" 90 curl -sf --cacert "$PKI/ca.crt" \
-    --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER_URL/readyz"
-
-  # shellcheck disable=SC2086
-  start kube-controller-manager --kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
-    --authentication-kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
-    --authorization-kubeconfig "$STATE/kube-controller-manager.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$kcm_port" --leader-elect=false \
-    --use-service-account-credentials --service-account-private-key-file "$PKI/sa.key" \
-    --root-ca-file "$PKI/ca.crt" --cluster-signing-cert-file "$PKI/ca.crt" \
-    --cluster-signing-key-file "$PKI/ca.key" --kube-api-qps 200 --kube-api-burst 400 \
-    --profiling=false ${TETRAD_CONTROLLER_MANAGER_ARGS:-}
-
-  cat > "$ETC/kube-scheduler.yaml" <<EOF
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: $STATE/kube-scheduler.kubeconfig
-  qps: 200
-  burst: 400
-leaderElection:
-  leaderElect: false
-enableProfiling: false
-EOF
-  # shellcheck disable=SC2086
-  start kube-scheduler --config "$ETC/kube-scheduler.yaml" \
-    --authentication-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
-    --authorization-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$sched_port" ${TETRAD_SCHEDULER_ARGS:-}
-
-  write_kwok_config
-  mkdir -p "$STATE/kwok-home"
-  # shellcheck disable=SC2086
-  HOME=$STATE/kwok-home start kwok --kubeconfig "$STATE/kwok.kubeconfig" --config "$ETC/kwok.yaml" \
-    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
-    --server-address "127.0.0.1:$kwok_port" ${TETRAD_KWOK_ARGS:-}
-
-  must_wait kube-controller-manager "kube-controller-manager /healthz" 60 curl -sfk "https://127.0.0.1:$kcm_port/healthz"
-  must_wait kube-scheduler "kube-scheduler /healthz" 60 curl -sfk "https://127.0.0.1:$sched_port/healthz"
-  must_wait kwok "kwok /healthz" 60 curl -sf "http://127.0.0.1:$kwok_port/healthz"
-
-  write_nodes
-  create_nodes
-  local limit=$((60 + NODES / 4))
-  must_wait kwok "$NODES nodes Ready" "$limit" test_nodes_ready
+  prepare_state
+  launch etcd 30
+  launch kube-apiserver 90
+  for c in kube-controller-manager kube-scheduler kwok; do "start_${c//-/_}"; done
+  for c in kube-controller-manager kube-scheduler kwok; do await "$c" 60; done
+  create_fake_nodes
   # The namespace's default ServiceAccount proves the controllers are working.
   must_wait kube-controller-manager "default ServiceAccount" 60 kctl get serviceaccount default -n default
 
@@ -586,11 +485,14 @@ up_failed() {
   exit "$rc"
 }
 
-test_nodes_ready() { [[ $(ready_nodes) -ge $NODES ]]; }
-
 cmd_down() {
-  local c ports="" leftover=""
-  [[ -f $STATE/cluster.env ]] && ports=$(grep '_PORT=' "$STATE/cluster.env" | cut -d= -f2 | tr '\n' ' ')
+  if ! load_state; then
+    log "error: no such cluster in $CACHE/clusters (TETRAD_CACHE=${TETRAD_CACHE:-unset}); nothing stopped"
+    log "known clusters:$(known_clusters)"
+    exit 1
+  fi
+  local c ports leftover=""
+  ports=$(grep '_PORTS\{0,1\}=' "$STATE/cluster.env" | cut -d= -f2 | tr ',\n' '  ')
   # Reverse start order: clients first, etcd last.
   for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
     local t0=$SECONDS; stop "$c"; ((SECONDS - t0 < 3)) || log "stopping $c took $((SECONDS - t0))s"
@@ -606,7 +508,10 @@ cmd_down() {
 }
 
 cmd_status() {
-  [[ -f $STATE/cluster.env ]] || { echo "cluster $NAME: not created"; return 3; }
+  if ! load_state; then
+    echo "cluster $NAME: not created in $CACHE/clusters; known:$(known_clusters)"
+    return 3
+  fi
   local c rc=0 pid
   echo "cluster $NAME ($STATE)"
   for c in $COMPONENTS; do
@@ -617,7 +522,7 @@ cmd_status() {
     fi
   done
   if ((rc == 0)); then
-    grep '^APISERVER_URL=' "$STATE/cluster.env" | sed 's/^/  /'
+    echo "  APISERVER_URL=$APISERVER_URL"
     echo "  nodes ready: $(ready_nodes)"
   fi
   return $rc

@@ -10,7 +10,8 @@
 #   hack/k8s-tools.sh versions  print tool, pinned version, stamp state
 #
 # Environment:
-#   TETRAD_CACHE     cache root (default $XDG_CACHE_HOME/tetrad, else <repo>/.cache)
+#   TETRAD_CACHE     cache root (default ${XDG_CACHE_HOME:-~/.cache}/tetrad, the same for
+#                    `make test`, `.ci/run` and every script, so nothing is built twice)
 #   TETRAD_GO_JOBS   go build -p (default 2; the builds are CPU-bound)
 #   TETRAD_TOOLS     space-separated subset of tools to build (default: all)
 set -euo pipefail
@@ -18,12 +19,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS_DIR=$REPO/hack/tools
 
-cache_root() {
-  if [[ -n ${TETRAD_CACHE:-} ]]; then echo "$TETRAD_CACHE"
-  elif [[ -n ${XDG_CACHE_HOME:-} ]]; then echo "$XDG_CACHE_HOME/tetrad"
-  else echo "$REPO/.cache"; fi
-}
-CACHE=$(cache_root)
+CACHE=${TETRAD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tetrad}
 BIN=$CACHE/bin
 
 # tool -> "wrapper-module-dir main-package pinned-module"
