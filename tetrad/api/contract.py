@@ -25,6 +25,7 @@ ENV_JOB: Final = "TETRAD_JOB"
 ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rendezvous peers
 ENV_JSONL: Final = "TETRAD_JSONL"  # rank 0 appends its JSON lines there (`tetrad run`)
 ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes for the supervisor
+ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
 
 # Labels, annotations and the scheduling gate of the objects Tetrad creates.
 LABEL_JOB: Final = "tetrad.dev/job-name"

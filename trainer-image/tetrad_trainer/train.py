@@ -26,7 +26,14 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from tetrad.api.contract import ENV_CONFIG, ENV_JSONL, ENV_METRICS_PORT, EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+from tetrad.api.contract import (
+    ENV_CONFIG,
+    ENV_JSONL,
+    ENV_METRICS_PORT,
+    EXIT_CONFIG_ERROR,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+)
 from tetrad.api.resolved import ResolvedConfig
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.config import ConfigError, load_config
@@ -34,6 +41,7 @@ from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
+from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, die_with_parent, report_exit
@@ -147,7 +155,11 @@ class Trainer:
     def run_step(self) -> None:
         """One optimizer step, then whatever is due: stopping on SIGTERM, a checkpoint, a log line."""
         self.step += 1
-        loss, grad_norm, lr = self.train_step()
+        try:
+            inject_oom_for_tests(self.step)
+            loss, grad_norm, lr = self.train_step()
+        except torch.OutOfMemoryError as e:
+            raise DeviceOutOfMemory(out_of_memory_message(self.cfg, self.device, self.step, e)) from e
         self.steps_since_log += 1
         if self.preemption.requested():
             self.checkpointer.save(self.step, blocking=True)
@@ -221,6 +233,9 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as e:
         log(str(e))
         return EXIT_PREEMPTED
+    except DeviceOutOfMemory as e:  # permanent by default: the same layout would run out again
+        log(str(e))
+        return EXIT_OOM
     finally:
         dist.destroy_process_group()
     return 0
