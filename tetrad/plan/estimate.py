@@ -15,6 +15,12 @@ from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 
 GiB = 1024**3
 FSDP = "dp_shard*cp (FSDP)"  # the comm key of the flattened FSDP dim
+# Bytes per logit at the loss's peak, in its backward: the fp32 log-probabilities saved by the
+# forward, and the fp32 gradient into and out of log-softmax (the compute-dtype logits and their
+# fp32 copy, 6 bytes in bf16, are freed by then and peak lower in the forward).
+LOSS_BYTES_PER_LOGIT = 12
+# Share of the transient memory (activations and the loss) the caching allocator loses to fragmentation.
+FRAGMENTATION = 0.05
 
 
 @dataclass(frozen=True)
@@ -37,15 +43,17 @@ class Estimate:
     params_bytes: float
     grads_bytes: float
     optimizer_bytes: float
-    activations_bytes: float
+    activations_bytes: float  # the saved activations of the microbatches in flight and the loss at its peak
     buffers_bytes: float
     model_flops: float  # per device, 6N + attention
     hardware_flops: float  # per device, with activation recompute
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per mesh dim, bytes sent per device
+    fragmentation_bytes: float = 0.0  # FRAGMENTATION of the activations (the loss's logits included)
 
     @property
     def peak_bytes(self) -> float:
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.buffers_bytes
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes
+                + self.buffers_bytes + self.fragmentation_bytes)
 
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -118,8 +126,10 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         in_flight = n_micro if w.pp_schedule == PPSchedule.GPIPE else min(n_micro, layout.pp * per_rank)
     else:
         in_flight = 1
-    logits = 2 * s * mb * m.vocab * 4 / layout.tp  # fp32 logits and their gradient, loss-parallel
-    activations = per_mb * in_flight + logits
+    # The loss over one microbatch's logits, vocab-sharded under TP (loss parallel); the chunked
+    # loss holds one slice of the sequence at a time.
+    logits = s * mb * m.vocab / layout.tp / max(1, min(w.loss_chunks, int(s)))
+    activations = per_mb * in_flight + LOSS_BYTES_PER_LOGIT * logits
 
     tokens_rank = w.global_batch * m.seq_len / layout.world_size
     model_flops = m.flops_per_token() * tokens_rank
@@ -141,4 +151,7 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         comm["cp"] = 2 * 2 * layers_rank * mb * m.seq_len * kv * cbytes * _ring(layout.cp) * n_micro
     if layout.pp > 1:
         comm["pp"] = 2 * n_micro * per_rank * tokens_micro * h * cbytes / layout.tp
-    return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm)
+    if w.loss_chunks > 1:  # each slice's output projection runs again in the backward
+        hardware_flops += 2 * m.dim * m.vocab * tokens_rank
+    return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm,
+                    fragmentation_bytes=FRAGMENTATION * activations)
