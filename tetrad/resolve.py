@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tetrad.api.manifest import parse
+from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import PRESETS
 from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
@@ -90,6 +91,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
             problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
     if spec.training.min_lr > spec.training.lr:
         problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
+    problems += check_pod_fields(spec)
 
 
 @dataclass
@@ -104,6 +106,11 @@ class Checked:
     def ok(self) -> bool:
         return not errors(self.problems)
 
+    @property
+    def degrees_invalid(self) -> bool:
+        """An explicit degree is out of range: the solver must not run on this layout."""
+        return any(p.field.startswith("spec.parallelism.") for p in self.problems)
+
 
 def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     """All semantic problems of a parsed spec; `auto` degrees are solved once, here."""
@@ -111,7 +118,7 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     check_other(spec, checked.problems)
     check_explicit_degrees(spec, checked.problems)
     checked.model = expand_model(spec, checked.problems)
-    if checked.model is None or any(p.field.startswith("spec.parallelism.") for p in checked.problems):
+    if checked.model is None or checked.degrees_invalid:
         return checked
     checked.solution = solve(spec, checked.model)
     if checked.solution.layout is None:

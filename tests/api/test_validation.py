@@ -105,6 +105,7 @@ def test_checkpoint_warnings():
     assert [p.field for p in unmounted] == ["spec.checkpoint.volume"] and "/ckpt" in unmounted[0].message
     assert warnings(enabled=True, path="/ckpt", volume={"persistentVolumeClaim": {"claimName": "c"}}) == []
     mounted_by_template = validate_document(manifest(checkpoint={"enabled": True, "path": "/ckpt"},
-                                                     template={"volumeMounts": [{"name": "v", "mountPath": "/ckpt"}]}))
+                                                     template={"volumes": [{"name": "v", "emptyDir": {}}],
+                                                                   "volumeMounts": [{"name": "v", "mountPath": "/ckpt"}]}))
     assert mounted_by_template == []
     assert [p.field for p in warnings(enabled=True, keepLast=1, volume={"emptyDir": {}})] == ["spec.checkpoint.keepLast"]

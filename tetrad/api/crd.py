@@ -14,7 +14,13 @@ from typing import Any
 from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from tetrad.api.presets import PRESETS
 from tetrad.api.rules import DEFAULT_MULTI_STAGES_PER_RANK, MULTI_STAGE, NON_BLOCK_STAGE_UNITS
-from tetrad.api.spec import ParallelTrainingJobSpec, ParallelTrainingJobStatus
+from tetrad.api.spec import (
+    CHECKPOINT_PATH_RULE,
+    DNS1035_LABEL,
+    JOB_NAME_MAX,
+    ParallelTrainingJobSpec,
+    ParallelTrainingJobStatus,
+)
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
 IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model")
@@ -191,6 +197,7 @@ def spec_schema() -> dict[str, Any]:
     for name in IMMUTABLE:
         props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []), immutable_rule(name)]
     s["x-kubernetes-validations"] = spec_rules()
+    props["checkpoint"]["properties"]["path"]["x-kubernetes-validations"] = [CHECKPOINT_PATH_RULE]
     s["description"] = "The desired training job: its size, 4D layout, model, training, data and policies."
     return s
 
@@ -235,7 +242,8 @@ def crd() -> dict[str, Any]:
                     "properties": {
                         "apiVersion": {"type": "string", "description": "APIVersion of this object: tetrad.dev/v1alpha1."},
                         "kind": {"type": "string", "description": "Kind of this object: ParallelTrainingJob."},
-                        "metadata": {"type": "object"},
+                        "metadata": {"type": "object", "properties": {"name": {
+                            "type": "string", "maxLength": JOB_NAME_MAX, "pattern": f"^{DNS1035_LABEL.pattern}$"}}},
                         "spec": spec_schema(),
                         "status": status_schema(),
                     },

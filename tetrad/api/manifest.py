@@ -1,14 +1,120 @@
-"""From a manifest (a parsed YAML mapping) to the model: pydantic errors become field-named problems."""
+"""From YAML text to the model: bounded, strict parsing, and pydantic errors as field-named problems.
+
+`load_manifests` reads what a user hands the CLI and refuses, before anything is expanded or
+built, what could exhaust the process: text over MAX_MANIFEST_BYTES (the apiserver's 3 MiB request
+cap), nesting deeper than MAX_DEPTH, aliases that expand to more than MAX_ALIAS_EXPANSION nodes
+beyond the text's own (a "billion laughs" bomb) or refer to themselves. Duplicate keys are errors
+naming both lines. Timestamps stay strings, as they do in the JSON kubectl sends.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+import yaml
 from pydantic import ValidationError
 
 from tetrad.api.contract import API_VERSION, KIND
 from tetrad.api.problems import Problem
 from tetrad.api.spec import ParallelTrainingJob
+
+MAX_MANIFEST_BYTES: Final = 3 * 1024 * 1024
+MAX_DEPTH: Final = 64
+MAX_ALIAS_EXPANSION: Final = 10_000
+# Longest value or field name quoted in a problem.
+MAX_SHOWN: Final = 80
+
+
+class ManifestError(Exception):
+    """Text that cannot be read as manifests; the message is user-facing and names the line."""
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+_Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_Base):  # type: ignore[misc]
+    """SafeLoader (libyaml's parser when available) that rejects duplicate keys, keeps timestamps as text."""
+
+    yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get((type(key), key))
+            except TypeError:
+                raise ManifestError(f"line {line}: a mapping key must be a scalar") from None
+            if first is not None:
+                raise ManifestError(f"line {line}: duplicate key {shorten(repr(key))} (first at line {first});"
+                                    " remove one of them")
+            seen[(type(key), key)] = line
+        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+
+
+def _check_graph(root: yaml.Node) -> None:
+    """Depth, alias expansion and alias cycles of a composed document, without expanding it."""
+    expanded: dict[int, int] = {}  # id(node) -> nodes it stands for when expanded
+    on_path: set[int] = set()
+    distinct = 0
+    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
+    while stack:
+        node, depth, done = stack.pop()
+        key = id(node)
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+            node.value if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            on_path.discard(key)
+            expanded[key] = 1 + sum(expanded[id(c)] for c in children)
+            continue
+        if key in on_path:
+            raise ManifestError(f"line {node.start_mark.line + 1}: an alias refers to a node that contains it")
+        if key in expanded:
+            continue
+        if depth > MAX_DEPTH:
+            raise ManifestError(f"line {node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
+        distinct += 1
+        on_path.add(key)
+        stack.append((node, depth, True))
+        stack.extend((c, depth + 1, False) for c in children if id(c) not in expanded)
+    extra = expanded[id(root)] - distinct
+    if extra > MAX_ALIAS_EXPANSION:
+        raise ManifestError(f"aliases expand to {extra} more nodes than the text holds (limit {MAX_ALIAS_EXPANSION});"
+                            " write the repeated parts out or drop the anchors")
+
+
+def load_manifests(text: str | bytes) -> list[Any]:
+    """The non-empty YAML documents of `text`; ManifestError (naming the line) for anything refused."""
+    if len(text) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{len(text)} bytes is over the {MAX_MANIFEST_BYTES}-byte limit of a manifest")
+    loader = _Loader(text)
+    docs: list[Any] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            _check_graph(node)
+            docs.append(loader.construct_document(node))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ManifestError(f"invalid YAML{where}: {shorten(getattr(e, 'problem', None) or str(e), 200)}") from None
+    except RecursionError:
+        raise ManifestError(f"nested deeper than {MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+    return [d for d in docs if d is not None]
 
 
 def parse(document: Any) -> tuple[ParallelTrainingJob | None, list[Problem]]:
@@ -16,20 +122,36 @@ def parse(document: Any) -> tuple[ParallelTrainingJob | None, list[Problem]]:
     if not isinstance(document, dict):
         return None, [Problem("<document>", f"expected a YAML mapping, got {type(document).__name__}")]
     if document.get("kind") != KIND:
-        return None, [Problem("kind", f"kind={document.get('kind')!r} is not {KIND}; set kind: {KIND}")]
+        return None, [Problem("kind", f"kind={shorten(repr(document.get('kind')))} is not {KIND}; set kind: {KIND}")]
     if document.get("apiVersion") != API_VERSION:
-        return None, [Problem("apiVersion", f"apiVersion={document.get('apiVersion')!r} is not supported; set apiVersion: {API_VERSION}")]
+        return None, [Problem("apiVersion", f"apiVersion={shorten(repr(document.get('apiVersion')))} is not supported;"
+                                            f" set apiVersion: {API_VERSION}")]
     try:
         return ParallelTrainingJob.model_validate(document), []
     except ValidationError as e:
-        return None, [_from_pydantic(err) for err in e.errors()]
+        return None, _from_pydantic(e.errors())
 
 
-def _from_pydantic(err: Any) -> Problem:
-    loc = [str(x) for x in err["loc"] if not (isinstance(x, str) and x in ("int", "literal['auto']"))]
-    field = ".".join(loc) or "<document>"
-    value = err.get("input")
-    shown = "" if isinstance(value, dict) else f" (got {value!r})"
+# Union members pydantic names in an error's location (int | 'auto' degrees): not fields.
+_UNION_TAGS: Final = ("int", "literal['auto']", "str", "none")
+
+
+def _from_pydantic(errs: list[Any]) -> list[Problem]:
+    """One problem per field; the alternatives of a union (an int or 'auto') merge into one."""
+    by_field: dict[str, list[str]] = {}
+    for err in errs:
+        loc = [shorten(str(x), 40) for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS)]
+        field = ".".join(loc) or "<document>"
+        by_field.setdefault(field, []).append(_message(err))
+    return [Problem(field, " or ".join(dict.fromkeys(msgs))) for field, msgs in by_field.items()]
+
+
+def _message(err: Any) -> str:
     if err["type"] == "extra_forbidden":
-        return Problem(field, "unknown field; remove it or check its spelling against `kubectl explain ptj.spec`")
-    return Problem(field, f"{err['msg']}{shown}")
+        return "unknown field; remove it or check its spelling against `kubectl explain ptj.spec`"
+    if err["type"] == "missing":
+        return "required field is missing"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    shown = "" if isinstance(value, dict | list) else f" (got {shorten(repr(value))})"
+    return f"{msg}{shown}"

@@ -6,22 +6,83 @@ Every field carries a description: it becomes `kubectl explain` text in the gene
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from tetrad.api.contract import API_VERSION, EXIT_CONFIG_ERROR, EXIT_OOM, KIND
+from tetrad.api.contract import API_VERSION, CONFIG_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, KIND
 
 Auto = Literal["auto"]
 Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-string": True})]
 
 
-class CamelModel(BaseModel):
-    """Base of the API objects: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+MAX_NODES: Final = 100000
+# Kubernetes limits (k8s.io/apimachinery/pkg/util/validation).
+DNS1123_LABEL_MAX: Final = 63
+DNS1035_LABEL: Final = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+# The job's name becomes the Service, the label value tetrad.dev/job-name and, with "-<rank>"
+# appended, each pod's hostname: all DNS labels of at most 63 characters.
+# tests/api/test_hostile.py checks every name in tetrad/render/names.py against this room.
+JOB_NAME_MAX: Final = DNS1123_LABEL_MAX - len(f"-{MAX_NODES - 1}")
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+def _job_name(name: str) -> str:
+    if not name:
+        raise ValueError("metadata.name is required; set a DNS-1035 label such as my-job")
+    if len(name) > JOB_NAME_MAX:
+        raise ValueError(f"name is {len(name)} characters; at most {JOB_NAME_MAX} leave room for the pods' "
+                         f"hostname suffix -<rank> within Kubernetes' 63-character DNS label")
+    if not DNS1035_LABEL.fullmatch(name):
+        raise ValueError("name must be a DNS-1035 label: lowercase letters, digits and '-', starting with a letter"
+                         " and ending with a letter or digit, e.g. my-job")
+    return name
+
+
+def _namespace(name: str) -> str:
+    if len(name) > DNS1123_LABEL_MAX or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
+        raise ValueError("namespace must be a DNS-1123 label (lowercase letters, digits, '-', at most 63)")
+    return name
+
+
+# checkpoint.path: absolute and normalized (no '//', '.', '..', trailing '/'), not /, and apart from
+# the config mount (neither CONFIG_DIR, under it, nor above it). The CRD carries the same rule in CEL.
+_ABSOLUTE_NORMAL: Final = r"^(/[^/]+)+$"
+_DOT_COMPONENT: Final = r"/[.][.]?(/|$)"
+CHECKPOINT_PATH_RULE: Final = {
+    "rule": f"self.matches('{_ABSOLUTE_NORMAL}') && !self.matches('{_DOT_COMPONENT}') && self != '{CONFIG_DIR}'"
+            f" && !self.startsWith('{CONFIG_DIR}/') && !'{CONFIG_DIR}'.startsWith(self + '/')",
+    "message": f"spec.checkpoint.path must be an absolute, normalized directory other than / that does not overlap"
+               f" {CONFIG_DIR}, e.g. /checkpoints",
+}
+
+
+def _checkpoint_path(path: str) -> str:
+    if not re.search(_ABSOLUTE_NORMAL, path) or re.search(_DOT_COMPONENT, path):
+        raise ValueError("checkpoint.path must be an absolute, normalized directory other than / (no '//', '.',"
+                         " '..' or trailing '/'), e.g. /checkpoints")
+    if path == CONFIG_DIR or path.startswith(CONFIG_DIR + "/") or CONFIG_DIR.startswith(path + "/"):
+        raise ValueError(f"checkpoint.path overlaps {CONFIG_DIR}, where the pod's config is mounted; use e.g. /checkpoints")
+    return path
+
+
+def _image(image: str) -> str:
+    if not image or image != image.strip() or any(c.isspace() for c in image):
+        raise ValueError("image must be a non-empty container image reference without whitespace")
+    return image
+
+
+class CamelModel(BaseModel):
+    """Base of the API objects: camelCase on the wire, snake_case in Python, unknown fields rejected.
+
+    Strict like the CRD: no coercion ("2" is not an integer, 1 is not a boolean), finite numbers only.
+    Enums are validated from their string values (`strict=False` on those fields alone).
+    """
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True,
+                              allow_inf_nan=False)
 
 
 class PPSchedule(StrEnum):
@@ -37,7 +98,7 @@ class Parallelism(CamelModel):
     tp: Degree = Field(1, description="Tensor-parallel degree, with sequence parallel on the norms. Must divide heads and kvHeads; keep it within a node. An integer >= 1 or 'auto'.")
     cp: Degree = Field(1, description="Context-parallel degree: the sequence is split into 2*cp load-balanced chunks. An integer >= 1 or 'auto'.")
     pp: Degree = Field(1, description="Pipeline-parallel degree (number of ranks in a pipeline). An integer >= 1 or 'auto'.")
-    pp_schedule: PPSchedule = Field(PPSchedule.ONE_F_ONE_B, description="Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (several stages per rank) or ZeroBubble.")
+    pp_schedule: PPSchedule = Field(PPSchedule.ONE_F_ONE_B, strict=False, description="Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (several stages per rank) or ZeroBubble.")
     pp_microbatches: int | None = Field(None, ge=1, description="Pipeline microbatches per step and data-parallel rank. Must be at least the number of pipeline stages. Defaults to the number of stages.")
     pp_stages_per_rank: int | None = Field(None, ge=1, description="Pipeline stages held by each rank. Defaults to 2 for Interleaved1F1B and ZeroBubble, 1 otherwise.")
 
@@ -79,12 +140,12 @@ class Training(CamelModel):
     lr: float = Field(3e-4, gt=0, description="Peak learning rate of AdamW.")
     min_lr: float = Field(3e-5, ge=0, description="Learning rate at the end of the decay.")
     warmup_steps: int = Field(10, ge=0, description="Linear warmup steps.")
-    lr_schedule: LRSchedule = Field(LRSchedule.COSINE, description="Decay after warmup: cosine, linear or constant.")
+    lr_schedule: LRSchedule = Field(LRSchedule.COSINE, strict=False, description="Decay after warmup: cosine, linear or constant.")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this value; 0 disables clipping.")
     seed: int = Field(0, ge=0, description="Seed for weights and synthetic data; the same seed gives the same run for every layout.")
-    precision: Precision = Field(Precision.BF16, description="Compute precision: bf16 (bf16 params, fp32 reduce and master weights) or fp32.")
-    activation_checkpointing: ActivationCheckpointing = Field(ActivationCheckpointing.NONE, description="Activation checkpointing: none, full (every block) or selective (every other block).")
+    precision: Precision = Field(Precision.BF16, strict=False, description="Compute precision: bf16 (bf16 params, fp32 reduce and master weights) or fp32.")
+    activation_checkpointing: ActivationCheckpointing = Field(ActivationCheckpointing.NONE, strict=False, description="Activation checkpointing: none, full (every block) or selective (every other block).")
     compile: bool = Field(False, description="torch.compile each transformer block.")
     loss_chunks: int = Field(1, ge=1, le=1024, description="Apply the output projection and the loss to this many slices of the sequence, recomputing each slice's logits in the backward: the batch x seq x vocab logits and their fp32 copies exist one slice at a time (less memory, one more output-layer forward). 1: the plain loss.")
 
@@ -96,7 +157,7 @@ class DataSource(StrEnum):
 
 
 class Data(CamelModel):
-    source: DataSource = Field(DataSource.SYNTHETIC, description="synthetic (deterministic from the seed), text (a local text file) or tokens (a pre-tokenized, memory-mapped token file).")
+    source: DataSource = Field(DataSource.SYNTHETIC, strict=False, description="synthetic (deterministic from the seed), text (a local text file) or tokens (a pre-tokenized, memory-mapped token file).")
     path: str | None = Field(None, description="Path inside the pod of the text or token file.")
     tokenizer: str = Field("byte", description="For text: 'byte' for the byte-level tokenizer, or the path of a local tokenizer.json.")
     token_dtype: Literal["uint16", "uint32"] = Field("uint16", description="Element type of a token file.")
@@ -104,7 +165,8 @@ class Data(CamelModel):
 
 class Checkpoint(CamelModel):
     enabled: bool = Field(False, description="Save DCP checkpoints.")
-    path: str = Field("/checkpoints", description="Directory of the checkpoints inside the pod.")
+    path: Annotated[str, AfterValidator(_checkpoint_path)] = Field(
+        "/checkpoints", description=f"Absolute directory of the checkpoints inside the pod; not /, not under {CONFIG_DIR}.")
     volume: dict[str, Any] | None = Field(None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
                                           description="A Kubernetes volume source mounted at path, e.g. {persistentVolumeClaim: {claimName: ckpt}}. Without it, mount a volume at path through the pod template.")
     interval: int = Field(100, ge=1, description="Save every this many steps.")
@@ -151,7 +213,7 @@ class Scheduler(StrEnum):
 
 
 class Gang(CamelModel):
-    scheduler: Scheduler = Field(Scheduler.BUILTIN, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins) or kueue.")
+    scheduler: Scheduler = Field(Scheduler.BUILTIN, strict=False, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins) or kueue.")
     queue: str | None = Field(None, description="Queue name: the Volcano queue or the Kueue LocalQueue.")
     timeout_seconds: int = Field(300, ge=1, description="If some pods are still unscheduled this long after release, the gang is re-gated and retried with backoff.")
     scheduler_name: str | None = Field(None, description="Pod schedulerName; defaults to 'volcano' for volcano, 'scheduler-plugins-scheduler' for coscheduling, the default scheduler otherwise.")
@@ -172,7 +234,7 @@ class RunPolicy(CamelModel):
     permanent_exit_codes: list[int] = Field(default_factory=lambda: [EXIT_OOM, EXIT_CONFIG_ERROR], description="Exit codes that fail the job at once, without a restart. Default: 77 (the trainer ran out of device memory) and 78 (a config the trainer cannot run).")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has been active this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it succeeded or failed.")
-    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
+    clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, strict=False, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
     suspend: bool = Field(False, description="Suspend the job: its pods are deleted and the job kept; set false to resume. Kueue admits jobs this way.")
     termination_grace_period_seconds: int = Field(120, ge=0, description="Time a pod has after SIGTERM to save a checkpoint and exit.")
 
@@ -183,7 +245,7 @@ class Rendezvous(CamelModel):
 
 
 class ParallelTrainingJobSpec(CamelModel):
-    nodes: int = Field(1, ge=1, le=100000, description="Number of pods (one torchrun agent per pod).")
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of pods (one torchrun agent per pod).")
     nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="The 4D layout. The product of the degrees must equal nodes * nprocPerNode.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="The Llama-style model: a preset and optional explicit dims.")
@@ -191,7 +253,7 @@ class ParallelTrainingJobSpec(CamelModel):
     data: Data = Field(default_factory=Data, description="Where training tokens come from.")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="DCP checkpointing and resume.")
     metrics: Metrics = Field(default_factory=Metrics, description="Prometheus endpoint and logging.")
-    image: str = Field("tetrad/trainer:0.1.0", description="Trainer container image.")
+    image: Annotated[str, AfterValidator(_image)] = Field("tetrad/trainer:0.1.0", min_length=1, description="Trainer container image.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent", description="Image pull policy of the trainer container.")
     resources: Resources = Field(default_factory=Resources, description="Per-pod resources and the GPU's memory for planning.")
     template: PodTemplate = Field(default_factory=PodTemplate, description="A partial pod template merged into every pod.")
@@ -201,9 +263,9 @@ class ParallelTrainingJobSpec(CamelModel):
 
 
 class ObjectMeta(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = "job"
-    namespace: str = "default"
+    model_config = ConfigDict(extra="allow", strict=True)
+    name: Annotated[str, AfterValidator(_job_name)]
+    namespace: Annotated[str, AfterValidator(_namespace)] = "default"
     uid: str | None = None
     generation: int | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -238,7 +300,7 @@ class TrainingStatus(CamelModel):
 
 
 class ParallelTrainingJobStatus(CamelModel):
-    phase: Phase | None = Field(None, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
+    phase: Phase | None = Field(None, strict=False, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
     restarts: int = Field(0, description="Whole-gang restarts so far, disruptions included.")
     disruptions: int = Field(0, description="Restarts the cluster caused, not the job: preemption (exit 75), "
@@ -256,6 +318,6 @@ class ParallelTrainingJob(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
     api_version: Literal["tetrad.dev/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
     kind: Literal["ParallelTrainingJob"] = KIND
-    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    metadata: ObjectMeta
     spec: ParallelTrainingJobSpec = Field(default_factory=ParallelTrainingJobSpec)
     status: ParallelTrainingJobStatus | None = None

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
-import yaml
 
 from tetrad.api import ParallelTrainingJob, Problem, parse
+from tetrad.api.manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifests, shorten
 from tetrad.resolve import validate_spec
 
 COMMANDS_GROUP = "tetrad.commands"
@@ -27,27 +27,34 @@ COMMANDS_GROUP = "tetrad.commands"
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tetrad: 4D-parallel PyTorch training on Kubernetes.")
 
 
-class ManifestError(Exception):
-    """A file that cannot be read as ParallelTrainingJob manifests; the message is user-facing."""
+STDIN = Path("-")
+
+
+def read_text(path: Path) -> bytes:
+    """The bytes of `path` (`-` is stdin, as for kubectl), at most one byte past the manifest limit."""
+    try:
+        if path == STDIN:
+            return sys.stdin.buffer.read(MAX_MANIFEST_BYTES + 1)
+        with path.open("rb") as f:
+            return f.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise ManifestError("no such file") from None
+    except OSError as e:  # a directory, a path through a file, a symlink loop, a name too long, no permission
+        raise ManifestError(f"cannot read: {e.strerror or e}") from None
 
 
 def load_documents(path: Path) -> list[Any]:
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{path}: cannot read: {e.strerror if isinstance(e, OSError) else e}") from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ManifestError(f"{path}: invalid YAML{where}: {problem}") from None
+        docs = load_manifests(read_text(path))
+    except ManifestError as e:
+        raise ManifestError(f"{_shown(path)}: {e}") from None
     if not docs:
-        raise ManifestError(f"{path}: empty file, expected a ParallelTrainingJob manifest")
+        raise ManifestError(f"{_shown(path)}: empty file, expected a ParallelTrainingJob manifest")
     return docs
+
+
+def _shown(path: Path) -> str:
+    return "<stdin>" if path == STDIN else shorten(str(path), 200)
 
 
 def load_document(path: Path) -> Any:
@@ -57,7 +64,7 @@ def load_document(path: Path) -> Any:
     except ManifestError as e:
         _fail([str(e)])
     if len(docs) != 1:
-        _fail([f"{path}: expected one ParallelTrainingJob, found {len(docs)} documents; split the file or use `tetrad validate`"])
+        _fail([f"{_shown(path)}: expected one ParallelTrainingJob, found {len(docs)} documents; split the file or use `tetrad validate`"])
     return docs[0]
 
 
@@ -68,7 +75,7 @@ def load_job(path: Path) -> ParallelTrainingJob:
         problems = validate_spec(job.spec)
     errors = [p for p in problems if p.severity == "error"]
     if errors or job is None:
-        _fail([f"{path}: {p}" for p in errors])
+        _fail([f"{_shown(path)}: {p}" for p in errors])
     return job
 
 
@@ -90,7 +97,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
             failed = True
             continue
         for i, doc in enumerate(docs):
-            where = f"{path}" if len(docs) == 1 else f"{path}[{i}]"
+            where = _shown(path) if len(docs) == 1 else f"{_shown(path)}[{i}]"
             job, problems = parse(doc)
             if job is not None:
                 problems = validate_spec(job.spec)
@@ -99,25 +106,17 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
             if any(p.severity == "error" for p in problems):
                 failed = True
             else:
-                name = doc.get("metadata", {}).get("name", "?") if isinstance(doc, dict) else "?"
-                typer.echo(f"ok: {where}: {name}")
+                typer.echo(f"ok: {where}: {job.metadata.name if job else '?'}")
     raise typer.Exit(1 if failed else 0)
-
-
-def _dump_all(objects: list[dict[str, Any]]) -> str:
-    class NoAliases(yaml.SafeDumper):
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    return yaml.dump_all(objects, Dumper=NoAliases, sort_keys=False, width=120)
 
 
 @app.command()
 def render(file: Path, restart: int = typer.Option(0, help="Render the gang of this restart.")) -> None:
     """Print the Kubernetes objects the operator creates for FILE."""
+    from tetrad.cli.yamlout import dump_all
     from tetrad.render import render as render_job
 
-    typer.echo(_dump_all(render_job(load_job(file), restart=restart).objects()), nl=False)
+    typer.echo(dump_all(render_job(load_job(file), restart=restart).objects()), nl=False)
 
 
 @app.command()
@@ -127,7 +126,7 @@ def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print J
 
     job, problems = parse(load_document(file))
     if job is None:
-        _fail([f"{file}: {p}" for p in problems])
+        _fail([f"{_shown(file)}: {p}" for p in problems])
     report = plan_job(job)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
@@ -147,14 +146,32 @@ def crd() -> None:
 @app.command()
 def run(
     file: Path,
-    steps: int | None = typer.Option(None, help="Train this many steps instead of spec.training.steps."),
+    steps: int | None = typer.Option(None, min=1, help="Train this many steps instead of spec.training.steps."),
     jsonl: Path | None = typer.Option(None, help="Also write rank 0's JSON lines here."),
     workdir: Path | None = typer.Option(None, help="Directory for the resolved config and logs."),
 ) -> None:
     """Run the job locally, without a cluster: the same environment a pod gets."""
     from tetrad.launch.local import run_local
 
-    raise typer.Exit(run_local(load_job(file), steps=steps, jsonl=jsonl, workdir=workdir))
+    job = load_job(file)
+    _check_writable(jsonl, workdir)
+    raise typer.Exit(run_local(job, steps=steps, jsonl=jsonl, workdir=workdir))
+
+
+def _check_writable(jsonl: Path | None, workdir: Path | None) -> None:
+    """Refuse, before anything starts, a --workdir that cannot be a directory or a --jsonl that cannot be a file."""
+    try:
+        if workdir is not None:
+            workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail([f"--workdir {shorten(str(workdir), 200)}: cannot create the directory: {e.strerror or e}"])
+    try:
+        if jsonl is not None:
+            jsonl.parent.mkdir(parents=True, exist_ok=True)
+            with jsonl.open("a"):
+                pass
+    except OSError as e:
+        _fail([f"--jsonl {shorten(str(jsonl), 200)}: cannot write the file: {e.strerror or e}"])
 
 
 def register_commands(target: typer.Typer) -> None:

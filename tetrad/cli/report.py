@@ -15,7 +15,7 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
     checked = check_spec(spec)
     cfg = checked.model
     report: dict[str, Any] = {"job": job.metadata.name, "fits": False}
-    if cfg is None:
+    if cfg is None or checked.degrees_invalid:
         report["problems"] = [str(p) for p in checked.problems if p.severity == "error"]
         return report
     solution = checked.solution or solve(spec, cfg)  # solved here when another field is wrong

@@ -24,8 +24,6 @@ TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", 
 # torchrun's grace for workers after SIGTERM: the pod's grace period less time to exit.
 SHUTDOWN_MARGIN_SECONDS = 10
 WAIT_COMMAND = ["python", "-m", "tetrad.rendezvous"]
-# Writable paths under a read-only root filesystem.
-SCRATCH_MOUNTS = {"tmp": "/tmp", "cache": "/home/tetrad/.cache", "dshm": "/dev/shm"}
 
 
 @dataclass
@@ -95,14 +93,18 @@ def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
 
 def _volumes(job: ParallelTrainingJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     spec = job.spec
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.configmap(job.metadata.name)}}]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": contract.CONFIG_DIR, "readOnly": True}]
-    for name, path in SCRATCH_MOUNTS.items():
-        volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if name == "dshm" else {}})
-        mounts.append({"name": name, "mountPath": path})
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    for name, path in contract.POD_VOLUMES.items():  # the config, then writable scratch paths
+        if path == contract.CONFIG_DIR:
+            volumes.append({"name": name, "configMap": {"name": names.configmap(job.metadata.name)}})
+            mounts.append({"name": name, "mountPath": path, "readOnly": True})
+        else:
+            volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if path == "/dev/shm" else {}})
+            mounts.append({"name": name, "mountPath": path})
     if spec.checkpoint.volume:
-        volumes.append({"name": "checkpoints", **spec.checkpoint.volume})
-        mounts.append({"name": "checkpoints", "mountPath": spec.checkpoint.path})
+        volumes.append({"name": contract.CHECKPOINT_VOLUME, **spec.checkpoint.volume})
+        mounts.append({"name": contract.CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.path})
     volumes += copy.deepcopy(spec.template.volumes)
     mounts += copy.deepcopy(spec.template.volume_mounts)
     return volumes, mounts
