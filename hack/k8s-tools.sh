@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the pinned control-plane tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok, kwokctl, helm) from Go modules into a
-# git-ignored cache. Versions live only in the wrapper modules under
+# Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, kubelet, etcd, kwok, kwokctl, helm, coredns) from Go
+# modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
 #   hack/k8s-tools.sh [build]   build whatever is missing or stale (default)
@@ -32,8 +32,10 @@ declare -A SPEC=(
   [kwok]="kwok sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok"
   [kwokctl]="kwok sigs.k8s.io/kwok/cmd/kwokctl sigs.k8s.io/kwok"
   [helm]="helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4"
+  [kubelet]=". k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes"
+  [coredns]="coredns github.com/coredns/coredns github.com/coredns/coredns"
 )
-ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm"
+ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet coredns"
 
 # Pinned version of module $2 in the wrapper module at $1 (plain go.mod read,
 # so the warm path does not need the Go toolchain to load the module graph).
@@ -42,11 +44,32 @@ pinned_version() {
                  ($1 == m && $2 ~ /^v/) { print $2; exit }' "$1/go.mod"
 }
 
-# The stamp ties a binary to its pin and to the exact dependency set (go.sum).
+# The stamp ties a binary to its pin and to its wrapper module (go.mod +
+# go.sum): "VERSION modsum=HASH deps=HASH". When the module changes (a tool
+# added beside it), the binary is relinked only if its own build graph
+# changed: deps= hashes every module (path@version) its main package uses,
+# and the Go version.
 stamp_for() {
   local dir=$1 version=$2 sum
   sum=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
   echo "$version modsum=$sum"
+}
+
+deps_of() {
+  local t=$1
+  (cd "$(tool_dir "$t")" && { go env GOVERSION; go list -deps -f \
+    '{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}={{.Path}}@{{.Version}}{{end}}{{end}}' \
+    "$(tool_field "$t" 1)"; } | sort -u | sha256sum | cut -c1-16)
+}
+
+stamped_deps() {
+  [[ ! -f $BIN/.stamp-$1 ]] || sed -n 's/.* deps=\([0-9a-f]*\).*/\1/p' "$BIN/.stamp-$1"
+}
+
+# Written to a temp name and renamed, so a concurrent reader never sees half a stamp.
+write_stamp() {
+  echo "$(stamp_for "$(tool_dir "$1")" "$(tool_version "$1")") deps=$(deps_of "$1")" > "$BIN/.stamp-$1.tmp"
+  mv -f "$BIN/.stamp-$1.tmp" "$BIN/.stamp-$1"
 }
 
 tool_field() { local -a f; read -ra f <<< "${SPEC[$1]}"; echo "${f[$2]}"; }
@@ -54,9 +77,10 @@ tool_dir() { echo "$TOOLS_DIR/$(tool_field "$1" 0)"; }
 tool_version() { pinned_version "$(tool_dir "$1")" "$(tool_field "$1" 2)"; }
 
 is_fresh() {
-  local t=$1
-  [[ -x $BIN/$t && -f $BIN/.stamp-$t ]] &&
-    [[ $(cat "$BIN/.stamp-$t") == "$(stamp_for "$(tool_dir "$t")" "$(tool_version "$t")")" ]]
+  local t=$1 stamp
+  [[ -x $BIN/$t && -f $BIN/.stamp-$t ]] || return 1
+  stamp=$(cat "$BIN/.stamp-$t")
+  [[ ${stamp% deps=*} == "$(stamp_for "$(tool_dir "$t")" "$(tool_version "$t")")" ]]
 }
 
 ldflags_for() {
@@ -64,7 +88,7 @@ ldflags_for() {
   v=$(tool_version "$t")
   local date; date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   case $t in
-    kube-*|kubectl)
+    kube-*|kubectl|kubelet)
       # The module zip carries no git metadata and the proxy gives no commit
       # hash, so gitCommit is left empty rather than invented.
       local major=${v#v}; major=${major%%.*}
@@ -81,16 +105,25 @@ ldflags_for() {
       # Make kwokctl default to the Kubernetes version we actually built.
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}" ;;
     helm) echo "-s -w -X helm.sh/helm/v4/internal/version.version=$v -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
+    coredns) echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=module-$v" ;;
   esac
 }
 
 build() {
   local want=${TETRAD_TOOLS:-$ALL_TOOLS} t
   local -a stale=()
+  local -a unhashed=()
   for t in $want; do
     [[ -n ${SPEC[$t]:-} ]] || { echo "unknown tool: $t" >&2; exit 2; }
-    is_fresh "$t" || stale+=("$t")
+    if ! is_fresh "$t"; then stale+=("$t")
+    elif [[ -z $(stamped_deps "$t") ]]; then unhashed+=("$t")
+    fi
   done
+  if command -v go >/dev/null; then
+    export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly"
+    # Stamps from before deps= existed: add it once (a few seconds per tool).
+    for t in "${unhashed[@]}"; do write_stamp "$t"; done
+  fi
   if ((${#stale[@]} == 0)); then
     echo "k8s-tools: all up to date in $BIN"
     return 0
@@ -108,17 +141,23 @@ build() {
     ((${#still[@]})) || { echo "k8s-tools: all up to date in $BIN"; return 0; }
     stale=("${still[@]}")
   fi
-  export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly"
   local jobs=${TETRAD_GO_JOBS:-2} start=$SECONDS
   for t in "${stale[@]}"; do
-    local dir pkg t0=$SECONDS
+    local dir pkg t0=$SECONDS old
     dir=$(tool_dir "$t"); pkg=$(tool_field "$t" 1)
+    old=$(stamped_deps "$t")
+    if [[ -x $BIN/$t && -n $old && ${old} == "$(deps_of "$t")" &&
+          $(cut -d' ' -f1 "$BIN/.stamp-$t") == "$(tool_version "$t")" ]]; then
+      write_stamp "$t"
+      echo "k8s-tools: $t $(tool_version "$t"): its build graph is unchanged, kept"
+      continue
+    fi
     echo "k8s-tools: building $t $(tool_version "$t") ..."
     rm -f "$BIN/.stamp-$t"
     # Build to a temp name and rename, so an interrupted build never looks done.
     (cd "$dir" && go build -p "$jobs" -trimpath -ldflags "$(ldflags_for "$t")" -o "$BIN/.$t.tmp" "$pkg")
     mv -f "$BIN/.$t.tmp" "$BIN/$t"
-    stamp_for "$dir" "$(tool_version "$t")" > "$BIN/.stamp-$t"
+    write_stamp "$t"
     echo "k8s-tools: built $t in $((SECONDS - t0))s"
   done
   echo "k8s-tools: done in $((SECONDS - start))s -> $BIN"
