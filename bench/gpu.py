@@ -1,0 +1,301 @@
+"""Tetrad against a Hugging Face transformers loop and a hand-written loop, on one GPU, in one run.
+
+For each configuration, three systems train the same dims on the same synthetic batches, each in
+a fresh process (clean memory statistics; an out-of-memory error ends only its own row):
+
+    tetrad   Trainer.run_step of tetrad_trainer, one process (all degrees 1)
+    hf       transformers LlamaForCausalLM of the same dims (untied embeddings), fp32 weights,
+             bf16 autocast, SDPA attention, fused AdamW, gradient clipping; torch.compile(model)
+             when the configuration compiles; gradient checkpointing (HF has only full) with AC
+    hand     the hand-written loop of bench/trainer.py: tetrad_trainer.model.Transformer, autocast,
+             fused AdamW, plain cross-entropy; torch.compile(model) when the configuration compiles
+
+It prints one table: median tokens/s after the warm-up, MFU (6N + attention FLOPs over the
+datasheet peak), peak memory allocated, the planner's predicted tokens/s and peak (tetrad plan for
+the same job on one GPU of --gpu-type), and each system's throughput over the hf row of the same
+configuration. transformers is optional: without it the hf rows say so and ratios are left out.
+
+    python bench/gpu.py [--configs all] [--steps 30] [--warmup 10] [--gpu-type H100] [--out results.json]
+    python bench/gpu.py --smoke       # CPU, debug preset, eager, a few steps: checks the script end to end
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+GiB = 1024**3
+SYSTEMS = ("tetrad", "hf", "hand")
+
+
+@dataclass(frozen=True)
+class Config:
+    model: str
+    seq_len: int
+    batch: int  # globalBatch = microBatch: one process, no gradient accumulation
+    ac: str = "none"
+    compile: bool = False
+    loss_chunks: int = 1
+
+
+CONFIGS = {
+    "1b-4x2048-compile": Config("llama3-1b", 2048, 4, compile=True),
+    "1b-4x2048-eager": Config("llama3-1b", 2048, 4),
+    "1b-1x8192-compile": Config("llama3-1b", 8192, 1, compile=True),
+    "1b-8x2048-selectiveAC-compile": Config("llama3-1b", 2048, 8, ac="selective", compile=True),
+    "1b-16x2048-fullAC-eager": Config("llama3-1b", 2048, 16, ac="full"),
+    "1b-16x2048-fullAC-lossChunks8-eager": Config("llama3-1b", 2048, 16, ac="full", loss_chunks=8),
+}
+SMOKE = {"debug-2x64-eager": Config("debug", 64, 2)}
+
+
+def job_document(cfg: Config, steps: int, precision: str, gpu: int, gpu_type: str | None) -> dict[str, Any]:
+    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "bench-gpu"},
+            "spec": {"nodes": 1, "nprocPerNode": 1, "parallelism": {"dpShard": 1},
+                     "model": {"preset": cfg.model, "seqLen": cfg.seq_len},
+                     "resources": {"gpu": gpu, **({"gpuType": gpu_type} if gpu and gpu_type else {})},
+                     "training": {"steps": steps, "globalBatch": cfg.batch, "microBatch": cfg.batch,
+                                  "precision": precision, "activationCheckpointing": cfg.ac,
+                                  "compile": cfg.compile, "lossChunks": cfg.loss_chunks, "warmupSteps": 2}}}
+
+
+def planned(cfg: Config, steps: int, precision: str, gpu_type: str | None) -> dict[str, float | None]:
+    """The planner's predicted tokens/s and peak bytes for the job on one GPU (None without a GPU type)."""
+    if gpu_type is None:
+        return {"tokens_per_second": None, "peak_bytes": None}
+    from tetrad.api import parse
+    from tetrad.plan.estimate import estimate
+    from tetrad.plan.solver import predict_time, workload
+    from tetrad.resolve import resolve
+
+    job, problems = parse(job_document(cfg, steps, precision, 1, gpu_type))
+    assert job is not None, problems
+    resolved = resolve(job)
+    est = estimate(resolved.model, resolved.layout, workload(job.spec, resolved.layout))
+    time = predict_time(job.spec, resolved.model, est)
+    return {"tokens_per_second": time.tokens_per_second if time else None, "peak_bytes": est.peak_bytes}
+
+
+# --- run in a fresh process per (configuration, system) -------------------------------------------
+
+def worker(system: str, config_path: str, result: str, warmup: int) -> None:
+    import time
+
+    import torch
+    from tetrad_trainer.metrics import peak_memory_bytes
+
+    from tetrad.api import ResolvedConfig
+
+    cfg = ResolvedConfig.load(config_path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out: dict[str, Any] = {"status": "ok"}
+    try:
+        step = {"tetrad": tetrad_step, "hf": hf_step, "hand": hand_step}[system](cfg, device)
+        times = []
+        for _ in range(cfg.training.steps):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times[warmup:])
+        out["tokens_per_second"] = cfg.training.global_batch * cfg.model.seq_len / seconds
+        out["peak_bytes"] = peak_memory_bytes(device)[0]
+    except ModuleNotFoundError as e:
+        out["status"] = f"skipped: {e.name} is not installed (pip install {e.name})"
+    except torch.OutOfMemoryError:
+        out["status"] = "out of memory"
+    except Exception as e:  # noqa: BLE001 - Tetrad's own OOM and anything else end this row only
+        name = type(e).__name__
+        out["status"] = "out of memory" if name == "DeviceOutOfMemory" else f"failed: {name}: {str(e)[:200]}"
+    Path(result).write_text(json.dumps(out))
+
+
+def tetrad_step(cfg: Any, device: Any):
+    import contextlib
+    import io
+
+    from tetrad_trainer.mesh import init_distributed
+    from tetrad_trainer.train import Trainer
+
+    trainer = Trainer(cfg, init_distributed(), jsonl=None)
+
+    def step() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.run_step()
+    return step
+
+
+def _batches(cfg: Any, device: Any):
+    from tetrad_trainer.data import BatchLoader, build_source
+
+    loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=0, dp_size=1)
+    return lambda: tuple(t.to(device) for t in loader.next_batch())
+
+
+def _plain_loop(cfg: Any, device: Any, model: Any, logits_of):
+    """One optimizer step: forward under bf16 autocast, fp32 cross-entropy, clipping, fused AdamW."""
+    import torch
+    import torch.nn.functional as F
+
+    bf16 = cfg.training.precision.value == "bf16"
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr, betas=(0.9, 0.95),
+                            weight_decay=cfg.training.weight_decay, fused=True)
+    if cfg.training.compile:
+        model = torch.compile(model)
+    batch = _batches(cfg, device)
+
+    def step() -> None:
+        x, y = batch()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = logits_of(model, x)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.training.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+    return step
+
+
+def hand_step(cfg: Any, device: Any):
+    import torch
+    from tetrad_trainer.model import Transformer, init_weights
+    from tetrad_trainer.parallelize import apply_ac
+
+    from tetrad.api.spec import ActivationCheckpointing
+
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    if cfg.training.activation_checkpointing != ActivationCheckpointing.NONE:
+        apply_ac(model, cfg.training.activation_checkpointing)
+    init_weights(model, device, cfg.training.seed)
+    return _plain_loop(cfg, device, model, lambda m, x: m(x))
+
+
+def hf_step(cfg: Any, device: Any):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tetrad.api.spec import ActivationCheckpointing
+
+    m = cfg.model
+    hf_config = LlamaConfig(vocab_size=m.vocab, hidden_size=m.dim, intermediate_size=m.ffn_dim,
+                            num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
+                            max_position_embeddings=m.seq_len, rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps,
+                            tie_word_embeddings=False, attn_implementation="sdpa")
+    torch.manual_seed(cfg.training.seed)
+    model = LlamaForCausalLM(hf_config).to(device)
+    if cfg.training.activation_checkpointing != ActivationCheckpointing.NONE:
+        model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    return _plain_loop(cfg, device, model, lambda mod, x: mod(input_ids=x).logits)
+
+
+def measure(name: str, cfg: Config, system: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import importlib.util
+
+    from tetrad.api import parse
+    from tetrad.resolve import resolve
+
+    if system == "hf" and importlib.util.find_spec("transformers") is None:
+        return {"status": "skipped: transformers is not installed (pip install transformers)"}
+    job, problems = parse(job_document(cfg, args.steps + args.warmup, args.precision, 0, None))
+    assert job is not None, problems
+    path, result = work / f"{name}-{system}.json", work / f"{name}-{system}-result.json"
+    path.write_text(resolve(job).to_json())
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", __file__,
+           "--worker", system, "--config", str(path), "--result", str(result), "--warmup", str(args.warmup)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TETRAD_METRICS_PORT": str(args.metrics_port)})
+    if not result.exists():
+        errors = [line for line in done.stderr.splitlines() if "Error" in line]
+        return {"status": f"failed: exit {done.returncode}: {errors[-1].strip() if errors else 'no error line'}"}
+    return json.loads(result.read_text())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| configuration | system | tokens/s | MFU | peak GiB | planner tokens/s | planner peak GiB | vs hf |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ok = r["status"] == "ok"
+        pred_tps, pred_peak = r["planned"]["tokens_per_second"], r["planned"]["peak_bytes"]
+        lines.append(" | ".join([
+            f"| {r['config']}", r["system"],
+            f"{r['tokens_per_second']:,.0f}" if ok else r["status"],
+            f"{r['mfu']:.1%}" if ok else "",
+            f"{r['peak_bytes'] / GiB:.1f}" if ok else "",
+            f"{pred_tps:,.0f}" if pred_tps else "-",
+            f"{pred_peak / GiB:.1f}" if pred_peak else "-",
+            f"{r['ratio']:.3f}" if r.get("ratio") else "-",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="all", help=f"comma-separated names of {', '.join(CONFIGS)}, or all")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--steps", type=int, default=30, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--gpu-type", default="H100", help="the accelerator the planner predicts for; 'none' for no prediction")
+    p.add_argument("--smoke", action="store_true", help="CPU check of the script: debug preset, eager, 3 steps")
+    p.add_argument("--metrics-port", type=int, default=19600)
+    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
+    p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker, args.config, args.result, args.warmup)
+        return
+    import torch
+    from tetrad_trainer.metrics import peak_tflops
+
+    from tetrad.api.presets import PRESETS
+    from tetrad.api.resolved import ModelConfig
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.smoke:
+        configs, args.steps, args.warmup, args.gpu_type = SMOKE, 2, 1, "none"
+    else:
+        configs = CONFIGS if args.configs == "all" else {n: CONFIGS[n] for n in args.configs.split(",")}
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    gpu_type = None if args.gpu_type == "none" else args.gpu_type
+    peak, source = peak_tflops(device, None, None)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tetrad-bench-gpu-") as tmp:
+        for name, cfg in configs.items():
+            plan = planned(cfg, args.steps + args.warmup, args.precision, gpu_type)
+            flops = ModelConfig(name=cfg.model, **PRESETS[cfg.model]).model_copy(update={"seq_len": cfg.seq_len}).flops_per_token()
+            for system in args.systems.split(","):
+                r = {"config": name, "system": system, **asdict(cfg), "planned": plan,
+                     **measure(name, cfg, system, args, Path(tmp))}
+                if r["status"] == "ok":
+                    r["mfu"] = r["tokens_per_second"] * flops / (peak * 1e12)
+                rows.append(r)
+                print(f"{name} {system}: {r['status']} {r.get('tokens_per_second', 0):,.0f} tokens/s", file=sys.stderr, flush=True)
+    for r in rows:
+        hf = next((h for h in rows if h["config"] == r["config"] and h["system"] == "hf" and h["status"] == "ok"), None)
+        if hf and r["status"] == "ok":
+            r["ratio"] = r["tokens_per_second"] / hf["tokens_per_second"]
+    print(f"\n{device.type} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}, torch {torch.__version__},"
+          f" {args.precision}, {args.steps} timed steps after {args.warmup} warm-up, medians; MFU against"
+          f" {peak:.3g} TFLOPS ({source})\n")
+    print(table(rows))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
