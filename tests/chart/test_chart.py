@@ -140,6 +140,10 @@ def test_service_monitor(k8s_tools):
     ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
     ("metrics.port=70000", "/metrics/port': maximum: got 70,000, want 65,535"),
     ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ("grafanaDashboard.enabled=yes", "/grafanaDashboard/enabled"),
+    ("grafanaDashboard.namespace=Monitoring", "/grafanaDashboard/namespace"),
+    ("metrics.podMonitor.interval=often", "/metrics/podMonitor/interval"),
+    ("metrics.podMonitor.scrape=true", "additional properties 'scrape' not allowed"),
 ])
 def test_the_values_schema_rejects_bad_values(k8s_tools, setting, message):
     proc = helm(k8s_tools, "template", "t", str(CHART), "--set", setting)

@@ -208,15 +208,3 @@ def test_pod_monitor_scrapes_every_rank_of_a_rendered_pod(k8s_tools):
         assert [(t["tetrad_job"], t["node_rank"], t["restart"], t["local_rank"]) for _, t in targets] == \
             [("quickstart", str(rank), "3", str(i)) for i in range(nproc)]
 
-
-@pytest.mark.cluster  # helm
-@pytest.mark.parametrize(("setting", "message"), [
-    ("grafanaDashboard.enabled=yes", "/grafanaDashboard/enabled"),
-    ("grafanaDashboard.namespace=Monitoring", "/grafanaDashboard/namespace"),
-    ("metrics.podMonitor.interval=often", "/metrics/podMonitor/interval"),
-    ("metrics.podMonitor.scrape=true", "additional properties 'scrape' not allowed"),
-])
-def test_the_values_schema_rejects_bad_monitoring_values(k8s_tools, setting, message):
-    proc = helm(k8s_tools, "template", "t", str(CHART), "--set", setting)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
