@@ -17,6 +17,9 @@ import yaml
 
 _PLAIN = re.compile(r"[A-Za-z0-9_/.][A-Za-z0-9_./=+@-]*(?:[ :][A-Za-z0-9_./=+@-]+)*")
 _STR_TAG = "tag:yaml.org,2002:str"
+# What a YAML stream may not hold as is (json.dumps already escaped the C0 controls), and the
+# Unicode line breaks and BOM, which would end or fold a double-quoted line: written as \uXXXX.
+_UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
 _resolver = yaml.resolver.Resolver()
 
 
@@ -25,7 +28,7 @@ def _string(s: str) -> str:
     if (_PLAIN.fullmatch(s) and ": " not in s and not s.endswith(":")
             and _resolver.resolve(yaml.ScalarNode, s, (True, False)) == _STR_TAG):  # type: ignore[no-untyped-call]
         return s
-    return json.dumps(s)
+    return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(s, ensure_ascii=False))
 
 
 def _scalar(v: Any) -> str:
@@ -50,7 +53,8 @@ def _scalar(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} as YAML")
 
 
-_LITERAL_UNSAFE = re.compile(r"[^\n\x20-\x7e\u00a0-\ud7ff\ue000-\ufffd]|[ \t]\n|[ \t]$")
+_LITERAL_UNSAFE = re.compile("[^\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+                             "|[ \t]\n|[ \t]$")
 
 
 def _literal(s: str, head: str, indent: int, out: list[str]) -> bool:
