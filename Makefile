@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint crds cluster cluster-down cluster-status kubeconfig tools venv clean
+.PHONY: demo test test-unit lint crds cluster cluster-down cluster-status kubeconfig tools host-packages venv clean
 
 venv: $(STAMP)
 
@@ -22,7 +22,12 @@ demo: venv
 tools:
 	bash hack/k8s-tools.sh
 
-test: venv tools
+# The Debian packages of the real-node tests (containerd, runc, CNI plugins, buildah, ...);
+# they need root, as do the tests (tests/e2e), which are skipped otherwise.
+host-packages:
+	@if [ "$$(id -u)" = 0 ]; then bash hack/host-packages.sh; fi
+
+test: venv tools host-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A real local Kubernetes control plane for tests: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and a kwok controller that plays
-# the kubelet for fake GPU nodes. Binaries come from hack/k8s-tools.sh; no
-# containers, loopback only, everything under one state directory.
+# the kubelet for fake GPU nodes; optionally real nodes beside them (a kubelet
+# and a containerd each, CNI bridges, CoreDNS; root only, see
+# hack/cluster/real-nodes.sh). Binaries come from hack/k8s-tools.sh; the
+# control plane listens on loopback only; state lives in one directory.
 #
-#   hack/cluster.sh up [--name N] [--nodes N] [--gpus-per-node G]
+#   hack/cluster.sh up [--name N] [--nodes N] [--gpus-per-node G] [--real-nodes R]
 #   hack/cluster.sh down [--name N]
 #   hack/cluster.sh status [--name N]
 #   hack/cluster.sh kubeconfig [--name N]   print the admin kubeconfig path
@@ -13,6 +15,7 @@
 # Environment (flags win):
 #   TETRAD_CLUSTER_NAME    instance name (default: tetrad); one state dir each
 #   TETRAD_NODES           fake nodes (default 4)
+#   TETRAD_REAL_NODES      real nodes (default 0)
 #   TETRAD_GPUS_PER_NODE   nvidia.com/gpu per node (default 8)
 #   TETRAD_NODE_CPU / TETRAD_NODE_MEMORY / TETRAD_NODE_PODS
 #                          per-node capacity (default 96 / 1536Gi / 110)
@@ -33,6 +36,7 @@ CACHE=$(dirname "$BIN")
 
 NAME=${TETRAD_CLUSTER_NAME:-tetrad}
 NODES=${TETRAD_NODES:-4}
+REAL_NODES=${TETRAD_REAL_NODES:-0}
 GPUS=${TETRAD_GPUS_PER_NODE:-8}
 NODE_CPU=${TETRAD_NODE_CPU:-96}
 NODE_MEMORY=${TETRAD_NODE_MEMORY:-1536Gi}
@@ -45,7 +49,7 @@ NODE_TAINT=${TETRAD_NODE_TAINT:-}
 SERVICE_CIDR=198.19.0.0/16   # the kubernetes Service is its .1
 COMPONENTS="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
 while (($#)); do
@@ -53,12 +57,13 @@ while (($#)); do
     --name) NAME=$2; shift 2 ;;
     --nodes) NODES=$2; shift 2 ;;
     --gpus-per-node) GPUS=$2; shift 2 ;;
+    --real-nodes) REAL_NODES=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "unknown argument: $1" >&2; usage ;;
   esac
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
-[[ $NODES =~ ^[0-9]+$ ]] || { echo "--nodes takes a count" >&2; exit 2; }
+[[ $NODES =~ ^[0-9]+$ && $REAL_NODES =~ ^[0-9]+$ ]] || { echo "--nodes and --real-nodes take a count" >&2; exit 2; }
 
 for tool in openssl curl awk setsid base64 xargs; do
   command -v "$tool" >/dev/null || { echo "cluster.sh needs $tool" >&2; exit 1; }
@@ -69,6 +74,9 @@ PKI=$STATE/pki RUN=$STATE/run LOGS=$STATE/logs ETC=$STATE/etc
 
 log() { echo "cluster[$NAME]: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# shellcheck source=hack/cluster/real-nodes.sh
+source "$HACK/cluster/real-nodes.sh"
 
 # ---------------------------------------------------------------- processes
 
@@ -429,13 +437,14 @@ EOF
   mv "$STATE/admin.kubeconfig" "$STATE/kubeconfig"
 }
 
-# Read an existing cluster's ports and URL from cluster.env
+# Read an existing cluster's ports, URL and real-node count from cluster.env
 # (not its shape: flags keep theirs); false if there is none.
 load_state() {
   [[ -f $STATE/cluster.env ]] || return 1
   local key value
+  REAL_NODES_UP=0
   while IFS='=' read -r key value; do
-    if [[ $key =~ ^([A-Z_]+_PORT|APISERVER_URL)$ ]]; then printf -v "$key" '%s' "$value"; fi
+    if [[ $key =~ ^([A-Z_]+_PORT|APISERVER_URL|REAL_NODES_UP)$ ]]; then printf -v "$key" '%s' "$value"; fi
   done < "$STATE/cluster.env"
 }
 
@@ -452,11 +461,11 @@ known_clusters() {
 cmd_up() {
   local t0=$SECONDS c running=0
   for c in $COMPONENTS; do alive "$c" && running=$((running + 1)); done
-  if ((running == 5)); then
+  if ((running == 5)) && load_state && ((REAL_NODES_UP == REAL_NODES)); then
     log "already running ($STATE/kubeconfig)"
     echo "$STATE/kubeconfig"; return 0
   fi
-  ((running == 0)) || { log "partially running, restarting"; cmd_down; }
+  ((running == 0)) && [[ ! -f $LEDGER ]] || { log "running in another shape or partly, restarting"; cmd_down; }
 
   trap up_failed EXIT
   TETRAD_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok" \
@@ -469,9 +478,10 @@ cmd_up() {
   create_fake_nodes
   # The namespace's default ServiceAccount proves the controllers are working.
   must_wait kube-controller-manager "default ServiceAccount" 60 kctl get serviceaccount default -n default
+  up_real_nodes
 
   trap - EXIT
-  log "up in $((SECONDS - t0))s: $NODES nodes x $GPUS GPUs, $APISERVER_URL"
+  log "up in $((SECONDS - t0))s: $NODES fake nodes x $GPUS GPUs, $REAL_NODES real nodes, $APISERVER_URL"
   log "  export KUBECONFIG=$STATE/kubeconfig"
   echo "$STATE/kubeconfig"
 }
@@ -481,6 +491,7 @@ up_failed() {
   local rc=$? c
   ((rc != 0)) || return 0
   log "up failed; stopping the components already started (logs stay in $LOGS)"
+  down_real_nodes || true
   for c in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c" || true; done
   exit "$rc"
 }
@@ -491,6 +502,7 @@ cmd_down() {
     log "known clusters:$(known_clusters)"
     exit 1
   fi
+  down_real_nodes
   local c ports leftover=""
   ports=$(grep '_PORTS\{0,1\}=' "$STATE/cluster.env" | cut -d= -f2 | tr ',\n' '  ')
   # Reverse start order: clients first, etcd last.
@@ -514,7 +526,11 @@ cmd_status() {
   fi
   local c rc=0 pid
   echo "cluster $NAME ($STATE)"
-  for c in $COMPONENTS; do
+  local real=""
+  for c in "$RUN"/kubelet-*.pid "$RUN"/containerd-*.pid "$RUN"/coredns.pid; do
+    [[ -f $c ]] && real+=" $(basename "$c" .pid)"
+  done
+  for c in $COMPONENTS $real; do
     if alive "$c"; then
       read -r pid _ < "$RUN/$c.pid"; printf '  %-24s running (pid %s)\n' "$c" "$pid"
     else

@@ -13,6 +13,12 @@ Fixtures
     stops everything at the end of the session. Yields a :class:`Cluster`.
 ``namespace`` (function)
     A fresh namespace per test, deleted afterwards.
+``real_nodes`` (session)
+    A separate instance with real nodes (``hack/cluster.sh up --real-nodes 2``:
+    a kubelet and a containerd each, CNI bridges in 198.18.0.0/15, CoreDNS)
+    beside one kwok node; needs root. Yields a :class:`RealCluster`, which
+    also holds a snapshot of the host taken before ``up`` so that a test can
+    check that ``down`` restored it.
 
 Environment
 -----------
@@ -20,6 +26,7 @@ Environment
 ``TETRAD_KEEP_CLUSTER=1``  leave the cluster running after the session (a
                           cluster that was already running is always left).
 ``TETRAD_NODES`` etc.      shape of the fake nodes, see ``hack/cluster.sh``.
+``TETRAD_REAL_CLUSTER_NAME`` name of the ``real_nodes`` instance (default pytest-real).
 
 Under pytest-xdist every worker gets its own cluster instance.
 """
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 import uuid
@@ -223,6 +231,90 @@ def cluster(k8s_tools: Path) -> Iterator[Cluster]:
             stop_cluster(name)
 
 
+REAL_NODES = 2
+HOST_SYSCTLS = (
+    "net.ipv4.ip_forward",
+    "vm.overcommit_memory",
+    "vm.panic_on_oom",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
+)
+HOST_DIRS = (
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/var/lib/cni",
+    "/run/netns",
+    "/run/containerd",
+)
+
+
+def host_snapshot() -> dict[str, Any]:
+    """What real nodes change on the host: links, netns, mounts, top-level
+    cgroups, the nftables ruleset, sysctls and the kubelet's fixed dirs."""
+
+    def run(*cmd: str) -> str:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+    def rules(text: str) -> str:  # without comments (dates) and packet counters
+        text = re.sub(r"\[\d+:\d+\]|counter packets \d+ bytes \d+", "", text)
+        return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
+    links = {line.split(": ")[1].split("@")[0] for line in run("ip", "-o", "link", "show").splitlines()}
+    mounts = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    cgroups = {
+        f"{h.name}/{d.name}"
+        for h in Path("/sys/fs/cgroup").iterdir()
+        if h.is_dir() and not h.is_symlink()
+        for d in h.iterdir()
+        if d.is_dir()
+    }
+    return {
+        "links": links,
+        "netns": sorted(Path("/run/netns").iterdir()) if Path("/run/netns").is_dir() else [],
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "nft": rules(run("nft", "list", "ruleset")),
+        "iptables-legacy": rules(run("iptables-legacy-save")) if shutil.which("iptables-legacy-save") else "",
+        "sysctls": {k: Path("/proc/sys", *k.split(".")).read_text() for k in HOST_SYSCTLS},
+        "dirs": {d for d in HOST_DIRS if Path(d).exists()},
+    }
+
+
+@dataclass
+class RealCluster(Cluster):
+    """A :class:`Cluster` whose ``real-node-<i>`` nodes run a kubelet and containerd."""
+
+    host_before: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"real-node-{i}" for i in range(int(self.env["REAL_NODES_UP"]))]
+
+    @property
+    def state(self) -> Path:
+        return Path(self.env["TETRAD_CLUSTER_STATE"])
+
+
+@pytest.fixture(scope="session")
+def real_nodes(k8s_tools: Path) -> Iterator[RealCluster]:
+    if os.geteuid() != 0:
+        pytest.skip("real nodes need root (bridges, cgroups, containerd)")
+    name = os.environ.get("TETRAD_REAL_CLUSTER_NAME", "pytest-real")
+    if _is_running(name):
+        stop_cluster(name)  # a real-node cluster is the only one of its kind on a machine
+    before = host_snapshot()
+    extra = {"TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES)}
+    c = start_cluster(name, extra_env=extra)
+    try:
+        yield RealCluster(**vars(c), host_before=before)
+    finally:
+        if os.environ.get("TETRAD_KEEP_CLUSTER") != "1":
+            stop_cluster(name)
+
+
 def _namespace_name(nodeid: str) -> str:
     test = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")
     return f"t-{test[:44].rstrip('-')}-{uuid.uuid4().hex[:6]}"
@@ -232,6 +324,11 @@ def _namespace_name(nodeid: str) -> str:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace whose default ServiceAccount exists (pods can be created)."""
     name = _namespace_name(request.node.nodeid)
+    yield from fresh_namespace(cluster, name)
+
+
+def fresh_namespace(cluster: Cluster, name: str) -> Iterator[str]:
+    """Create ``name``, wait for its default ServiceAccount, yield it, delete it (not waiting)."""
     cluster.kubectl("create", "namespace", name)
     wait_until(
         lambda: cluster.run_kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,

@@ -1,0 +1,3 @@
+module tetrad.dev/hack/images/pause
+
+go 1.26.0
