@@ -5,6 +5,7 @@ examples cover every strategy the docs name."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -48,12 +49,17 @@ def test_validate_passes_without_warnings(example):
     assert r.stdout.count("ok: ") == len(jobs_in(example))
 
 
+@functools.cache
+def plan(example: Path) -> dict[str, Any]:
+    r = tetrad("plan", "--json", str(example))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_plan_fits_with_the_degrees_written(example):
     (job,) = jobs_in(example)
-    r = tetrad("plan", "--json", str(example))
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(r.stdout)
+    report = plan(example)
     assert report["fits"], report
     solved = {short: int(n) for short, n in re.findall(r"([a-z]+)(\d+)", report["mesh"])}  # pp2.dpr1.dps2.cp1.tp2
     short = {"pp": "pp", "dpReplicate": "dpr", "dpShard": "dps", "cp": "cp", "tp": "tp"}
@@ -83,6 +89,32 @@ def test_the_examples_cover_every_strategy():
     assert {j["spec"].get("gang", {}).get("scheduler", Scheduler.BUILTIN.value) for j in JOBS} >= \
         {Scheduler.BUILTIN.value, Scheduler.VOLCANO.value, Scheduler.KUEUE.value}
     assert any("persistentVolumeClaim" in (j["spec"].get("checkpoint", {}).get("volume") or {}) for j in JOBS), "PVC"
+
+
+def gib(report: dict[str, Any]) -> str:
+    return f"{report['estimate']['peak_bytes'] / 2**30:.1f}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_the_header_quotes_the_plan(example):
+    header = "\n".join(line for line in example.read_text().splitlines() if line.startswith("#"))
+    for quoted in re.findall(r"(\d+\.\d) GiB per GPU(?! per step)", header):
+        assert quoted == gib(plan(example)), f"{example.name}: the header says {quoted} GiB, `tetrad plan` {gib(plan(example))}"
+
+
+def test_the_guide_quotes_the_plan():
+    """docs/parallelism.md's table of `tetrad plan` for the examples is what the planner says."""
+    rows = re.findall(r"^\| \[([\w.-]+)\]\(\.\./examples/\1\.yaml\).*$", (ROOT / "docs" / "parallelism.md").read_text(), re.M)
+    assert len(rows) >= 15
+    text = (ROOT / "docs" / "parallelism.md").read_text()
+    for name in rows:
+        report = plan(ROOT / "examples" / f"{name}.yaml")
+        line = re.search(rf"^\| \[{re.escape(name)}\].*$", text, re.M).group()
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        t = report["time"]
+        assert cells[2:] == [str(report["world_size"]), f"`{report['mesh']}`", gib(report), f"{t['compute_s']:.2f} s",
+                             f"{t['bubble_s']:.2f} s", f"{t['exposed_comm_s']:.2f} s", f"{t['total_s']:.2f} s",
+                             f"{t['tokens_per_second_per_device']:,.0f}", f"{t['mfu'] * 100:.1f}%"], name
 
 
 def test_every_example_says_when_to_use_it():
