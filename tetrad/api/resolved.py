@@ -7,7 +7,6 @@ file; both come from `resolve()` in `tetrad.resolve`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import Field
@@ -110,4 +109,5 @@ class ResolvedConfig(CamelModel):
 
     @classmethod
     def load(cls, path: str | Path) -> ResolvedConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
+        # JSON mode: the strict model takes enums from their string values there, as the file holds them
+        return cls.model_validate_json(Path(path).read_text())
