@@ -85,11 +85,25 @@ def build_source(cfg: ResolvedConfig) -> TokenSource:
         return SyntheticTokens(cfg.training.seed, m.vocab, m.seq_len)
     path = Path(d.path or "")
     if not path.is_file():
-        raise ConfigError(f"data.path {d.path!r} is not a file (data.source={d.source.value})")
+        raise ConfigError(f"spec.data.path: {d.path!r} is not a file (data.source={d.source.value})")
     if d.source == DataSource.TEXT:
         return TokenArray(_tokenize(path, d.tokenizer, m.vocab), m.seq_len, m.vocab, f"text file {path}")
-    tokens = np.memmap(path, dtype=np.dtype(d.token_dtype), mode="r")
-    return TokenArray(tokens, m.seq_len, m.vocab, f"token file {path}")
+    return TokenArray(_token_file(path, d.token_dtype), m.seq_len, m.vocab, f"token file {path}")
+
+
+def _token_file(path: Path, token_dtype: str) -> np.ndarray:
+    """The memory-mapped tokens; ConfigError (exit 78) naming spec.data.path for a file that cannot hold them."""
+    dtype = np.dtype(token_dtype)
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            raise ConfigError(f"spec.data.path: token file {path} is empty")
+        if size % dtype.itemsize:
+            raise ConfigError(f"spec.data.path: token file {path} has {size} bytes, not a whole number of"
+                              f" {token_dtype} tokens ({dtype.itemsize} bytes each); check spec.data.tokenDtype")
+        return np.memmap(path, dtype=dtype, mode="r")
+    except OSError as e:
+        raise ConfigError(f"spec.data.path: cannot read token file {path}: {e.strerror or e}") from None
 
 
 class BatchLoader:
