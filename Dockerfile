@@ -16,6 +16,8 @@ COPY trainer-image ./trainer-image
 FROM base AS trainer
 # CPU images can pass --build-arg TORCH_INDEX=<a CPU wheel index>; the default is PyPI's CUDA build.
 ARG TORCH_INDEX=""
+# DL3013: this installs the project itself; its dependencies' bounds live in pyproject.toml.
+# hadolint ignore=DL3013
 RUN if [ -n "$TORCH_INDEX" ]; then pip install --index-url "$TORCH_INDEX" torch; fi \
  && pip install ".[trainer]" && rm -rf /src
 USER 1000
@@ -25,6 +27,7 @@ ENTRYPOINT []
 CMD ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
 
 FROM base AS operator
+# hadolint ignore=DL3013
 RUN pip install ".[operator]" && rm -rf /src
 USER 1000
 WORKDIR /home/tetrad

