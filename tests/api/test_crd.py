@@ -54,11 +54,12 @@ def test_every_field_is_described():
 
 def test_schema_is_structural():
     for path, node in _walk(schema(), ""):
-        assert not any(k in node for k in ("$ref", "anyOf", "oneOf", "allOf", "title")), path
-        if node.get("x-kubernetes-int-or-string"):
-            assert "type" not in node, path
-        elif not node.get("x-kubernetes-preserve-unknown-fields"):
-            assert "type" in node, path
+        assert not any(k in node for k in ("$ref", "oneOf", "allOf", "title")), path
+        if node.get("x-kubernetes-int-or-string"):  # the one anyOf structural schemas allow, as the apiserver publishes it
+            assert "type" not in node and node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "anyOf" not in node, path
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
         assert not ("properties" in node and "additionalProperties" in node), path
 
 
@@ -67,7 +68,20 @@ def test_crd_metadata():
     assert c["names"]["shortNames"] == ["ptj"]
     v = c["versions"][0]
     assert v["subresources"] == {"status": {}}
-    assert [col["name"] for col in v["additionalPrinterColumns"]] == ["Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Age"]
+    columns = v["additionalPrinterColumns"]
+    assert [col["name"] for col in columns if not col.get("priority")] == ["Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Age"]
+    assert [col["name"] for col in columns if col.get("priority") == 1] == ["Step", "Steps", "Loss", "MFU"]  # -o wide
+
+
+def test_printer_columns_name_schema_fields():
+    for col in crd()["spec"]["versions"][0]["additionalPrinterColumns"]:
+        if col["jsonPath"].startswith(".metadata."):
+            continue
+        node = schema()
+        for name in col["jsonPath"].lstrip(".").split("."):
+            assert name in node.get("properties", {}), f"{col['name']}: {col['jsonPath']} is not in the schema"
+            node = node["properties"][name]
+        assert node["type"] == col["type"], col
 
 
 def _defaulted(doc: dict[str, Any]) -> Any:
@@ -243,6 +257,8 @@ def test_degree_rule():
     ok, msg = _evaluate(rule, {"self": celpy.json_to_cel(0)})
     assert not ok and "spec.parallelism.tp" in msg
     assert not _evaluate(rule, {"self": celpy.json_to_cel("many")})[0]
+    ok, msg = _evaluate(rule, {"self": celpy.json_to_cel("2")})  # int-or-string: a quoted number reaches CEL as a string
+    assert not ok and 'not tp: "2"' in msg
 
 
 def test_immutable_fields():

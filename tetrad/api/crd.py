@@ -24,6 +24,8 @@ from tetrad.api.spec import (
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
 IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model")
+# The one anyOf a structural schema allows: beside x-kubernetes-int-or-string, without `type`.
+INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 
 def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -35,8 +37,8 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "allOf" in s and len(s["allOf"]) == 1:
         s = {**_structural(s.pop("allOf")[0], defs), **s}
     if s.get("x-kubernetes-int-or-string"):
-        s.pop("anyOf", None)
         s.pop("type", None)
+        s["anyOf"] = copy.deepcopy(INT_OR_STRING)
     elif "anyOf" in s:
         options = [o for o in s.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:
@@ -180,7 +182,8 @@ def spec_rules() -> list[dict[str, str]]:
 def degree_rule(name: str) -> dict[str, str]:
     return {
         "rule": "type(self) == string ? self == 'auto' : self >= 1",
-        "message": f"spec.parallelism.{name} must be an integer >= 1 or 'auto'; use 1 to disable this dimension",
+        "message": (f"spec.parallelism.{name} must be an integer >= 1, unquoted ({name}: 2, not {name}: \"2\"), or 'auto';"
+                    " use 1 to disable this dimension"),
     }
 
 
@@ -216,6 +219,11 @@ PRINTER_COLUMNS = [
     {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput"},
+    # `kubectl get ptj -o wide` adds the progress `tetrad status` shows (priority 1).
+    {"name": "Step", "type": "integer", "jsonPath": ".status.training.step", "priority": 1, "description": "Last step reported by rank 0"},
+    {"name": "Steps", "type": "integer", "jsonPath": ".spec.training.steps", "priority": 1, "description": "Steps to train for"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.training.loss", "priority": 1, "description": "Last training loss"},
+    {"name": "MFU", "type": "number", "jsonPath": ".status.training.mfu", "priority": 1, "description": "Model FLOPs utilization, 0..1"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
