@@ -13,7 +13,7 @@ from typing import Any
 
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
-from tetrad.api.presets import PRESETS
+from tetrad.api.presets import PRESETS, model_name
 from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import ModelConfig, ResolvedConfig
@@ -41,8 +41,7 @@ def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> Mode
     if missing:
         problems.append(Problem("spec.model", f"no preset and missing dims {', '.join(missing)}; set model.preset or give every dim"))
         return None
-    name = m.preset if m.preset and not explicit else "custom"
-    cfg = ModelConfig(name=name, **dims)
+    cfg = ModelConfig(name=model_name(m.preset, explicit), **dims)
     before = len(problems)
     if cfg.heads % cfg.kv_heads:
         problems.append(Problem("spec.model.kvHeads", f"kvHeads={cfg.kv_heads} does not divide heads={cfg.heads}; use a divisor of heads"))

@@ -92,7 +92,7 @@ def test_resolve_raises_with_every_problem():
 def test_resolve_expands_preset_and_overrides():
     job, _ = parse(manifest(model={"preset": "debug", "seqLen": 128}))
     cfg = resolve(job)
-    assert (cfg.model.name, cfg.model.seq_len, cfg.model.dim) == ("custom", 128, 256)
+    assert (cfg.model.name, cfg.model.seq_len, cfg.model.dim) == ("debug (seqLen 128)", 128, 256)
     assert cfg.layout.label() == "pp2.dpr1.dps2.cp1.tp2"
     assert cfg.pp_microbatches == 2 and cfg.pp_stages_per_rank == 1
 

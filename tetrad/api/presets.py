@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Final, TypedDict
+from collections.abc import Mapping
+from typing import Any, Final, TypedDict
 
 
 class ModelDims(TypedDict):
@@ -31,3 +32,21 @@ PRESETS: Final[dict[str, ModelDims]] = {
     "llama3-70b": _dims(8192, 80, 64, 8, 128256, 28672, 8192),
     "llama3-405b": _dims(16384, 126, 128, 8, 128256, 53248, 8192),
 }
+
+
+SHAPE: Final = ("dim", "layers", "heads", "kvHeads", "vocab", "ffnDim")
+
+
+def model_name(preset: str | None, dims: Mapping[str, Any]) -> str:
+    """The model as people read it, everywhere it is named: the preset and the dims that differ
+    from it ("llama3-1b (seqLen 8192)"), or "custom" without a known preset or when `dims` give
+    every dim of the shape. `dims` are the explicit ones, camelCase."""
+    base = PRESETS.get(preset) if preset is not None else None
+    if base is None or all(k in dims for k in SHAPE):  # a preset that gives nothing but its seqLen, rope, eps
+        return "custom"
+    changed = [f"{k} {_number(v)}" for k in base if k in dims and (v := dims[k]) != base[k]]  # type: ignore[literal-required]
+    return f"{preset} ({', '.join(changed)})" if changed else preset  # type: ignore[return-value]
+
+
+def _number(v: Any) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)

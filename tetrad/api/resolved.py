@@ -51,7 +51,7 @@ class Layout(CamelModel):
 
 
 class ModelConfig(CamelModel):
-    name: str = Field(description="Preset name, or 'custom'.")
+    name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', or 'custom' (tetrad.api.presets.model_name).")
     dim: int
     layers: int
     heads: int

@@ -57,7 +57,7 @@ def print_plan(report: dict[str, Any]) -> None:
             console.print(f"[red]error[/]: {p}")
         return
     m = report["model"]
-    console.print(f"[bold]{report['job']}[/]: {m['name']} ({m['params'] / 1e9:.2f}B params, seqLen {m['seqLen']})"
+    console.print(f"[bold]{report['job']}[/]: {m['name']}, {m['params'] / 1e9:.2f}B params, seqLen {m['seqLen']},"
                   f" on {report['world_size']} processes")
     est = report["estimate"]
     if est is None:
