@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from tetrad.api import contract
 from tetrad_operator import gang
 from tetrad_operator.kube import STRATEGIC, ApiError, Kube, path
-from tetrad_operator.metrics import Metrics
+from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,9 @@ async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], li
     await asyncio.gather(*(one(n, u) for n, u in pods))
 
 
-class Admission:
+class GangAdmitter:
     def __init__(self, kube: Kube, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
-                 metrics: Metrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
+                 metrics: OperatorMetrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
                  retry_seconds: float = 5.0, batch_seconds: float = 0.05):
         self.kube = kube
         self.nodes = nodes
@@ -112,7 +112,7 @@ class Admission:
             out += [PodState.from_body(b) for b in await self.kube.list(path("v1", "pods", ns), fieldSelector=UNFINISHED)]
         return out
 
-    async def admit_once(self) -> list[gang.Admission]:
+    async def admit_once(self) -> list[gang.GangRelease]:
         async with self.lock:
             started = time.monotonic()
             pods = await self._unfinished_pods()

@@ -5,7 +5,8 @@ changes and its own requeue time. Each pass reads the job fresh from the API ser
 and the nodes from kopf's indexes, asks the pure state machine what to do, then writes: the
 status first (guarded by resourceVersion, so a stale pass cannot double-count a restart), then
 the actions. Nothing the operator remembers in memory is needed for correctness; the memory
-below only avoids redundant API calls.
+below (one `JobLoop` per job, gone with the loop) only avoids redundant API calls and work, and
+counts the passes whose pod creations the API server refused (a restarted operator counts anew).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import socket
 import time
 from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,10 +25,18 @@ import aiohttp
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
 from tetrad.render import names
 from tetrad_operator import lifecycle, scrape
-from tetrad_operator.admission import Admission, ungate
+from tetrad_operator.admission import GangAdmitter, ungate
 from tetrad_operator.kube import ApiError, Kube, object_path, path
-from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate
-from tetrad_operator.metrics import Metrics
+from tetrad_operator.lifecycle import (
+    CreatePod,
+    DeleteJob,
+    DeletePod,
+    Ensure,
+    PodRejection,
+    ResolvedJob,
+    Ungate,
+)
+from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState, format_time
 
@@ -34,31 +44,56 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 EXPECTATION_SECONDS = 30.0  # how long a created pod may take to show up in the watch
 COMPONENT = "tetrad-operator"
+FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap and PodGroup
+REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
+
+
+@dataclass
+class JobLoop:
+    """What one job's loop remembers between passes; it lives exactly as long as the loop."""
+
+    key: Key
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    phase: str = ""
+    expected: dict[str, float] = field(default_factory=dict)  # pods created, not yet in the index
+    gone: set[str] = field(default_factory=set)  # uids of pods the index still has but the API has not
+    last_listed: float = -1e9  # time.monotonic() of the last consistent LIST of the job's pods
+    scrape: asyncio.Task[None] | None = None
+    next_scrape: float = 0.0
+    spec: ResolvedJob | None = None  # the spec of generation `spec_of`, parsed and resolved once
+    spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
+    rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
+
+    def resolved(self, body: dict[str, Any]) -> ResolvedJob:
+        meta = body["metadata"]
+        of = (meta.get("uid", ""), meta.get("generation"))
+        if self.spec is None or self.spec_of != of:
+            self.spec, self.spec_of = lifecycle.resolve_job(body), of
+        return self.spec
 
 
 class Controller:
     def __init__(self, kube: Kube, settings: OperatorSettings, namespaces: list[str] | None = None):
         self.kube = kube
         self.settings = settings
-        self.phases: dict[Key, str] = {}
-        self.metrics = Metrics(lambda: self.phases)
+        self.jobs: dict[Key, JobLoop] = {}
+        self.metrics = OperatorMetrics(lambda: self.phases)
         kube.on_error = self.metrics.api_error
         self.limit = asyncio.Semaphore(settings.api_concurrency)
         self.pods_index: Any = None  # kopf.Index: (namespace, job) -> Store[PodState]
         self.nodes_index: Any = None  # kopf.Index: name -> Store[NodeState]
-        self.wakers: dict[Key, asyncio.Event] = {}
-        self.expected: dict[Key, dict[str, float]] = {}  # created, not yet in the index
-        self.gone: dict[Key, set[str]] = {}  # uids of pods the index still has but the API has not
-        self.last_listed: dict[Key, float] = {}
         self.node_seen: dict[str, NodeState] = {}
-        self.scrapes: dict[Key, asyncio.Task[None]] = {}
-        self.next_scrape: dict[Key, float] = {}
         self.session: aiohttp.ClientSession | None = None
-        self.admission = Admission(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
+        self.admission = GangAdmitter(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
                                    retry_seconds=settings.admission_retry_seconds,
                                    batch_seconds=settings.batch_seconds)
         self._tasks: list[asyncio.Task[None]] = []
         self.instance = socket.gethostname()
+
+    @property
+    def phases(self) -> dict[Key, str]:
+        """The phase each running job loop last wrote."""
+        return {k: j.phase for k, j in list(self.jobs.items())}
 
     # ------------------------------------------------------------------ lifetime
 
@@ -67,33 +102,34 @@ class Controller:
         self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
 
     async def stop(self) -> None:
-        for t in [*self._tasks, *self.scrapes.values()]:
+        tasks = [*self._tasks, *(j.scrape for j in self.jobs.values() if j.scrape is not None)]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self.scrapes.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self.session:
             await self.session.close()
         self.kube.close()
 
     # ------------------------------------------------------------------ observations
 
-    def pods(self, key: Key) -> list[PodState]:
+    def pods(self, loop: JobLoop) -> list[PodState]:
         """The job's pods from kopf's index, minus pods known to be gone that it still holds."""
         if self.pods_index is None:
             return []
-        gone = self.gone.get(key, set())
-        return [p for p in self.pods_index.get(key, ()) if p.uid not in gone]
+        return [p for p in self.pods_index.get(loop.key, ()) if p.uid not in loop.gone]
 
-    async def listed_pods(self, key: Key) -> list[PodState]:
+    async def listed_pods(self, loop: JobLoop) -> list[PodState]:
         """The job's pods from a consistent LIST; remembers index entries that no longer exist.
 
         kopf's watches stop while peering pauses this replica; objects deleted meanwhile never get
         a DELETED event, so the index can keep them after the resume.
         """
-        indexed = {p.uid for p in self.pods(key)}  # before the LIST: what it lacks is gone
-        items = await self.kube.list(path("v1", "pods", key[0]), labelSelector=names.pod_selector(key[1]))
+        indexed = {p.uid for p in self.pods(loop)}  # before the LIST: what it lacks is gone
+        namespace, name = loop.key
+        items = await self.kube.list(path("v1", "pods", namespace), labelSelector=names.pod_selector(name))
         listed = [PodState.from_body(b) for b in items]
-        self.gone.setdefault(key, set()).update(indexed - {p.uid for p in listed})
-        self.last_listed[key] = time.monotonic()
+        loop.gone.update(indexed - {p.uid for p in listed})
+        loop.last_listed = time.monotonic()
         return listed
 
     def nodes(self) -> list[NodeState]:
@@ -104,8 +140,8 @@ class Controller:
     # ------------------------------------------------------------------ wake-ups
 
     def wake(self, key: Key) -> None:
-        if (ev := self.wakers.get(key)) is not None:
-            ev.set()
+        if (loop := self.jobs.get(key)) is not None:
+            loop.wake.set()
 
     def on_pod_event(self, namespace: str, job: str, event_type: str | None, phase: str | None,
                      deleting: bool) -> None:
@@ -136,7 +172,8 @@ class Controller:
     async def run_job(self, namespace: str, name: str, stopped: Any) -> None:
         """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us."""
         key = (namespace, name)
-        wake = self.wakers[key] = asyncio.Event()
+        loop = self.jobs[key] = JobLoop(key)
+        wake = loop.wake
         failures = 0
         delay: float | None = 0.0
         try:
@@ -148,7 +185,7 @@ class Controller:
                     await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
                 wake.clear()
                 try:
-                    delay = await self.reconcile(namespace, name)
+                    delay = await self.reconcile(loop)
                     failures = 0
                 except Exception as e:
                     failures += 1
@@ -159,45 +196,42 @@ class Controller:
                 if delay is None:
                     break
         finally:
-            if self.wakers.get(key) is wake:
-                del self.wakers[key]
+            if self.jobs.get(key) is loop:
+                del self.jobs[key]
             self.admission.withdraw(key)
-            self.phases.pop(key, None)
-            self.expected.pop(key, None)
-            self.gone.pop(key, None)
-            self.last_listed.pop(key, None)
-            self.next_scrape.pop(key, None)
-            if (task := self.scrapes.pop(key, None)) is not None:
-                task.cancel()
+            if loop.scrape is not None:
+                loop.scrape.cancel()
 
-    async def reconcile(self, namespace: str, name: str) -> float | None:
+    async def reconcile(self, loop: JobLoop) -> float | None:
         """One read-decide-write pass; the delay until the next one, or None when the job is gone.
 
         The pods come from kopf's index, except on a loop's first pass, once per resync period,
         and whenever a decision rests on a pod being absent: then from a consistent LIST.
         """
         started = time.perf_counter()
-        key = (namespace, name)
+        key = namespace, name = loop.key
         job_path = path(API_VERSION, PLURAL, namespace, name)
         body = await self.kube.get(job_path)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None  # ownerReferences let the garbage collector remove the rest
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
-        stale = time.monotonic() - self.last_listed.get(key, -1e9) > self.settings.resync_seconds
-        pods = await self.listed_pods(key) if stale else self.pods(key)
-        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle)
+        stale = time.monotonic() - loop.last_listed > self.settings.resync_seconds
+        pods = await self.listed_pods(loop) if stale else self.pods(loop)
+        spec = loop.resolved(body)
+        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec, rejection=loop.rejection)
         if decision.verify and not stale:
-            pods = await self.listed_pods(key)
-            decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle)
+            pods = await self.listed_pods(loop)
+            decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
+                                        rejection=loop.rejection)
         old = body.get("status") or {}
         if not await self._write_status(job_path, body, old, decision.status):
             return 0.05  # the job changed under us: read it again
         self._count(old, decision.status)
-        self.phases[key] = decision.status.get("phase") or ""
+        loop.phase = decision.status.get("phase") or ""
         if decision.events:
             await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events))
-        await self._apply(body, key, pods, decision.actions)
+        await self._apply(body, loop, pods, decision.actions)
         if decision.gang is not None:
             self.admission.request(decision.gang)
         else:
@@ -206,7 +240,7 @@ class Controller:
                     self.settings.resync_seconds)
         delay = max(delay, 0.1)
         if decision.status.get("phase") == "Running":
-            self._maybe_scrape(body, pods, decision.status)
+            self._maybe_scrape(body, loop, pods, decision.status)
             delay = min(delay, self.settings.scrape_interval_seconds)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
         return delay
@@ -259,33 +293,34 @@ class Controller:
         except ApiError as e:
             log.warning("could not record event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
 
-    def _expected(self, key: Key, observed: Iterable[PodState]) -> dict[str, float]:
+    @staticmethod
+    def _expected(loop: JobLoop, observed: Iterable[PodState]) -> dict[str, float]:
         """Pods this operator created that the watch has not shown yet (stale entries expire)."""
-        exp = self.expected.setdefault(key, {})
+        exp = loop.expected
         seen = {p.name for p in observed}
         cutoff = time.monotonic() - EXPECTATION_SECONDS
         for name in [n for n, t in exp.items() if n in seen or t < cutoff]:
             del exp[name]
         return exp
 
-    async def _apply(self, job: dict[str, Any], key: Key, pods: list[PodState], actions: list[lifecycle.Action]) -> None:
-        namespace = key[0]
-        expected = self._expected(key, pods)
+    async def _apply(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
+                     actions: list[lifecycle.Action]) -> None:
+        namespace = loop.key[0]
+        expected = self._expected(loop, pods)
         if not expected:  # objects of an incarnation whose creation is under way are ensured already
-            for a in actions:
-                if isinstance(a, Ensure):
-                    await self._ensure(job, a.obj)
-        calls: list[Awaitable[None]] = []
+            await asyncio.gather(*(self._ensure(job, a.obj) for a in actions if isinstance(a, Ensure)))
+        creates = [a for a in actions if isinstance(a, CreatePod) and a.name not in expected]
+        calls: list[Awaitable[None]] = [self._create_pod(loop, a) for a in creates]
         for a in actions:
-            if isinstance(a, CreatePod) and a.name not in expected:
-                calls.append(self._create_pod(job, key, a))
-            elif isinstance(a, DeletePod):
+            if isinstance(a, DeletePod):
                 expected.pop(a.name, None)
-                calls.append(self._delete_pod(key, a))
+                calls.append(self._delete_pod(loop, a))
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
         results = await asyncio.gather(*calls, return_exceptions=True)
+        if creates:
+            await self._count_refusals(job, loop, results[:len(creates)])
         if any(isinstance(a, DeleteJob) for a in actions):
             meta = job["metadata"]
             log.info("deleting %s/%s: ttlSecondsAfterFinished ran out", namespace, meta["name"])
@@ -296,49 +331,56 @@ class Controller:
             raise errors[0]
 
     async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
-        url = object_path(obj)
-        collection = url.rsplit("/", 1)[0]
-        if await self.kube.create(collection, obj) is not None:
-            return
-        existing = await self.kube.get(url)
-        if existing is None:
-            raise ApiError(409, "POST", collection, {"message": "exists and vanished; retrying"})
-        owners = {r.get("uid") for r in existing["metadata"].get("ownerReferences") or []}
-        if job["metadata"]["uid"] not in owners:
-            message = f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this job; delete it or rename the job"
-            await self._post_event(job, "Warning", "ObjectConflict", message)
-            raise ApiError(409, "POST", collection, {"message": message})
-        desired: dict[str, Any] = {k: obj[k] for k in ("data", "spec") if k in obj}
-        if _differs(existing, desired):
-            await self.kube.patch(url, desired)
+        """Server-side apply the object, unless an object of that name belongs to someone else.
 
-    async def _create_pod(self, job: dict[str, Any], key: Key, action: CreatePod) -> None:
+        The operator's field manager owns what it renders: a field it stops rendering is removed
+        from the object at the next incarnation.
+        """
+        url = object_path(obj)
+        existing = await self.kube.get(url)
+        if existing is not None:
+            owners = {r.get("uid") for r in existing["metadata"].get("ownerReferences") or []}
+            if job["metadata"]["uid"] not in owners:
+                message = (f"{obj['kind']} {obj['metadata']['name']} exists and is not owned by this job; "
+                           "delete it or rename the job")
+                await self._post_event(job, "Warning", "ObjectConflict", message)
+                raise ApiError(409, "PATCH", url, {"reason": "Conflict", "message": message})
+        await self.kube.apply(url, obj, FIELD_MANAGER)
+
+    async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:
-            try:
-                created = await self.kube.create(path("v1", "pods", key[0]), action.obj)
-            except ApiError as e:
-                if e.status in (400, 403, 422):  # quota, admission webhooks, invalid template: tell the user
-                    await self._post_event(job, "Warning", "FailedCreatePod", f"pod {action.name}: {e}")
-                raise
-        self.expected.setdefault(key, {})[action.name] = time.monotonic()
+            created = await self.kube.create(path("v1", "pods", loop.key[0]), action.obj)
+        loop.expected[action.name] = time.monotonic()
         if created is not None:
             self.metrics.pods_created.inc()
 
-    async def _delete_pod(self, key: Key, action: DeletePod) -> None:
+    async def _count_refusals(self, job: dict[str, Any], loop: JobLoop, results: list[Any]) -> None:
+        """Count the passes in a row whose pod creations the API server refused for good (a quota,
+        an admission webhook, an invalid field): `decide` fails the job after a few. One pod created
+        resets the count; other errors (transient ones) leave it alone."""
+        refused = [r for r in results if isinstance(r, ApiError) and r.status in REFUSED]
+        if any(not isinstance(r, BaseException) for r in results):
+            loop.rejection = None
+        if not refused:
+            return
+        attempts = loop.rejection.attempts + 1 if loop.rejection is not None else 1
+        loop.rejection = PodRejection(attempts, refused[0].message or str(refused[0]))
+        more = f" ({len(refused) - 1} more pods refused alike)" if len(refused) > 1 else ""
+        await self._post_event(job, "Warning", "FailedCreatePod", f"{refused[0]}{more}")
+
+    async def _delete_pod(self, loop: JobLoop, action: DeletePod) -> None:
         async with self.limit:
-            found = await self.kube.delete(path("v1", "pods", key[0], action.name), uid=action.uid,
+            found = await self.kube.delete(path("v1", "pods", loop.key[0], action.name), uid=action.uid,
                                            grace_seconds=0 if action.force else None)
         if not found:  # already gone (or replaced): the index may hold a stale entry
-            self.gone.setdefault(key, set()).add(action.uid)
+            loop.gone.add(action.uid)
         self.metrics.pods_deleted.labels(str(action.force).lower()).inc()
 
     # ------------------------------------------------------------------ live training figures
 
-    def _maybe_scrape(self, job: dict[str, Any], pods: list[PodState], status: dict[str, Any]) -> None:
-        key = (job["metadata"]["namespace"], job["metadata"]["name"])
+    def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState], status: dict[str, Any]) -> None:
         now = time.monotonic()
-        running = self.scrapes.get(key)
-        if (running is not None and not running.done()) or now < self.next_scrape.get(key, 0.0):
+        if (loop.scrape is not None and not loop.scrape.done()) or now < loop.next_scrape:
             return
         restart = status.get("restarts") or 0
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
@@ -346,8 +388,8 @@ class Controller:
         if not host or self.session is None:
             return
         port = int(((job.get("spec") or {}).get("metrics") or {}).get("port") or 9400)
-        self.next_scrape[key] = now + self.settings.scrape_interval_seconds
-        self.scrapes[key] = asyncio.create_task(self._scrape(key, host, port), name=f"scrape {key}")
+        loop.next_scrape = now + self.settings.scrape_interval_seconds
+        loop.scrape = asyncio.create_task(self._scrape(loop.key, host, port), name=f"scrape {loop.key}")
 
     async def _scrape(self, key: Key, host: str, port: int) -> None:
         assert self.session is not None
@@ -372,10 +414,3 @@ async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-def _differs(existing: Any, desired: Any) -> bool:
-    """Whether `desired` sets something `existing` lacks (fields the server defaulted are ignored)."""
-    if isinstance(desired, dict):
-        return not isinstance(existing, dict) or any(_differs(existing.get(k), v) for k, v in desired.items())
-    return bool(existing != desired)

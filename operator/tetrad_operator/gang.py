@@ -140,13 +140,15 @@ class GangRequest:
 
 
 @dataclass(frozen=True)
-class Admission:
+class GangRelease:
+    """A waiting gang that fits now, and where each of its pods would go."""
+
     request: GangRequest
     placement: dict[str, str]
 
 
 def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_flight: Iterable[Sequence[PodState]],
-                   waiting: Iterable[GangRequest]) -> list[Admission]:
+                   waiting: Iterable[GangRequest]) -> list[GangRelease]:
     """Which waiting gangs to release now, oldest first (best-effort FIFO).
 
     `bound` are pods with a node; `in_flight` are gangs already released whose pods are not all
@@ -164,5 +166,5 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_fli
     for req in sorted(waiting, key=GangRequest.order):
         placement = place(req.pods, nodes, free)
         if placement is not None:
-            admitted.append(Admission(req, placement))
+            admitted.append(GangRelease(req, placement))
     return admitted

@@ -29,14 +29,15 @@ PLURALS = {
 RETRYABLE = {429, 500, 502, 503, 504}
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"  # server-side apply (a JSON body is valid YAML)
 
 
 class ApiError(Exception):
     def __init__(self, status: int, verb: str, path: str, body: Any):
         self.status = status
         self.reason = body.get("reason", "") if isinstance(body, dict) else ""
-        message = body.get("message", "") if isinstance(body, dict) else str(body)[:300]
-        super().__init__(f"{verb} {path}: {status} {self.reason}: {message}")
+        self.message = body.get("message", "") if isinstance(body, dict) else str(body)[:300]  # the server's words
+        super().__init__(f"{verb} {path}: {status} {self.reason}: {self.message}")
 
 
 def path(api_version: str, kind_or_plural: str, namespace: str | None = None, name: str | None = None,
@@ -152,6 +153,12 @@ class Kube:
     async def patch(self, url_path: str, body: Mapping[str, Any], content_type: str = MERGE,
                     ok: tuple[int, ...] = (404,)) -> dict[str, Any] | None:
         return await self.request("PATCH", url_path, body=body, content_type=content_type, ok=ok)  # type: ignore[no-any-return]
+
+    async def apply(self, url_path: str, obj: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply of the whole object, forced: `field_manager` owns every field it sets, and
+        fields it set before but leaves out now are removed."""
+        return await self.request("PATCH", url_path, query={"fieldManager": field_manager, "force": "true"},  # type: ignore[no-any-return]
+                                  body=json.dumps(obj), content_type=APPLY)
 
     async def delete(self, url_path: str, *, uid: str | None = None, grace_seconds: int | None = None,
                      propagation: str | None = None) -> bool:

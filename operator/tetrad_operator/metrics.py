@@ -29,7 +29,7 @@ class _JobsByPhase(Collector):
         yield g
 
 
-class Metrics:
+class OperatorMetrics:
     def __init__(self, phases: Callable[[], Mapping[Any, str]]):
         self.registry = CollectorRegistry()
         r = self.registry

@@ -43,7 +43,6 @@ class PodState:
     ip: str | None = None
     gated: bool = False  # still holds the tetrad gang gate
     released: bool = False  # the built-in admission removed the gate
-    other_gates: bool = False  # holds gates of someone else (e.g. Kueue admission)
     deleting_since: datetime | None = None
     grace_seconds: int = 0
     created: datetime | None = None
@@ -52,7 +51,6 @@ class PodState:
     container: str | None = None  # the container that exited with exit_code
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
-    message: str | None = None
     requests: Resources = field(default_factory=Resources)
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
@@ -92,7 +90,6 @@ class PodState:
             ip=status.get("podIP") or None,
             gated=contract.GANG_GATE in gates,
             released=RELEASED_ANNOTATION in (meta.get("annotations") or {}),
-            other_gates=any(g != contract.GANG_GATE for g in gates),
             deleting_since=parse_time(meta.get("deletionTimestamp")),
             grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
             created=parse_time(meta.get("creationTimestamp")),
@@ -101,7 +98,6 @@ class PodState:
             container=container,
             reason=status.get("reason") or None,
             disrupted=disrupted,
-            message=status.get("message") or None,
             requests=pod_requests(spec),
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
             tolerations=tuple(spec.get("tolerations") or ()),

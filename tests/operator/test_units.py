@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import scrape
 from tetrad_operator.admission import ungate_patch
-from tetrad_operator.controller import _differs
+from tetrad_operator.controller import JobLoop
 from tetrad_operator.kube import path
+from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState
 
 from tetrad.api import contract
 
 from .conftest import free_port
-from .fakes import T0
+from .fakes import T0, job_body
 
 
 def pod_body(**status) -> dict:
@@ -32,7 +34,7 @@ def test_pod_state_reads_labels_gates_and_exit_codes():
         {"name": "sidecar", "state": {"terminated": {"exitCode": 9}}},
         {"name": "trainer", "state": {"terminated": {"exitCode": 75}}}]))
     assert (p.job, p.restart, p.rank, p.namespace) == ("j", 2, 1, "ns")
-    assert p.gated and p.other_gates and not p.released
+    assert p.gated and not p.released
     assert (p.exit_code, p.container) == (75, "trainer")  # the trainer's code wins
     init = PodState.from_body(pod_body(phase="Failed", initContainerStatuses=[
         {"name": "wait-for-master", "state": {"terminated": {"exitCode": 1}}}]))
@@ -95,6 +97,10 @@ def test_settings_from_env():
                                    "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1", "UNRELATED": "x"})
     assert s.resync_seconds == 4.0 and s.scrape_host == "127.0.0.1"
     assert s.lifecycle.node_lost_seconds == 7.0
+    assert s.lifecycle.stuck_terminating_seconds == LifecycleSettings().stuck_terminating_seconds == 30.0
+    assert OperatorSettings.from_env({"TETRAD_OPERATOR_POD_CREATE_ATTEMPTS": "5"}).lifecycle.pod_create_attempts == 5
+    with pytest.raises(ValueError, match="TETRAD_OPERATOR_NODE_LOST_SECONDS='soon' is not a valid float"):
+        OperatorSettings.from_env({"TETRAD_OPERATOR_NODE_LOST_SECONDS": "soon"})
     with pytest.raises(ValueError, match="TETRAD_OPERATOR_API_CONCURRENCY"):
         OperatorSettings.from_env({"TETRAD_OPERATOR_API_CONCURRENCY": "lots"})
 
@@ -106,5 +112,18 @@ def test_rest_paths_and_patches():
     assert path("v1", "nodes") == "/api/v1/nodes"
     patch = ungate_patch(T0)
     assert patch["spec"] == {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}
-    assert _differs({"spec": {"a": 1, "defaulted": 2}}, {"spec": {"a": 1}}) is False
-    assert _differs({"data": {"x": "1"}}, {"data": {"x": "2"}}) is True
+
+
+def test_a_job_loop_resolves_the_spec_once_per_generation():
+    body = job_body(nodes=2)
+    loop = JobLoop(("ns", "job"))
+    first = loop.resolved(body)
+    assert first.config is not None and first.config.world_size == 2
+    assert loop.resolved(copy.deepcopy(body)) is first, "the same generation is not parsed again"
+    body["spec"]["runPolicy"] = {"maxRestarts": 7}
+    assert loop.resolved(body) is first  # kept until the API server bumps the generation
+    body["metadata"]["generation"] = 2
+    second = loop.resolved(body)
+    assert second is not first and second.job is not None and second.job.spec.run_policy.max_restarts == 7
+    body["metadata"]["uid"] = "another"  # a job re-created under the same name
+    assert loop.resolved(body) is not second
