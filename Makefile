@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint crds cluster cluster-down cluster-status kubeconfig tools host-packages venv clean
+.PHONY: demo test test-unit e2e lint crds cluster cluster-down cluster-status kubeconfig tools host-packages venv clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,10 @@ host-packages:
 
 test: venv tools host-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The real-node tests alone (tests/e2e: kubelets, containerd, CNI, CoreDNS; root): see docs/e2e.md.
+e2e: venv tools host-packages
+	OMP_NUM_THREADS=1 $(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest -m "not cluster and not distributed" $(PYTEST_ARGS)

@@ -20,7 +20,8 @@ import pytest
 
 from tests.cluster_fixtures import RealCluster, cluster_script, fresh_namespace, host_snapshot, wait_until
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+# One real-node cluster per machine: under pytest-xdist keep these tests on one worker (--dist loadgroup).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes")]
 
 BUSYBOX = "localhost/tetrad/busybox:local"
 SERVER = 'while true; do echo "hello from $(hostname)" | nc -l -p 7000; done'
