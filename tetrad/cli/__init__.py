@@ -1,4 +1,4 @@
-"""`tetrad validate | render | plan | crd | run`, and the commands other packages register.
+"""`tetrad validate | render | plan | crd | run | status`, and the commands other packages register.
 
 The CLI is the top layer. Heavy imports stay inside commands. Every subcommand reads its files
 through `load_documents`; the ones that act on one job (render, plan, run) take it through
@@ -20,6 +20,7 @@ import typer
 
 from tetrad.api import ParallelTrainingJob, Problem, parse
 from tetrad.api.manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifests, shorten
+from tetrad.cli.examples import add_examples
 from tetrad.resolve import validate_spec
 
 COMMANDS_GROUP = "tetrad.commands"
@@ -174,6 +175,24 @@ def _check_writable(jsonl: Path | None, workdir: Path | None) -> None:
         _fail([f"--jsonl {shorten(str(jsonl), 200)}: cannot write the file: {e.strerror or e}"])
 
 
+@app.command()
+def status(
+    job: str = typer.Argument(..., help="The job's name (metadata.name)."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n", help="The job's namespace; defaults to the kubeconfig context's."),
+    output: str = typer.Option("text", "--output", "-o", help="text, or json for scripts."),
+) -> None:
+    """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""
+    from tetrad.cli.status import StatusError, format_summary, now, read_job, summarize
+
+    if output not in ("text", "json"):
+        _fail([f"--output {shorten(output, 40)!r}: use text or json"])
+    try:
+        summary = summarize(read_job(job, namespace), now())
+    except StatusError as e:
+        _fail([str(e)])
+    typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary), nl=output == "json")
+
+
 def register_commands(target: typer.Typer) -> None:
     """Add the subcommands installed packages declare in COMMANDS_GROUP (name = module:function)."""
     for entry in entry_points(group=COMMANDS_GROUP):
@@ -181,6 +200,7 @@ def register_commands(target: typer.Typer) -> None:
 
 
 register_commands(app)
+add_examples(app)
 
 
 def main() -> None:

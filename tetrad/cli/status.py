@@ -1,0 +1,191 @@
+"""`tetrad status JOB`: what a person looks at while a job runs.
+
+`summarize` is a pure function of the job object as the apiserver returns it (defaults applied,
+status written by the operator) and the current time; `format_summary` turns its result into text.
+Reading the object needs the kubernetes client, an optional dependency (`tetrad[operator]`),
+imported only when the command runs. The raw object is read field by field rather than parsed
+into the model, so a status written by a newer operator still shows.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
+from tetrad.api.manifest import shorten
+from tetrad.api.presets import PRESETS, model_name
+
+GiB = 2**30
+
+
+class StatusError(Exception):
+    """The job cannot be read; the message says why and what to do."""
+
+
+def _get(obj: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _time(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
+def duration(seconds: float) -> str:
+    """1d2h, 3h05m, 4m10s, 12s."""
+    s = int(round(seconds))
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{s:02d}s" if minutes else f"{s}s"
+
+
+def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The figures of `tetrad status`: identity, phase, mesh, progress with ETA, throughput, restarts."""
+    spec, status = job.get("spec") or {}, job.get("status") or {}
+    training = status.get("training") or {}
+    model = spec.get("model") or {}
+    preset = model.get("preset")
+    overrides = {k: v for k, v in model.items() if k != "preset"}
+    seq_len = model.get("seqLen") or _get(PRESETS.get(preset) if isinstance(preset, str) else None, "seqLen")
+    global_batch = _get(spec, "training", "globalBatch")
+    total = _get(spec, "training", "steps")
+    step = training.get("step")
+    tokens_per_second = _number(training.get("tokensPerSecond"))
+    phase = status.get("phase") or "Pending"
+    out: dict[str, Any] = {
+        "name": _get(job, "metadata", "name"),
+        "namespace": _get(job, "metadata", "namespace"),
+        "phase": phase,
+        "message": status.get("message"),
+        "model": model_name(preset if isinstance(preset, str) else None, overrides),
+        "nodes": spec.get("nodes"),
+        "nprocPerNode": spec.get("nprocPerNode"),
+        "mesh": status.get("mesh"),
+        "step": step,
+        "steps": total,
+        "loss": _number(training.get("loss")),
+        "tokensPerSecond": tokens_per_second,
+        "mfu": _number(training.get("mfu")),
+        "peakMemoryBytes": training.get("peakMemoryBytes"),
+        "restarts": status.get("restarts", 0),
+        "disruptions": status.get("disruptions", 0),
+        "stepSeconds": None,
+        "etaSeconds": None,
+        "updatedSecondsAgo": None,
+        "runningSeconds": None,
+    }
+    tokens_per_step = global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int) else None
+    if tokens_per_step and tokens_per_second:
+        out["stepSeconds"] = tokens_per_step / tokens_per_second
+        if isinstance(step, int) and isinstance(total, int) and phase in ("Running", "Restarting"):
+            out["etaSeconds"] = max(total - step, 0) * out["stepSeconds"]
+    if (updated := _time(training.get("updated"))) is not None:
+        out["updatedSecondsAgo"] = max((now - updated).total_seconds(), 0.0)
+    if (start := _time(status.get("startTime"))) is not None:
+        end = _time(status.get("completionTime")) or now
+        out["runningSeconds"] = max((end - start).total_seconds(), 0.0)
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as aligned `Label: value` lines; figures not known yet are left out."""
+    rows: list[tuple[str, str]] = [("Job", f"{s['namespace']}/{s['name']}"), ("Phase", s["phase"])]
+    if s["message"]:
+        rows.append(("Message", s["message"]))
+    rows.append(("Model", s["model"]))
+    size = f"{s['nodes']} nodes x {s['nprocPerNode']} processes"
+    rows.append(("Mesh", f"{s['mesh']} on {size}" if s["mesh"] else f"not resolved yet ({size})"))
+    if isinstance(s["step"], int):
+        progress = f"step {s['step']} / {s['steps']}"
+        if isinstance(s["steps"], int) and s["steps"]:
+            progress += f" ({s['step'] / s['steps']:.1%})"
+        if s["etaSeconds"] is not None:
+            progress += f", ETA {duration(s['etaSeconds'])}"
+        rows.append(("Progress", progress))
+    elif s["steps"] is not None:
+        rows.append(("Progress", f"no step reported yet, {s['steps']} to train"))
+    if s["stepSeconds"] is not None:
+        rows.append(("Step time", f"{s['stepSeconds']:.3g} s (global batch tokens / tokens per second)"))
+    if s["tokensPerSecond"] is not None:
+        rows.append(("Tokens/s", f"{s['tokensPerSecond']:,.0f}"))
+    if s["mfu"] is not None:
+        rows.append(("MFU", f"{s['mfu']:.1%}"))
+    if s["loss"] is not None:
+        rows.append(("Loss", f"{s['loss']:.4f}"))
+    if isinstance(s["peakMemoryBytes"], int):
+        rows.append(("Peak memory", f"{s['peakMemoryBytes'] / GiB:.2f} GiB (rank 0)"))
+    disruptions = f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)" if s["disruptions"] else ""
+    rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
+    if s["runningSeconds"] is not None:
+        rows.append(("Running for", duration(s["runningSeconds"])))
+    if s["updatedSecondsAgo"] is not None:
+        rows.append(("Figures from", f"{duration(s['updatedSecondsAgo'])} ago"))
+    width = max(len(label) for label, _ in rows) + 1
+    return "".join(f"{label + ':':<{width}} {value}\n" for label, value in rows)
+
+
+def read_job(name: str, namespace: str | None) -> dict[str, Any]:
+    """The ParallelTrainingJob `name` from the cluster of the current kubeconfig context (KUBECONFIG),
+    or in-cluster config; the namespace defaults to the context's, as for kubectl."""
+    try:
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+    except ImportError:
+        raise StatusError("`tetrad status` needs the kubernetes Python client: pip install 'tetrad[operator]'"
+                          " (or pip install kubernetes)") from None
+    try:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+        if namespace is None:
+            _, active = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
+            namespace = (active or {}).get("context", {}).get("namespace")
+    except (ConfigException, OSError) as kube_error:
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except ConfigException:
+            raise StatusError(f"no cluster to ask ({kube_error}): set KUBECONFIG or a context in ~/.kube/config,"
+                              " or run inside a pod") from None
+        namespace = namespace or _incluster_namespace()
+    namespace = namespace or "default"
+    api = client.CustomObjectsApi()
+    try:
+        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=30)
+    except client.ApiException as e:
+        if e.status == 404:
+            raise StatusError(f"{KIND} {namespace}/{name} not found (or the CRD is not installed); "
+                              f"list the jobs with `kubectl get {PLURAL} -n {namespace}`") from None
+        raise StatusError(f"the API server refused to read {namespace}/{name}: {e.status} {e.reason}") from None
+    except Exception as e:  # urllib3: connection refused, TLS, timeouts
+        why = shorten(str(getattr(e, "reason", None) or e), 200)
+        raise StatusError(f"cannot reach the API server at {client.Configuration.get_default_copy().host}: {why}") from None
+    return dict(job)
+
+
+def _incluster_namespace() -> str | None:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
