@@ -64,6 +64,19 @@ class JobLoop:
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
 
+    def count_creations(self, results: list[Any]) -> list[ApiError]:
+        """Count the passes in a row whose pod creations the API server refused for good (a quota,
+        an admission webhook, an invalid field): `decide` fails the job after a few. `results` are
+        the pass's pod creations (None or the exception); one pod created resets the count, other
+        errors (transient ones: 429, 5xx, connections) leave it alone. Returns the refusals."""
+        refused = [r for r in results if isinstance(r, ApiError) and r.status in REFUSED]
+        if any(not isinstance(r, BaseException) for r in results):
+            self.rejection = None
+        if refused:
+            attempts = self.rejection.attempts + 1 if self.rejection is not None else 1
+            self.rejection = PodRejection(attempts, refused[0].message or str(refused[0]))
+        return refused
+
     def resolved(self, body: dict[str, Any]) -> ResolvedJob:
         meta = body["metadata"]
         of = (meta.get("uid", ""), meta.get("generation"))
@@ -355,18 +368,10 @@ class Controller:
             self.metrics.pods_created.inc()
 
     async def _count_refusals(self, job: dict[str, Any], loop: JobLoop, results: list[Any]) -> None:
-        """Count the passes in a row whose pod creations the API server refused for good (a quota,
-        an admission webhook, an invalid field): `decide` fails the job after a few. One pod created
-        resets the count; other errors (transient ones) leave it alone."""
-        refused = [r for r in results if isinstance(r, ApiError) and r.status in REFUSED]
-        if any(not isinstance(r, BaseException) for r in results):
-            loop.rejection = None
-        if not refused:
-            return
-        attempts = loop.rejection.attempts + 1 if loop.rejection is not None else 1
-        loop.rejection = PodRejection(attempts, refused[0].message or str(refused[0]))
-        more = f" ({len(refused) - 1} more pods refused alike)" if len(refused) > 1 else ""
-        await self._post_event(job, "Warning", "FailedCreatePod", f"{refused[0]}{more}")
+        refused = loop.count_creations(results)
+        if refused:
+            more = f" ({len(refused) - 1} more pods refused alike)" if len(refused) > 1 else ""
+            await self._post_event(job, "Warning", "FailedCreatePod", f"{refused[0]}{more}")
 
     async def _delete_pod(self, loop: JobLoop, action: DeletePod) -> None:
         async with self.limit:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from tetrad_operator import scrape
 from tetrad_operator.admission import ungate_patch
 from tetrad_operator.controller import JobLoop
-from tetrad_operator.kube import path
+from tetrad_operator.kube import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState
@@ -127,3 +127,20 @@ def test_a_job_loop_resolves_the_spec_once_per_generation():
     assert second is not first and second.job is not None and second.job.spec.run_policy.max_restarts == 7
     body["metadata"]["uid"] = "another"  # a job re-created under the same name
     assert loop.resolved(body) is not second
+
+
+def test_a_job_loop_counts_refused_passes_and_lets_transient_errors_retry():
+    quota = ApiError(403, "POST", "/api/v1/namespaces/ns/pods", {"reason": "Forbidden", "message": "exceeded quota: q"})
+    invalid = ApiError(422, "POST", "/api/v1/namespaces/ns/pods", {"reason": "Invalid", "message": "spec.x: Invalid"})
+    busy = ApiError(503, "POST", "/api/v1/namespaces/ns/pods", {"message": "the server is busy"})
+    loop = JobLoop(("ns", "job"))
+    assert loop.count_creations([quota, quota]) == [quota, quota]
+    assert loop.rejection is not None and (loop.rejection.attempts, loop.rejection.message) == (1, "exceeded quota: q")
+    assert loop.count_creations([busy, ConnectionError()]) == []
+    assert loop.rejection.attempts == 1, "transient errors neither count nor reset"
+    loop.count_creations([invalid])
+    assert (loop.rejection.attempts, loop.rejection.message) == (2, "spec.x: Invalid")
+    loop.count_creations([None, busy])  # a pod was created: the API server takes the job's pods again
+    assert loop.rejection is None
+    loop.count_creations([None, quota])  # some fit, the rest are refused: the count starts over
+    assert loop.rejection is not None and loop.rejection.attempts == 1
