@@ -33,7 +33,7 @@ declare -A SPEC=(
   [kwokctl]="kwok sigs.k8s.io/kwok/cmd/kwokctl sigs.k8s.io/kwok"
   [helm]="helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4"
   [kubelet]=". k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes"
-  [coredns]="coredns github.com/coredns/coredns github.com/coredns/coredns"
+  [coredns]="coredns tetrad.dev/hack/tools/coredns github.com/coredns/coredns"
 )
 ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet coredns"
 
