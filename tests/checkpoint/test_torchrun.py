@@ -93,3 +93,104 @@ def test_tetrad_run_resumes_from_the_manifests_checkpoint(tmp_path):
     second, logs = tetrad_run(5, "second")
     assert f"resumed step 3 from {ckpt}/step-00000003" in logs
     assert [r["step"] for r in second] == [4, 5]
+
+
+# -- SIGTERM at any moment: start-up, an asynchronous save, a save that cannot fit -------------------
+
+class Node:
+    """One supervised torchrun node running tests.checkpoint.probe (fault injection by environment)."""
+
+    def __init__(self, tmp_path: Path, name: str, ckpt: Path, *, shutdown_timeout: int, **env: str):
+        cfg = job({"dpShard": 2}, nproc=2, model={"seqLen": 32}, training=TRAINING,
+                  checkpoint={"enabled": True, "path": str(ckpt), "interval": 2, "async": True},
+                  metrics={"port": free_port()})
+        self.dir = tmp_path / name
+        self.progress = self.dir / "progress"
+        self.progress.mkdir(parents=True)
+        config, self.jsonl, self.log = self.dir / "config.json", self.dir / "steps.jsonl", self.dir / "node.log"
+        config.write_text(cfg.to_json())
+        command = [sys.executable, "-m", "tetrad_trainer.preemption", sys.executable, "-m", "torch.distributed.run",
+                   "--standalone", "--nproc-per-node=2", "-m", "tests.checkpoint.probe", "--config", str(config),
+                   "--jsonl", str(self.jsonl)]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env={**os.environ, "OMP_NUM_THREADS": "1", "TETRAD_TEST_PROGRESS":
+                                              str(self.progress), "PET_SHUTDOWN_TIMEOUT": str(shutdown_timeout),
+                                              **env})
+
+    def wait_for(self, event: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        rank0 = self.progress / "rank-0"
+        while not (rank0.exists() and event in rank0.read_text().splitlines()):
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {event!r}: {self.text()}"
+            assert time.monotonic() < deadline, f"no {event!r} within {timeout} s"
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 120) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def text(self) -> str:
+        return self.log.read_text()[-4000:]
+
+
+def committed_steps(text: str) -> list[int]:
+    return [int(line.split("committed step ")[1].split()[0]) for line in text.splitlines() if "committed step " in line]
+
+
+def test_sigterm_during_start_up_exits_75_and_the_next_run_resumes(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = Node(tmp_path, "first", ckpt, shutdown_timeout=60)
+    first.wait_for("committed 2")
+    assert first.stop() == EXIT_PREEMPTED, first.text()
+    saved = (ckpt / "latest").read_text()
+    step = int(saved.strip().split("-")[1])
+
+    slow = Node(tmp_path, "slow-start", ckpt, shutdown_timeout=60, TETRAD_TEST_SLOW_START="3")
+    slow.wait_for("starting")
+    assert slow.stop() == EXIT_PREEMPTED, slow.text()
+    assert ("stopped during start-up on SIGTERM, before the first step: nothing new to save; "
+            f"the next run resumes from step {step} (the last committed checkpoint)") in slow.text()
+    assert not slow.jsonl.exists() or not slow.jsonl.read_text()  # no step ran
+    assert (ckpt / "latest").read_text() == saved
+
+    again = Node(tmp_path, "again", ckpt, shutdown_timeout=60)
+    again.wait_for(f"save {(step // 2 + 1) * 2}")  # the next periodic save after the resumed step
+    assert again.stop() == EXIT_PREEMPTED, again.text()
+    assert f"resumed step {step} from {ckpt}/step-{step:08d}" in again.text()
+
+
+def test_sigterm_during_an_async_save_commits_it_then_saves_the_step(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    node = Node(tmp_path, "async", ckpt, shutdown_timeout=60, TETRAD_TEST_SLOW_SAVE="4")
+    node.wait_for("dcp-written 2")  # the background save of step 2 is in its slow write
+    assert node.stop() == EXIT_PREEMPTED, node.text()
+    text = node.text()
+    assert "the asynchronous save of step 2 in progress at SIGTERM committed" in text, text
+    stopped = int(text.split("stopped after step ")[1].split()[0])
+    assert stopped > 2 and f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed" in text
+    assert committed_steps(text) == [2, stopped]
+    assert (ckpt / "latest").read_text() == f"step-{stopped:08d}\n"
+
+
+def test_a_save_predicted_not_to_fit_the_grace_exits_75_from_the_last_committed(tmp_path):
+    # The save of step 2 takes over 5 s; SIGTERM at its start leaves about 10 - 5 s after it commits,
+    # less than the 5 s (x 1.25, + 1 s) another save is predicted to take.
+    ckpt = tmp_path / "ckpt"
+    node = Node(tmp_path, "short-grace", ckpt, shutdown_timeout=10, TETRAD_TEST_SLOW_SAVE="5")
+    node.wait_for("dcp-written 2")
+    # 75 needs every worker's own report, written at its clean end: none was SIGKILLed by torchrun
+    assert node.stop() == EXIT_PREEMPTED, node.text()
+    text = node.text()
+    assert "the asynchronous save of step 2 in progress at SIGTERM committed" in text, text
+    assert "on SIGTERM without saving: the last save took" in text, text
+    assert "too little to save; the next run resumes from step 2 (the last committed checkpoint)" in text, text
+    assert committed_steps(text) == [2]
+    assert (ckpt / "latest").read_text() == "step-00000002\n"
+    assert not [p.name for p in ckpt.iterdir() if p.name.startswith(".tmp-")]
+

@@ -236,6 +236,8 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], data_loader=loader, dp_rank=dp_rank,
                         logger=log.append)
     preemption = Preemption() if spec.get("preemptible") else None
+    if preemption is not None:
+        preemption.connect()
 
     die = spec.get("die")  # {"rank": r, "phase": "dcp-written", "step": 5}: SIGKILL ourselves there
     if die and die["rank"] == rank and die.get("phase"):

@@ -67,6 +67,7 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     # torchrun's log tree is in the work directory, nothing of the run is left in the temp directory
     assert (tmp_path / "work" / "torchelastic" / "node-0").is_dir()
     assert not list(Path(tempfile.gettempdir()).glob("torchelastic_*/smoke-*"))
+    assert rows[0]["startup_s"] > 0 and all(r["startup_s"] == rows[0]["startup_s"] for r in rows)
 
 
 def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:

@@ -215,6 +215,8 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jso
                              f"  ({statistics.median(r['tflops'] for r in steady):.3g} TFLOPS per device)")
         table.add_row("step time", f"{statistics.median(r['step_time_s'] for r in steady):.3f} s (median)")
         table.add_row("peak memory", f"{max(r['peak_memory_bytes'] for r in rows) / 2**30:.2f} GiB (rank 0)")
+        if "startup_s" in rows[0]:
+            table.add_row("start-up", f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
     table.add_row("wall time", f"{wall_s:.1f} s")
     table.add_row("metrics", str(jsonl))
     table.add_row("logs", str(workdir))

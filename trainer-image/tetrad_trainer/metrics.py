@@ -7,6 +7,7 @@ ones in contract.SCRAPED. docs/trainer.md lists every metric.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -85,6 +86,7 @@ class StepRecord:
     mfu: float
     peak_memory_bytes: int
     peak_memory_reserved_bytes: int
+    startup_s: float = 0.0  # process start to the end of this run's first step
 
 
 # StepRecord field -> the gauge that carries it.
@@ -100,7 +102,20 @@ GAUGE_OF_FIELD = {
     "mfu": c.METRIC_MFU,
     "peak_memory_bytes": c.METRIC_PEAK_MEMORY,
     "peak_memory_reserved_bytes": c.METRIC_PEAK_MEMORY_RESERVED,
+    "startup_s": c.METRIC_STARTUP,
 }
+
+
+def seconds_since_process_start() -> float:
+    """Wall time since this process started (Linux /proc; elsewhere since this module was imported)."""
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED_AT
+
+
+_IMPORTED_AT = time.time()
 
 
 class Metrics:

@@ -6,8 +6,10 @@ its --shutdown-timeout, PET_SHUTDOWN_TIMEOUT, default 30 s) and then exits 1, wh
 workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
 
 - In each worker, `Preemption` records the signal; `requested()`, called by every rank once per
-  step, agrees across ranks (an all-reduce of the flag), so all ranks stop after the same step
-  even when only some of them were signalled. The trainer then saves and calls `exit_with(75)`.
+  step (and twice during start-up), agrees across ranks (an all-reduce of the flag), so all ranks
+  stop after the same step even when only some of them were signalled. The trainer then saves,
+  unless its last save's duration says the save cannot finish in the time left, and returns 75,
+  which it reports with `report_exit`.
 - `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM,
   SIGINT and SIGHUP, and exits with the workers' own code: 75 when every local worker reported
   75, 78 (EXIT_CONFIG_ERROR) when any reported it, torchrun's code otherwise.
@@ -20,6 +22,7 @@ gets SIGTERM when the supervisor dies, and a worker gets SIGKILL when torchrun d
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -34,35 +37,60 @@ import torch.distributed as dist
 
 from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 
+# torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
+ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
+
 
 class Preemption:
-    """Records SIGTERM (and the other given signals) instead of dying; see `requested`."""
+    """Records SIGTERM (and the other given signals) instead of dying; see `requested`.
+
+    Install it first thing, before the process group exists, so that a signal during start-up is
+    kept too; `connect()` once the process group is up. The time left after the signal is
+    torchrun's shutdown timeout (PET_SHUTDOWN_TIMEOUT, which the pods and `tetrad run` set from
+    terminationGracePeriodSeconds) less the time since the signal.
+    """
 
     def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
         self.received: signal.Signals | None = None
         self.received_at: float | None = None
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
-        # Our own gloo group: a CPU flag, never a device sync, and no interleaving with the
-        # training collectives.
-        self._pg = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+        self.remaining_s: float | None = None  # agreed by the last `requested()`; None: no deadline known
+        timeout = os.environ.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
+        self.grace_s = float(timeout) if timeout.replace(".", "", 1).isdigit() else None
+        self._pg: dist.ProcessGroup | None = None
+        for sig in signals:
+            signal.signal(sig, self._handle)
+
+    def connect(self) -> None:
+        """Our own gloo group (collective): a CPU flag, never a device sync, and no interleaving with
+        the training collectives."""
+        if dist.is_available() and dist.is_initialized():
+            self._pg = dist.new_group(backend="gloo")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received, self.received_at = signal.Signals(signum), time.monotonic()
 
+    def _left(self) -> float:
+        if self.received_at is None or self.grace_s is None:
+            return math.inf
+        return self.grace_s - (time.monotonic() - self.received_at)
+
     def requested(self) -> bool:
-        """True on every rank when any rank was signalled. Collective: call it on all ranks."""
-        flag = torch.tensor([0 if self.received is None else 1], dtype=torch.int32)
+        """True on every rank when any rank was signalled; sets `remaining_s` to the least time any
+        rank has left. Collective: call it on all ranks."""
+        state = torch.tensor([0.0 if self.received is None else 1.0, -self._left()], dtype=torch.float64)
         if self._pg is not None:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._pg)
+            dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._pg)
+        left = -state[1].item()
+        self.remaining_s = None if math.isinf(left) else left
+        return bool(state[0].item())
+
+    def everyone(self, ok: bool) -> bool:
+        """True when `ok` holds on every rank. Collective."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        if self._pg is not None:
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._pg)
         return bool(flag.item())
-
-    def seconds_since_signal(self) -> float | None:
-        return None if self.received_at is None else time.monotonic() - self.received_at
-
-    def uninstall(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
 
 
 _PR_SET_PDEATHSIG = 1

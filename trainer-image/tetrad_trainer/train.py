@@ -6,8 +6,10 @@ Rank 0 writes one JSON line per logged step to stdout (and to --jsonl / $TETRAD_
 rank serves Prometheus metrics on $TETRAD_METRICS_PORT + LOCAL_RANK. With checkpointing on, the
 run resumes from the latest good checkpoint and saves every checkpoint.interval steps and at the
 end. Exit codes: 78 (EXIT_CONFIG_ERROR) for a config the trainer cannot run, which the operator
-never retries; 75 (EXIT_PREEMPTED) after SIGTERM, once every rank has finished the step and the
-checkpoint is saved.
+never retries; 75 (EXIT_PREEMPTED) after SIGTERM at any moment: during start-up (nothing new to
+save), or after the step in progress, with a new checkpoint, or without one when the last save's
+duration says it cannot finish in the grace period left (the next run resumes from the last
+committed checkpoint). The log says which.
 """
 
 from __future__ import annotations
@@ -40,11 +42,21 @@ from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.mesh import build_mesh, init_distributed
-from tetrad_trainer.metrics import Metrics, StepRecord, peak_memory_bytes, peak_tflops
+from tetrad_trainer.metrics import (
+    Metrics,
+    StepRecord,
+    peak_memory_bytes,
+    peak_tflops,
+    seconds_since_process_start,
+)
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, die_with_parent, report_exit
+
+# A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
+SAVE_TIME_MARGIN = 1.25
+SAVE_TIME_SLACK_S = 1.0
 
 
 def log(msg: str) -> None:
@@ -52,7 +64,7 @@ def log(msg: str) -> None:
 
 
 class Preempted(Exception):
-    """SIGTERM reached a rank: every rank stopped after the same step and the checkpoint is saved."""
+    """SIGTERM reached a rank: every rank stopped at the same point; the message says what was saved."""
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -60,8 +72,11 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None):
+    def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None,
+                 preemption: Preemption | None = None):
         self.cfg, self.device = cfg, device
+        self.preemption = preemption or Preemption()
+        self.preemption.connect()
         self.mesh = build_mesh(cfg.layout, device)
         self.model = parallelize(cfg, self.mesh, device)
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
@@ -69,10 +84,10 @@ class Trainer:
         self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
         self.checkpointer = Checkpointer(cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
                                          data_loader=self.loader, dp_rank=dp_rank, logger=log)
-        self.preemption = Preemption()
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
+        self.startup_s: float | None = None  # process start to the end of this run's first step
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
         rank = dist.get_rank()
@@ -146,11 +161,52 @@ class Trainer:
         return loss.item() / self.mesh.dp_cp.size()
 
     def train(self) -> None:
+        self.stop_if_signalled_at_start_up()
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
+        self.stop_if_signalled_at_start_up()
         self.last_log, self.steps_since_log = time.perf_counter(), 0
         while self.step < self.cfg.training.steps:
             self.run_step()
+
+    def stop_if_signalled_at_start_up(self) -> None:
+        """Before the first step there is nothing new to save: stop at once."""
+        if self.preemption.requested():
+            raise Preempted(f"stopped during start-up on SIGTERM, before the first step: nothing new to save; "
+                            f"{self.resume_note()}")
+
+    def resume_note(self) -> str:
+        ckpt = self.checkpointer
+        step = ckpt.last_committed_step if ckpt.last_committed_step is not None else ckpt.dir.latest()[0]
+        if not ckpt.settings.enabled or step is None:
+            return "no checkpoint: the next run starts from step 0"
+        return f"the next run resumes from step {step} (the last committed checkpoint)"
+
+    def stop_on_preemption(self) -> None:
+        """After SIGTERM: finish the save in flight, save this step if it fits in the time left, stop."""
+        ckpt, step = self.checkpointer, self.step
+        where = f"stopped after step {step} on SIGTERM"
+        if not ckpt.settings.enabled:
+            raise Preempted(f"{where}; checkpointing is off: nothing saved")
+        in_flight = ckpt.last_saved_step if ckpt.saving else None
+        waited = time.monotonic()
+        try:
+            ckpt.wait()
+            if in_flight is not None:
+                log_rank0(f"the asynchronous save of step {in_flight} in progress at SIGTERM committed")
+        except CheckpointError as e:  # the same error on every rank; its partial files are removed
+            log_rank0(f"the asynchronous save of step {in_flight} in progress at SIGTERM failed and was abandoned: {e}")
+        if ckpt.last_committed_step == step:
+            raise Preempted(f"{where}; checkpoint step {step} committed")
+        left = None if self.preemption.remaining_s is None else self.preemption.remaining_s - (time.monotonic() - waited)
+        last = ckpt.last_stats.total_s if ckpt.last_stats is not None else None
+        fits = left is None or last is None or last * SAVE_TIME_MARGIN + SAVE_TIME_SLACK_S <= left
+        if not self.preemption.everyone(fits):
+            raise Preempted(f"{where} without saving: the last save took {last or 0:.1f} s and "
+                            f"{max(left or 0, 0):.1f} s of the grace period are left, too little to save; "
+                            f"{self.resume_note()}")
+        ckpt.save(step, blocking=True)
+        raise Preempted(f"{where}; checkpoint step {step} committed")
 
     def run_step(self) -> None:
         """One optimizer step, then whatever is due: stopping on SIGTERM, a checkpoint, a log line."""
@@ -161,12 +217,14 @@ class Trainer:
         except torch.OutOfMemoryError as e:
             raise DeviceOutOfMemory(out_of_memory_message(self.cfg, self.device, self.step, e)) from e
         self.steps_since_log += 1
-        if self.preemption.requested():
-            self.checkpointer.save(self.step, blocking=True)
-            raise Preempted(f"stopped after step {self.step} on SIGTERM")
+        if self.startup_s is None:
+            self.startup_s = seconds_since_process_start()
+            log_rank0(f"first step after {self.startup_s:.1f} s (process start to the end of step {self.step})")
         last = self.step == self.cfg.training.steps
         if self.checkpointer.due(self.step) or last:
             self.checkpointer.save(self.step)
+        if self.preemption.requested():
+            self.stop_on_preemption()
         if self.step % self.cfg.metrics.log_interval == 0 or last:
             self.log_step(loss, grad_norm, lr)
 
@@ -184,7 +242,7 @@ class Trainer:
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
             tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
             tflops=tflops, mfu=tflops / self.peak_tflops,
-            peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
+            peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved, startup_s=self.startup_s or 0.0,
         ))
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
@@ -206,7 +264,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def log_rank0(msg: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        log(msg)
+
+
 def run(args: argparse.Namespace) -> int:
+    preemption = Preemption()  # first: a SIGTERM during start-up is kept, not fatal
     try:
         if not args.config:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
@@ -216,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
     try:
-        trainer = Trainer(cfg, device, jsonl=args.jsonl)
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption)
         try:
             trainer.train()
             if args.save_full_parameters is not None:
