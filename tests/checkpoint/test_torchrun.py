@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.trainer.harness import free_port, job
-from tetrad.api.contract import EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -194,3 +194,18 @@ def test_a_save_predicted_not_to_fit_the_grace_exits_75_from_the_last_committed(
     assert (ckpt / "latest").read_text() == "step-00000002\n"
     assert not [p.name for p in ckpt.iterdir() if p.name.startswith(".tmp-")]
 
+
+def test_an_unwritable_checkpoint_path_exits_78_on_every_rank_naming_the_field(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    node = Node(tmp_path, "unwritable", tmp_path / "file" / "ckpt", shutdown_timeout=30)
+    try:
+        code = node.proc.wait(timeout=180)
+    finally:
+        if node.proc.poll() is None:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+    text = node.log.read_text()
+    assert code == EXIT_CONFIG_ERROR, text[-3000:]
+    for rank in (0, 1):
+        assert (f"[tetrad rank {rank}] config error: spec.checkpoint.path: {tmp_path}/file/ckpt is not writable"
+                in text), text[-3000:]
+    assert "Connection closed" not in text

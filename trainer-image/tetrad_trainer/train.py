@@ -38,6 +38,7 @@ from tetrad.api.contract import (
 )
 from tetrad.api.resolved import ResolvedConfig
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
+from tetrad_trainer.checkpoint.store import writable_problem
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
@@ -275,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.config:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
         cfg = load_config(args.config, steps=args.steps)
+        if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
+            raise ConfigError(problem)
         device = init_distributed()
     except ConfigError as e:
         log(f"config error: {e}")

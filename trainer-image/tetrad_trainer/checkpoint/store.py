@@ -283,3 +283,21 @@ class CheckpointDir:
         phase("pruned", step)
         return sum(f["size"] for f in files.values()), deleted
 
+
+def writable_problem(root: str | Path) -> str | None:
+    """Why this process cannot create files under `root` (created if missing), or None.
+
+    Run by every rank before any collective, so that a bad path fails every rank the same way
+    instead of one rank dying and the others reporting only a lost connection.
+    """
+    path = Path(root)
+    probe = path / f"{TMP_PREFIX}probe.{os.uname().nodename}.{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        write_file(probe, b"")
+        probe.unlink()
+    except OSError as e:
+        return (f"spec.checkpoint.path: {path} is not writable by uid {os.getuid()} on {os.uname().nodename} "
+                f"({e.strerror or e}); mount a writable volume there (spec.checkpoint.volume, e.g. a "
+                "ReadWriteMany claim) or choose another path")
+    return None
