@@ -4,6 +4,9 @@
 - event handlers only wake the right job loop (and the gang admission);
 - one daemon per ParallelTrainingJob runs that job's reconcile loop; kopf stops it when the
   job is deleted or when peering pauses this replica, and starts it again on resume.
+
+Signatures follow kopf's handler protocols (memo: Any, namespace: str | None); every object
+watched here but nodes is namespaced.
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ OWN_PODS: dict[str, Any] = {contract.LABEL_JOB: kopf.PRESENT, contract.LABEL_MAN
 
 
 @kopf.on.startup()
-async def start(memo: kopf.Memo, pods_by_job: kopf.Index[Any, Any], nodes_by_name: kopf.Index[Any, Any], **_: Any) -> None:
+async def start(memo: Any, **indexes: Any) -> None:
     try:
         kube = Kube(workers=memo.config.api_concurrency)
     except ConfigException as e:
         raise kopf.PermanentError(f"no Kubernetes credentials: {e}") from e
     controller = Controller(kube, memo.config, memo.namespaces)
-    controller.pods_index = pods_by_job
-    controller.nodes_index = nodes_by_name
+    controller.pods_index = indexes["pods_by_job"]  # kopf passes each index by its function's name
+    controller.nodes_index = indexes["nodes_by_name"]
     await controller.start()
     memo.controller = controller
     if memo.metrics_port:
@@ -39,7 +42,7 @@ async def start(memo: kopf.Memo, pods_by_job: kopf.Index[Any, Any], nodes_by_nam
 
 
 @kopf.on.cleanup()
-async def stop(memo: kopf.Memo, **_: Any) -> None:
+async def stop(memo: Any, **_: Any) -> None:
     if getattr(memo, "metrics_server", None) is not None:
         memo.metrics_server.shutdown()
         memo.metrics_server.server_close()
@@ -48,7 +51,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index("pods", labels=OWN_PODS)
-def pods_by_job(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, PodState]:
+def pods_by_job(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, PodState]:
     return {(namespace, labels[contract.LABEL_JOB]): PodState.from_body(body)}
 
 
@@ -58,24 +61,23 @@ def nodes_by_name(name: str, body: kopf.Body, **_: Any) -> dict[Any, NodeState]:
 
 
 @kopf.on.event("pods", labels=OWN_PODS)
-def pod_changed(namespace: str, labels: kopf.Labels, type: str | None, body: kopf.Body, memo: kopf.Memo,
-                **_: Any) -> None:
+def pod_changed(namespace: str | None, labels: kopf.Labels, type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.controller.on_pod_event(namespace, labels[contract.LABEL_JOB], type, body.get("status", {}).get("phase"),
                                  bool(body.meta.get("deletionTimestamp")))
 
 
 @kopf.on.event("nodes")
-def node_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def node_changed(name: str, type: str | None, body: kopf.Body, memo: Any, **_: Any) -> None:
     memo.controller.on_node_event(name, type, None if type == "DELETED" else NodeState.from_body(body))
 
 
 @kopf.on.event(*JOBS)
-def job_changed(namespace: str, name: str, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def job_changed(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     # Our own status writes come back here too; only a new spec generation needs a reconcile.
     if body.meta.get("generation") != body.get("status", {}).get("observedGeneration"):
         memo.controller.wake((namespace, name))
 
 
 @kopf.daemon(*JOBS, cancellation_backoff=10.0, cancellation_timeout=5.0)  # finish the pass, then stop
-async def job_loop(namespace: str, name: str, stopped: kopf.DaemonStopped, memo: kopf.Memo, **_: Any) -> None:
+async def job_loop(namespace: str | None, name: str, stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
     await memo.controller.run_job(namespace, name, stopped)

@@ -63,9 +63,9 @@ def object_path(obj: Mapping[str, Any]) -> str:
 def load_api_client(workers: int, kubeconfig: str | None = None) -> client.ApiClient:
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:  # $KUBECONFIG read now (the client's default is fixed when it is imported)
-        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),
+        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),  # type: ignore[no-untyped-call]
                                 client_configuration=configuration)
     configuration.connection_pool_maxsize = workers
     return client.ApiClient(configuration)
@@ -81,7 +81,7 @@ class Kube:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.api.close()
+        self.api.close()  # type: ignore[no-untyped-call]
 
     def call(self, verb: str, url_path: str, query: Mapping[str, Any] | None = None, body: Any = None,
              content_type: str | None = None) -> tuple[int, Any]:
@@ -95,7 +95,7 @@ class Kube:
         # The REST layer JSON-encodes the body for every application/*json content type.
         rsp = self.api.call_api(method, url, header_params=headers, body=body,
                                 _request_timeout=(5.0, self.timeout))
-        raw = rsp.read()
+        raw = rsp.read()  # type: ignore[no-untyped-call]
         try:
             data = json.loads(raw) if raw else None
         except ValueError:
