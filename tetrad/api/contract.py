@@ -39,6 +39,23 @@ GANG_GATE: Final = "tetrad.dev/gang"
 CONFIG_DIR: Final = "/etc/tetrad"
 CONFIG_FILE: Final = "config.json"
 
+# The volumes every trainer pod gets (name -> mount path): the config and the writable scratch
+# paths under a read-only root filesystem; CHECKPOINT_VOLUME is mounted at checkpoint.path when
+# checkpoint.volume is set. A spec's own volumes and mounts may not reuse these names or paths.
+POD_VOLUMES: Final[dict[str, str]] = {"config": CONFIG_DIR, "tmp": "/tmp", "cache": "/home/tetrad/.cache",
+                                      "dshm": "/dev/shm"}
+CHECKPOINT_VOLUME: Final = "checkpoints"
+
+# Environment a spec's template.env may not set: torchrun's (PET_*), Tetrad's (TETRAD_*), what the
+# renderer sets besides (tests/api/test_hostile.py checks every name it renders is covered) and
+# what torchrun sets in each worker.
+RESERVED_ENV_PREFIXES: Final = ("PET_", "TETRAD_", "TORCHELASTIC_")
+RESERVED_ENV: Final = frozenset({
+    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "POD_IP", "PYTHONUNBUFFERED",
+    "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+})
+
 # Exit codes of a trainer pod, read by the operator's restart policy.
 EXIT_PREEMPTED: Final = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
