@@ -15,7 +15,7 @@ from tetrad_trainer.preemption import node_exit_code
 from torch import nn
 
 from tests.checkpoint import toy
-from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED
 
 
 def make_step(root: Path, step: int, files: dict[str, bytes] | None = None) -> Path:
@@ -123,6 +123,8 @@ def test_clean_garbage_removes_temporaries_only(tmp_path):
     (1, [EXIT_PREEMPTED] * 4, 4, EXIT_PREEMPTED),
     (1, [EXIT_PREEMPTED] * 3, 4, 1),  # one worker never got to save
     (1, [EXIT_PREEMPTED, EXIT_CONFIG_ERROR], 2, EXIT_CONFIG_ERROR),
+    (1, [EXIT_OOM, EXIT_PREEMPTED], 2, EXIT_OOM),  # out of memory on one rank: permanent, not 1
+    (1, [EXIT_OOM, EXIT_CONFIG_ERROR], 2, EXIT_CONFIG_ERROR),
     (1, [], 4, 1),
     (-9, [], 4, 137),
 ])

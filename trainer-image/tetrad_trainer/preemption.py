@@ -12,7 +12,7 @@ workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
   which it reports with `report_exit`.
 - `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM,
   SIGINT and SIGHUP, and exits with the workers' own code: 75 when every local worker reported
-  75, 78 (EXIT_CONFIG_ERROR) when any reported it, torchrun's code otherwise.
+  75, 78 (EXIT_CONFIG_ERROR) or else 77 (EXIT_OOM) when any reported it, torchrun's code otherwise.
 
 Orphans: the supervisor gets SIGTERM when its parent dies (`tetrad run` SIGKILLed), torchrun
 gets SIGTERM when the supervisor dies, and a worker gets SIGKILL when torchrun dies
@@ -35,7 +35,7 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_PREEMPTED
+from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED
 
 # torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
 ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
@@ -119,8 +119,10 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
     """The exit code of a node from torchrun's and its workers' reported codes."""
     if torchrun_code == 0:
         return 0
-    if EXIT_CONFIG_ERROR in worker_codes:
-        return EXIT_CONFIG_ERROR
+    # A permanent cause reported by any worker is the node's: a restart cannot help (config first).
+    for permanent in (EXIT_CONFIG_ERROR, EXIT_OOM):
+        if permanent in worker_codes:
+            return permanent
     if worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes) and (nproc is None or len(worker_codes) == nproc):
         return EXIT_PREEMPTED
     return torchrun_code if torchrun_code > 0 else 128 - torchrun_code  # -N: killed by signal N
