@@ -149,6 +149,37 @@ def test_disruptions_restart_without_spending_the_budget():
     assert "restarted 1 times after failures (maxRestarts=1; 3 disruptions not counted)" in c.status["message"]
 
 
+def test_disruptions_have_their_own_budget():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "maxDisruptions": 2}))
+    running(c)
+    for restart in (1, 2):
+        c.pods[f"job-r{restart - 1}-1"]["status"].update(phase="Failed", reason="Evicted")
+        c.reconcile()
+        assert c.phase == "Restarting" and (c.status["restarts"], c.status["disruptions"]) == (restart, restart)
+        c.settle(60)
+        running(c)
+    c.pods["job-r2-0"]["status"].update(phase="Failed", reason="Evicted")  # the third disruption: over budget
+    d = c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
+    assert "restarted 2 times after disruptions (spec.runPolicy.maxDisruptions=2)" in c.status["message"]
+    assert (c.status["restarts"], c.status["disruptions"]) == (2, 2)
+    assert [e.reason for e in c.events][-1] == "DisruptionBudgetExceeded" and c.events[-1].type == "Warning"
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r2-1"}
+
+
+def test_zero_disruption_budget_fails_at_the_first_disruption_but_not_on_failures():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "maxDisruptions": 0}))
+    running(c)
+    c.finish(3, rank=1)  # a failure spends maxRestarts, not the disruption budget
+    c.settle(60)
+    running(c)
+    assert (c.status["restarts"], c.status["disruptions"]) == (1, 0)
+    c.finish(75, rank=0)  # preempted
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
+    assert "maxDisruptions=0" in c.status["message"] and "exit code 75" in c.status["message"]
+
+
 def test_permanent_exit_code_fails_at_once():
     c = FakeCluster(job_body(nodes=3, runPolicy=FAST))
     running(c)

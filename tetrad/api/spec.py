@@ -227,7 +227,10 @@ class CleanPodPolicy(StrEnum):
 
 class RunPolicy(CamelModel):
     max_restarts: int = Field(3, ge=0, description="Whole-gang restarts after failures allowed before the job fails. "
-                              "Disruptions (preemption, eviction, a lost node) restart the gang without counting.")
+                              "Disruptions (preemption, eviction, a lost node) count against maxDisruptions instead.")
+    max_disruptions: int = Field(20, ge=0, description="Whole-gang restarts after disruptions (preemption, eviction, "
+                                 "a lost node, a stall) allowed before the job fails with DisruptionBudgetExceeded; "
+                                 "0: the first disruption fails the job.")
     backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
     backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay.")
     retryable_exit_codes: list[int] = Field(default_factory=list, description="Exit codes that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes and preemption (75) are always retryable.")

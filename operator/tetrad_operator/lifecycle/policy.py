@@ -3,9 +3,9 @@ end the job, and when the next incarnation may start.
 
 Any failure of one pod restarts the whole gang (a torch.distributed job cannot lose a rank).
 A failure is either the job's (a pod failed with an exit code) or a disruption (the cluster took
-the pod away, or the trainer was preempted and saved a checkpoint): disruptions are always
-retryable and spend no maxRestarts budget. A rank whose pod is missing is a failure without a
-pod; nothing about it can be deleted.
+the pod away, or the trainer was preempted and saved a checkpoint): disruptions spend no
+maxRestarts budget, only their own, maxDisruptions. A rank whose pod is missing is a failure
+without a pod; nothing about it can be deleted.
 """
 
 from __future__ import annotations
@@ -113,6 +113,12 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
         m.fail("MaxRestartsExceeded",
                f"{first.detail}; the gang was already restarted {restart - disruptions} times after failures"
                f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions not counted)", policy)
+        return
+    if disruption is not None and disruptions >= policy.max_disruptions:
+        m.fail("DisruptionBudgetExceeded",
+               f"{first.detail}; the gang was already restarted {disruptions} times after disruptions"
+               f" (spec.runPolicy.maxDisruptions={policy.max_disruptions}); raise it if the cluster is expected"
+               f" to take the job's pods this often", policy)
         return
     m.status["restarts"] = restart + 1
     m.status["disruptions"] = disruptions + (disruption is not None)
