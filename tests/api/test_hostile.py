@@ -348,6 +348,11 @@ def test_yaml_writer_round_trips(objects):
     assert list(yaml.safe_load_all(dump_all(objects))) == [o or {} for o in objects]
 
 
+def test_yaml_writer_quotes_what_go_yaml_reads_as_booleans():
+    """kubectl's YAML 1.1 reader takes y and n for booleans, PyYAML does not: an env value "y" stays a string."""
+    assert dump_all([{"value": "y", "other": "N"}]) == 'value: "y"\nother: "N"\n'
+
+
 def test_yaml_writer_matches_pyyaml_on_rendered_objects():
     from tetrad.api import ParallelTrainingJob
 

@@ -23,9 +23,13 @@ _UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff0
 _resolver = yaml.resolver.Resolver()
 
 
+# Booleans to Go's YAML 1.1 reader (kubectl) but strings to PyYAML's: always quoted.
+_GO_BOOLEANS = frozenset({"y", "Y", "n", "N"})
+
+
 @lru_cache(maxsize=65536)
 def _string(s: str) -> str:
-    if (_PLAIN.fullmatch(s) and ": " not in s and not s.endswith(":")
+    if (s not in _GO_BOOLEANS and _PLAIN.fullmatch(s) and ": " not in s and not s.endswith(":")
             and _resolver.resolve(yaml.ScalarNode, s, (True, False)) == _STR_TAG):  # type: ignore[no-untyped-call]
         return s
     return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(s, ensure_ascii=False))
