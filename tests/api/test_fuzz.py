@@ -271,3 +271,18 @@ def test_admitted_specs_render_what_the_apiserver_accepts(crd_installed, namespa
     assert proc.stdout.count("(server dry run)") == len(render(job).objects()), proc.stdout
     ptj = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
     assert ptj.returncode == 0, ptj.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(("meta", "spec"), [
+    ({"name": "MyJob"}, {}), ({"name": "a" * 58}, {}), ({"name": "1job"}, {}), ({"name": "a.b"}, {}),
+    ({}, {"checkpoint": {"path": "/etc/tetrad"}}), ({}, {"checkpoint": {"path": "/"}}),
+    ({}, {"checkpoint": {"path": "ckpt"}}), ({}, {"checkpoint": {"path": "/a/../etc"}}),
+    ({}, {"nodes": "1"}), ({}, {"nodes": True}), ({}, {"parallelism": {"dpShard": "2"}}),
+], ids=str)
+def test_the_crd_refuses_what_validation_refuses(crd_installed, namespace, meta, spec):
+    doc = manifest(**spec)
+    doc["metadata"] = {"name": "ok", "namespace": namespace, **meta}
+    assert parse(doc)[0] is None or not check_spec(parse(doc)[0].spec).ok  # type: ignore[union-attr]
+    proc = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    assert proc.returncode != 0 and ("metadata.name" in proc.stderr or "spec." in proc.stderr), proc.stderr
