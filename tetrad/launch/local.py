@@ -55,6 +55,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def node_metrics_port(cfg: ResolvedConfig, node: int) -> int:
+    """Nodes share this machine: each gets its own block of nprocPerNode metrics ports."""
+    return cfg.metrics.port + node * cfg.nproc_per_node
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, without importing torch: the driver's list, cut by CUDA_VISIBLE_DEVICES."""
+    driver = Path("/proc/driver/nvidia/gpus")
+    count = len(list(driver.iterdir())) if driver.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return count if visible is None else min(count, len([d for d in visible.split(",") if d.strip()]))
+
+
+def preflight(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
+    """Errors and warnings about this machine, said in the terminal before anything starts.
+
+    A job asking for GPUs is refused on a machine without enough of them (it would silently train on
+    CPU); a busy metrics port is a warning (that rank trains without its endpoint).
+    """
+    errors, warnings = [], []
+    if cfg.use_gpu and (have := visible_gpus()) < (need := cfg.world_size):
+        errors.append(f"spec.resources.gpu: the job needs {need} GPUs here ({cfg.nodes} nodes x {cfg.nproc_per_node}),"
+                      f" this machine has {have} visible; set resources.gpu: 0 to train on CPU with gloo")
+    for node in range(cfg.nodes):
+        for local in range(cfg.nproc_per_node):
+            port = node_metrics_port(cfg, node) + local
+            with socket.socket() as s:
+                try:
+                    s.bind(("", port))
+                except OSError as e:
+                    warnings.append(f"spec.metrics.port: port {port} is in use ({e.strerror}): rank"
+                                    f" {node * cfg.nproc_per_node + local} trains without its metrics endpoint;"
+                                    " set spec.metrics.port to a free port")
+    return errors, warnings
+
+
 def local_command(config_path: Path) -> list[str]:
     """The pod's command, with this interpreter for `torchrun`/`python` and the local config path."""
     command: list[str] = []
@@ -110,7 +146,7 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
                            rdzv_id=names.rendezvous_id(cfg.job_name, None, 0), restart=0,
                            config_path=str(config_path), rdzv_timeout=rdzv_timeout, shutdown_timeout=shutdown_timeout,
                            # Nodes share this machine: give each its own block of metrics ports.
-                           metrics_port=cfg.metrics.port + node * cfg.nproc_per_node),
+                           metrics_port=node_metrics_port(cfg, node)),
             # torchrun's per-run log tree (by default a torchelastic_* directory left in /tmp).
             "PET_LOG_DIR": str(workdir / "torchelastic" / f"node-{node}"),
         }
@@ -250,6 +286,13 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
         return EXIT_CONFIG_ERROR
     if steps is not None:
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": steps})})
+    errors, warnings = preflight(cfg)
+    for line in warnings:
+        console.print(f"[yellow]warning[/yellow] {line}", soft_wrap=True)
+    if errors:
+        for line in errors:
+            console.print(f"[red]error[/red] {line}", soft_wrap=True)
+        return EXIT_CONFIG_ERROR
 
     workdir = Path(tempfile.mkdtemp(prefix=f"tetrad-{cfg.job_name}-")) if workdir is None else workdir
     workdir.mkdir(parents=True, exist_ok=True)
