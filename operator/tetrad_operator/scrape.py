@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS
+from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS, SCRAPED_TIMES
+from tetrad_operator.state import format_time
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -20,13 +22,21 @@ def parse(text: str) -> dict[str, Any]:
             key = SCRAPED.get(sample.name) or SCRAPED.get(sample.name.removesuffix("_total"))
             if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
                 continue
+            if key in SCRAPED_TIMES and sample.value <= 0:
+                continue  # never set in this process
             rank0 = sample.labels.get("rank") == "0"
             if key in out and not rank0:
                 continue
-            out[key] = int(sample.value) if key in SCRAPED_INTEGERS else float(sample.value)
+            out[key] = _value(key, sample.value)
             if rank0:
                 chosen_rank0.add(key)
     return out
+
+
+def _value(key: str, value: float) -> int | float | str:
+    if key in SCRAPED_TIMES:
+        return format_time(datetime.fromtimestamp(value, UTC))
+    return int(value) if key in SCRAPED_INTEGERS else float(value)
 
 
 async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tetrad_operator import lifecycle
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
+from tetrad_operator.state import format_time, parse_time
 
 from tetrad.api import contract
 from tetrad.render import names
@@ -510,3 +511,99 @@ def test_a_missing_pod_is_rendered_exactly_like_the_whole_gang():
     again = [a.obj for a in d.actions if isinstance(a, CreatePod)]
     job, _ = parse({k: c.job[k] for k in ("apiVersion", "kind", "metadata", "spec")})
     assert again == [first["job-r0-2"]] == [render(job, restart=0).pods[2]]
+
+
+# ---------------------------------------------------------------------- stall detection
+
+
+def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | None = None) -> None:
+    """What the controller's scraper writes into status.training: rank 0's figures, read now."""
+    training: dict = {"updated": format_time(c.now)}
+    if last_step_ago is not None:
+        training["lastStepTime"] = format_time(c.now - timedelta(seconds=last_step_ago))
+    if step_time is not None:
+        training["stepTimeSeconds"] = step_time
+    c.job["status"]["training"] = training
+
+
+def quiet_for(c: FakeCluster, seconds: float) -> lifecycle.Decision:
+    c.now += timedelta(seconds=seconds)
+    return c.reconcile()
+
+
+def test_a_gang_whose_rank_0_stops_stepping_is_restarted_as_a_disruption():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    scraped(c, last_step_ago=0, step_time=2.0)  # default timeout: max(10 x 2 s, 300 s) = 300 s
+    d = quiet_for(c, 299)
+    assert c.phase == "Running" and d.requeue_after is not None and d.requeue_after <= 1
+    d = quiet_for(c, 1)
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    assert "rank 0 (job-r0-0) completed no step since" in c.status["message"]
+    assert "over the stall timeout of 300s (the default: 10 x the step time, at least 300s)" in c.status["message"]
+    assert (c.status["restarts"], c.status["disruptions"]) == (1, 1)
+    assert (c.events[-1].type, c.events[-1].reason) == ("Warning", "Stalled")
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
+    c.settle(60)
+    running(c)
+    # The old incarnation's heartbeat is not this one's: nothing is judged until a scrape of it.
+    quiet_for(c, 1000)
+    assert c.phase == "Running" and c.status["restarts"] == 1
+    # Scraped, but no step yet (a long start-up): counted from Running, with the same floor.
+    scraped(c, last_step_ago=1500, step_time=2.0)
+    running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
+    c.now = running_since + timedelta(seconds=299)
+    c.reconcile()
+    assert c.phase == "Running"
+    c.now = running_since + timedelta(seconds=300)
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    assert "completed no step for 300s" in c.status["message"]
+    assert (c.status["restarts"], c.status["disruptions"]) == (2, 2)
+
+
+def test_the_default_stall_timeout_grows_with_the_measured_step_time():
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST))
+    running(c)
+    scraped(c, last_step_ago=0, step_time=60.0)  # 10 x 60 s = 600 s
+    quiet_for(c, 599)
+    assert c.phase == "Running"
+    scraped(c, last_step_ago=599, step_time=60.0)  # a later scrape, still the same heartbeat
+    quiet_for(c, 1)
+    assert c.phase == "Restarting" and "stall timeout of 600s" in c.status["message"]
+
+
+def test_a_steady_heartbeat_never_stalls_and_zero_disables_detection():
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST))
+    running(c)
+    for _ in range(20):  # an hour of steps, each one seen by the scraper
+        scraped(c, last_step_ago=5, step_time=2.0)
+        quiet_for(c, 180)
+    assert c.phase == "Running" and c.status["disruptions"] == 0
+    off = FakeCluster(job_body(nodes=1, runPolicy={**FAST, "stallTimeoutSeconds": 0}))
+    running(off)
+    scraped(off, last_step_ago=0)
+    d = quiet_for(off, 100_000)
+    assert off.phase == "Running" and (d.requeue_after is None or d.requeue_after > 1000)
+
+
+def test_an_explicit_stall_timeout_and_the_disruption_budget():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 50, "maxDisruptions": 1}))
+    running(c)
+    scraped(c, last_step_ago=0, step_time=30.0)  # explicit: the step time does not matter
+    quiet_for(c, 50)
+    assert cond(c, "Restarting")["reason"] == "Stalled"
+    assert "stall timeout of 50s (spec.runPolicy.stallTimeoutSeconds)" in c.status["message"]
+    c.settle(60)
+    running(c)
+    scraped(c, last_step_ago=0)
+    quiet_for(c, 50)
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
+    assert "Stalled" not in c.status["message"] and "completed no step" in c.status["message"]
+
+
+def test_a_scrape_that_never_succeeds_restarts_nothing():
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST))
+    running(c)
+    quiet_for(c, 10_000)
+    assert c.phase == "Running" and c.status["restarts"] == 0

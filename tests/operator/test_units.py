@@ -69,6 +69,15 @@ def test_scrape_parses_a_real_exposition():
     assert isinstance(out["step"], int) and not any(isinstance(v, float) and math.isnan(v) for v in out.values())
 
 
+def test_scrape_reads_the_heartbeat_as_a_time_and_leaves_out_one_never_set():
+    r = CollectorRegistry()
+    beat = Gauge(contract.METRIC_LAST_STEP_TIME, "", registry=r)
+    Gauge(contract.METRIC_STEP_TIME, "", registry=r).set(1.25)
+    assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25}  # a gauge never set reads 0
+    beat.set(T0.timestamp() + 61.7)
+    assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25, "lastStepTime": "2030-01-01T00:01:01Z"}
+
+
 def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     r = CollectorRegistry()
     Gauge("tetrad_peak_memory_bytes", "", registry=r).set(2**40)

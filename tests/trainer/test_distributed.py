@@ -96,7 +96,8 @@ def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> 
     scraper.join()
     assert run.codes == [0, 0], run.logs()
     assert set(seen) == {0, 1}, "a rank's endpoint never served a completed step"
-    for name in ("tetrad_step", "tetrad_loss", "tetrad_tokens_per_second", "tetrad_mfu", "tetrad_peak_memory_bytes"):
+    for name in ("tetrad_step", "tetrad_loss", "tetrad_tokens_per_second", "tetrad_mfu", "tetrad_peak_memory_bytes",
+                 "tetrad_last_step_timestamp_seconds"):
         value = gauge(seen[0], name)
         assert value is not None and value > 0, name
     assert 'tetrad_info{job="test",mesh="pp1.dpr1.dps2.cp1.tp1",rank="1"} 1.0' in seen[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +35,17 @@ def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: py
     printed = json.loads(capsys.readouterr().out.strip())
     written = json.loads((tmp_path / "m.jsonl").read_text())
     assert printed == written and printed.keys() >= JSON_KEYS and printed["step"] == 3
+
+
+def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
+    metrics = Metrics(port=None, rank=0, labels={}, jsonl=None)
+    try:
+        assert metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") == 0  # no step yet: the operator leaves a 0 out
+        before = time.time()
+        metrics.step_completed()
+        assert before <= metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") <= time.time()
+    finally:
+        metrics.close()
 
 
 def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tmp_path: Path,

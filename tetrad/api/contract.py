@@ -75,6 +75,7 @@ METRIC_MFU: Final = "tetrad_mfu"
 METRIC_PEAK_MEMORY: Final = "tetrad_peak_memory_bytes"
 METRIC_PEAK_MEMORY_RESERVED: Final = "tetrad_peak_memory_reserved_bytes"
 METRIC_STARTUP: Final = "tetrad_startup_seconds"
+METRIC_LAST_STEP_TIME: Final = "tetrad_last_step_timestamp_seconds"
 METRIC_INFO: Final = "tetrad_info"
 
 TRAINER_GAUGES: Final[dict[str, str]] = {
@@ -90,6 +91,8 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_PEAK_MEMORY: "Peak device memory allocated (CUDA) or peak RSS (CPU).",
     METRIC_PEAK_MEMORY_RESERVED: "Peak device memory reserved by the allocator.",
     METRIC_STARTUP: "Seconds from the worker's start to the end of its first step (model build, checkpoint load).",
+    METRIC_LAST_STEP_TIME: "Unix time at which the last optimizer step completed, set on every step: the heartbeat "
+                           "the operator's stall detection reads.",
 }
 
 # Trainer gauge -> status.training field (camelCase, as stored), and which of them are integers.
@@ -99,5 +102,8 @@ SCRAPED: Final[dict[str, str]] = {
     METRIC_TOKENS_PER_SECOND: "tokensPerSecond",
     METRIC_MFU: "mfu",
     METRIC_PEAK_MEMORY: "peakMemoryBytes",
+    METRIC_STEP_TIME: "stepTimeSeconds",
+    METRIC_LAST_STEP_TIME: "lastStepTime",
 }
 SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes"})
+SCRAPED_TIMES: Final = frozenset({"lastStepTime"})  # Unix seconds, stored as RFC 3339; 0 (never set) is left out

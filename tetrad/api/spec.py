@@ -238,6 +238,9 @@ class RunPolicy(CamelModel):
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has been active this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it succeeded or failed.")
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, strict=False, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
+    stall_timeout_seconds: int | None = Field(None, ge=0, description="Restart the gang (a disruption, reason Stalled) "
+                                              "when rank 0 completes no step for this long while the job is Running. "
+                                              "Default: 10 x the measured step time, at least 300 s; 0 disables it.")
     suspend: bool = Field(False, description="Suspend the job: its pods are deleted and the job kept; set false to resume. Kueue admits jobs this way.")
     termination_grace_period_seconds: int = Field(120, ge=0, description="Time a pod has after SIGTERM to save a checkpoint and exit.")
 
@@ -299,6 +302,9 @@ class TrainingStatus(CamelModel):
     tokens_per_second: float | None = Field(None, description="Global training throughput.")
     mfu: float | None = Field(None, description="Model FLOPs utilization, 0..1.")
     peak_memory_bytes: int | None = Field(None, description="Peak device memory of rank 0.")
+    step_time_seconds: float | None = Field(None, description="Mean step time over rank 0's last log interval.")
+    last_step_time: str | None = Field(None, description="When rank 0 last completed a step (RFC 3339, the pod's "
+                                       "clock): the heartbeat of stall detection.")
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 

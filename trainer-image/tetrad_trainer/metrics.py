@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tetrad.api import contract as c
 from tetrad.api.accelerators import find_accelerator
-from tetrad.api.contract import METRIC_INFO, TRAINER_GAUGES
+from tetrad.api.contract import METRIC_INFO, METRIC_LAST_STEP_TIME, TRAINER_GAUGES
 
 
 def gpu_peak_tflops(name: str) -> float | None:
@@ -126,6 +126,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.gauges = {field: Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
                        for field, name in GAUGE_OF_FIELD.items()}
+        self.heartbeat = Gauge(METRIC_LAST_STEP_TIME, TRAINER_GAUGES[METRIC_LAST_STEP_TIME], registry=self.registry)
         info = Gauge(METRIC_INFO, "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
         (info.labels(**labels) if labels else info).set(1)
@@ -140,6 +141,10 @@ class Metrics:
         except OSError as e:  # metrics are for watching; a busy port must not stop training
             print(f"[tetrad rank {self.rank}] metrics endpoint not started on port {port}: {e}", file=sys.stderr, flush=True)
             return None
+
+    def step_completed(self) -> None:
+        """The heartbeat, on every step (logged or not): the operator restarts a gang whose rank 0 stops beating."""
+        self.heartbeat.set(time.time())
 
     def log(self, record: StepRecord) -> None:
         for key, value in asdict(record).items():

@@ -217,6 +217,7 @@ class Trainer:
             loss, grad_norm, lr = self.train_step()
         except torch.OutOfMemoryError as e:
             raise DeviceOutOfMemory(out_of_memory_message(self.cfg, self.device, self.step, e)) from e
+        self.metrics.step_completed()
         self.steps_since_log += 1
         if self.startup_s is None:
             self.startup_s = seconds_since_process_start()

@@ -170,6 +170,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
     if all(p.phase in ("Running", "Succeeded") for p in pods):
         if m.phase != Phase.RUNNING:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
+        elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0])) is not None:
+            policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
     elif m.phase != Phase.GANG_WAITING:
         m.transition(Phase.GANG_WAITING, "WaitingForScheduler",
                      f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them")

@@ -28,6 +28,8 @@ class Settings:
     stuck_terminating_seconds: float = 30.0  # past its grace period: force-delete the pod
     node_unknown_seconds: float = 10.0  # bound to a node we have never seen: lost after this long
     pod_create_attempts: int = 3  # passes whose pod creations the API server rejects before the job fails
+    stall_floor_seconds: float = 300.0  # the default stall timeout is at least this (start-up included)
+    stall_step_factor: float = 10.0  # ... and at least this many times the measured step time
 
 
 def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,

@@ -5,7 +5,8 @@ Any failure of one pod restarts the whole gang (a torch.distributed job cannot l
 A failure is either the job's (a pod failed with an exit code) or a disruption (the cluster took
 the pod away, or the trainer was preempted and saved a checkpoint): disruptions spend no
 maxRestarts budget, only their own, maxDisruptions. A rank whose pod is missing is a failure
-without a pod; nothing about it can be deleted.
+without a pod; nothing about it can be deleted. A gang whose rank 0 stops completing steps
+(`stalled`, judged from the heartbeat the scraper copies into status.training) is a disruption.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tetrad.api.spec import Phase, RunPolicy
 from tetrad_operator.lifecycle import gang
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState
+from tetrad_operator.state import PodState, parse_time
 
 # pod.status.reason values of a kubelet or the node lifecycle taking the pod away.
 EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"})
@@ -41,7 +42,7 @@ def backoff_seconds(policy: RunPolicy, restart: int) -> float:
 class Failure:
     rank: int
     pod: PodState | None  # None: the rank's pod is missing
-    reason: str  # PodFailed, PodEvicted, PodDeleted, NodeLost, PodMissing
+    reason: str  # PodFailed, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
     detail: str
     infrastructure: bool  # the cluster took the pod away: always retryable
     force: bool = False  # delete the pod with grace period 0
@@ -82,6 +83,42 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
                 out.append(Failure(rank, None, "PodMissing", f"the pod of rank {rank} disappeared", True))
                 m.decision.verify = True
     return out
+
+
+def stall_timeout(m: JobPass, policy: RunPolicy, training: dict[str, object]) -> float | None:
+    """Seconds without a rank-0 step that make the gang stalled; None when detection is off."""
+    if policy.stall_timeout_seconds is not None:
+        return float(policy.stall_timeout_seconds) or None
+    step_time = training.get("stepTimeSeconds")
+    measured = m.settings.stall_step_factor * step_time if isinstance(step_time, (int, float)) else 0.0
+    return max(measured, m.settings.stall_floor_seconds)
+
+
+def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
+    """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
+    heartbeat or, before the first one of this incarnation, from when the gang started Running.
+
+    Only what the scraper saw of this incarnation is judged: until one scrape of it succeeded
+    (`training.updated` after Running began) nothing is, so an unreachable metrics endpoint alone
+    never restarts a job.
+    """
+    training = dict((m.body.get("status") or {}).get("training") or {})
+    timeout = stall_timeout(m, policy, training)
+    running = m.since(Phase.RUNNING)
+    read = parse_time(training.get("updated"))
+    if timeout is None or read is None or read < running:
+        return None
+    beat = parse_time(training.get("lastStepTime"))
+    since = max(beat, running) if beat is not None else running
+    quiet = (m.now - since).total_seconds()
+    if quiet < timeout:
+        m.decision.after(timeout - quiet)
+        return None
+    what = "no step" if beat is None or beat < running else f"no step since {training['lastStepTime']}"
+    source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
+              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {m.settings.stall_floor_seconds:g}s")
+    return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
+                   f"timeout of {timeout:g}s ({source})", True)
 
 
 def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
