@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Install the Debian packages the real-node tests need (containerd, runc, the
-# CNI plugins, buildah, busybox-static, iptables), as root, when any is missing.
+# Install the Debian packages the real nodes and the image builds need (containerd, runc, the
+# CNI plugins, buildah, busybox-static, debootstrap, iptables), as root, when any is missing.
 # A machine that has them all does nothing and needs no network.
 #
 #   hack/host-packages.sh [check]   exit 0 iff every package is installed
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins buildah busybox-static iptables nftables iproute2 util-linux)
+PACKAGES=(containerd runc containernetworking-plugins buildah busybox-static debootstrap iptables nftables iproute2 util-linux)
 
 missing() {
   local p

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Build the project's images without Docker or a registry: a Python base image
+# bootstrapped from Debian's packages (debootstrap, then `buildah from
+# scratch`), and the top-level Dockerfile's targets built on it with buildah.
+# Each image is written as an OCI archive to $TETRAD_CACHE/images, keyed by its
+# inputs (for a target: the Dockerfile, pyproject.toml, README.md and every
+# file of the packages it copies), so a warm machine rebuilds nothing.
+#
+#   hack/images.sh base                 the Python base image
+#   hack/images.sh operator|trainer     a Dockerfile target (builds base first)
+# Each prints "IMAGE-NAME ARCHIVE". Root only (debootstrap, chroot).
+#
+# Environment: TETRAD_TORCH_INDEX  --build-arg TORCH_INDEX for the trainer (a CPU wheel index)
+set -euo pipefail
+
+HACK=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$HACK")
+CACHE=$(dirname "$("$HACK/k8s-tools.sh" bindir)")
+OUT=$CACHE/images
+SUITE=bookworm                  # Python 3.11, as the Dockerfile's default python:3.11-slim
+MIRROR=http://deb.debian.org/debian
+BASE_IMAGE=localhost/tetrad/python:3.11
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml" | head -1)
+# buildah keeps one store in the cache, so the base image is built once.
+B=(buildah --root "$OUT/buildah/root" --runroot "$OUT/buildah/run" --storage-driver vfs)
+
+log() { echo "images: $*" >&2; }
+key_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+build_base() {
+  local key archive
+  key=$(key_of <(declare -f build_base; echo "$SUITE $MIRROR"))
+  archive=$OUT/python-$key.tar
+  if [[ ! -f $archive ]]; then
+    local rootfs t0=$SECONDS ctr
+    rootfs=$(mktemp -d "$OUT/.rootfs.XXXXXX")
+    mkdir -p "$OUT/debs"
+    log "debootstrap $SUITE (minbase + python3) ..."
+    debootstrap --variant=minbase --include=python3,python3-venv --cache-dir="$OUT/debs" \
+      "$SUITE" "$rootfs" "$MIRROR" >"$OUT/debootstrap.log" 2>&1 ||
+      { tail -20 "$OUT/debootstrap.log" >&2; exit 1; }
+    # `python` and `pip` as on the official image: a venv first on PATH (Debian's
+    # own python3 is externally managed, PEP 668).
+    chroot "$rootfs" python3 -m venv /opt/python
+    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    ctr=$("${B[@]}" from scratch)
+    "${B[@]}" copy --quiet "$ctr" "$rootfs/" / >/dev/null
+    "${B[@]}" config --env PATH=/opt/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      --env LANG=C.UTF-8 --cmd '["python3"]' --os linux --arch amd64 "$ctr"
+    "${B[@]}" commit --quiet "$ctr" "$BASE_IMAGE" >/dev/null
+    "${B[@]}" rm "$ctr" >/dev/null
+    "${B[@]}" push --quiet "$BASE_IMAGE" "oci-archive:$archive.tmp:$BASE_IMAGE"
+    mv -f "$archive.tmp" "$archive"
+    rm -rf "$rootfs"
+    log "base built in $((SECONDS - t0))s"
+  elif ! "${B[@]}" inspect --type image "$BASE_IMAGE" >/dev/null 2>&1; then
+    "${B[@]}" pull --quiet "oci-archive:$archive" >/dev/null
+  fi
+  echo "$BASE_IMAGE $archive"
+}
+
+build_target() {
+  local target=$1 name key archive
+  name=docker.io/tetrad/$target:$VERSION   # what the renderer and the chart write: tetrad/<target>:<version>
+  build_base >/dev/null
+  # What the Dockerfile copies (.dockerignore leaves out caches), this recipe and the target.
+  key=$(cd "$REPO" && find Dockerfile pyproject.toml README.md tetrad operator trainer-image -type f \
+      ! -path '*/__pycache__/*' ! -path '*.egg-info/*' -print0 | sort -z | xargs -0 sha256sum |
+    cat - "$HACK/images.sh" <(echo "$target ${TETRAD_TORCH_INDEX:-}") | sha256sum | cut -c1-16)
+  archive=$OUT/$target-$key.tar
+  if [[ ! -f $archive ]]; then
+    local t0=$SECONDS
+    log "building $name ..."
+    # pip in the build trusts what the host's pip trusts (a proxy's CA, say): the host's
+    # pip.conf and CA bundle are mounted for the RUN steps only, never committed.
+    local -a trust=()
+    local f
+    for f in /etc/pip.conf /etc/ssl/certs/ca-certificates.crt; do
+      [[ -f $f ]] && trust+=(--volume "$f:$f:ro")
+    done
+    (cd "$REPO" && "${B[@]}" bud --quiet --isolation chroot --layers=false "${trust[@]}" \
+      --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+      --build-arg PYTHON="$BASE_IMAGE" --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" \
+      --target "$target" -t "$name" -f Dockerfile .) >/dev/null
+    "${B[@]}" push --quiet "$name" "oci-archive:$archive.tmp:$name"
+    mv -f "$archive.tmp" "$archive"
+    log "$target built in $((SECONDS - t0))s"
+  fi
+  echo "$name $archive"
+}
+
+[[ $(id -u) == 0 ]] || { log "needs root (debootstrap, chroot)"; exit 1; }
+for tool in buildah debootstrap; do
+  command -v "$tool" >/dev/null || { log "$tool is required (hack/host-packages.sh)"; exit 1; }
+done
+mkdir -p "$OUT"
+exec 9>"$OUT/.images.lock"; flock 9
+case ${1:-} in
+  base) build_base ;;
+  operator|trainer) build_target "$1" ;;
+  *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
