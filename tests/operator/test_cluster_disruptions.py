@@ -1,0 +1,95 @@
+"""Disruptions against a real API server: their budget, and stall detection, where the operator
+scrapes a real Prometheus endpoint standing in for rank 0 (TETRAD_OPERATOR_SCRAPE_HOST), whose
+heartbeat gauge the test keeps beating, then stops, as a trainer hung in a collective would."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tetrad.api import contract
+
+from .conftest import free_port, operator_in_thread
+from .helpers import condition, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
+
+pytestmark = pytest.mark.cluster
+
+
+def test_disruptions_over_the_budget_fail_the_job(api, operator, namespace):
+    ns = namespace
+    api.create_job(ns, ptj("spot", nodes=2, runPolicy={"maxDisruptions": 1, "backoffSeconds": 1}))
+    wait_running(api, ns, "spot", 2)
+    terminate(api, ns, "spot-r0-1", 75)  # preempted: within the budget
+    wait_running(api, ns, "spot", 2, restart=1)
+    terminate(api, ns, "spot-r1-0", 75)  # again: over it
+    st = wait_phase(api, ns, "spot", "Failed")
+    assert condition(st, "Failed")["reason"] == "DisruptionBudgetExceeded"
+    assert "spec.runPolicy.maxDisruptions=1" in st["message"] and "spot-r1-0 failed with exit code 75" in st["message"]
+    assert (st["restarts"], st["disruptions"]) == (1, 1)
+    assert "DisruptionBudgetExceeded" in [e["reason"] for e in api.events(ns, "spot")]
+
+
+class Rank0:
+    """A metrics endpoint whose heartbeat beats while `beating` is set."""
+
+    def __init__(self) -> None:
+        registry = CollectorRegistry()
+        self.heartbeat = Gauge(contract.METRIC_LAST_STEP_TIME, "", registry=registry)
+        Gauge(contract.METRIC_STEP_TIME, "", registry=registry).set(0.2)
+        self.port = free_port()
+        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
+        self.beating, self.stopped = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(0.2):
+            if self.beating.is_set():
+                self.heartbeat.set(time.time())
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api, operator_cluster, namespace):
+    ns, rank0 = namespace, Rank0()
+    try:
+        with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
+            rank0.beating.set()
+            api.create_job(ns, ptj("hang", nodes=2, metrics={"port": rank0.port},
+                                   runPolicy={"stallTimeoutSeconds": 4, "backoffSeconds": 1}))
+            wait_running(api, ns, "hang", 2)
+            wait_for(lambda: api.status(ns, "hang").get("training", {}).get("lastStepTime"), what="a heartbeat")
+            time.sleep(8)  # twice the timeout with a steady heartbeat: nothing happens
+            st = api.status(ns, "hang")
+            assert (st["phase"], st["restarts"]) == ("Running", 0), st
+            assert st["training"]["stepTimeSeconds"] == 0.2
+
+            rank0.beating.clear()  # rank 0 hangs
+            hung = time.monotonic()
+            wait_for(lambda: api.status(ns, "hang").get("restarts") == 1, timeout=30, what="the stalled gang restarted")
+            waited = time.monotonic() - hung
+            # lastStepTime has whole seconds (up to 1 s early); then a scrape (1 s) and a resync (2 s) at most.
+            assert 4 - 1 <= waited <= 4 + 1 + 2 + 1, f"acted after {waited:.1f}s"
+            st = api.status(ns, "hang")
+            assert st["disruptions"] == 1
+            stalled = [e for e in api.events(ns, "hang") if e["reason"] == "Stalled"]
+            assert len(stalled) == 1 and stalled[0]["type"] == "Warning", stalled
+            assert "rank 0 (hang-r0-0) completed no step since" in stalled[0]["message"]
+            assert "(spec.runPolicy.stallTimeoutSeconds)" in stalled[0]["message"]
+
+            rank0.beating.set()  # the new incarnation trains
+            wait_running(api, ns, "hang", 2, restart=1)
+            time.sleep(6)
+            assert api.status(ns, "hang")["restarts"] == 1
+            finish_all(api, ns, "hang", 0)
+            st = wait_phase(api, ns, "hang", "Succeeded")
+            assert (st["restarts"], st["disruptions"]) == (1, 1)
+    finally:
+        rank0.close()
