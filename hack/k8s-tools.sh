@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kubelet, etcd, kwok, kwokctl, helm, coredns) from Go
+# kube-scheduler, kubectl, kubelet, etcd, kwok, kwokctl, helm, coredns, actionlint) from Go
 # modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
@@ -34,8 +34,9 @@ declare -A SPEC=(
   [helm]="helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4"
   [kubelet]=". k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes"
   [coredns]="coredns tetrad.dev/hack/tools/coredns github.com/coredns/coredns"
+  [actionlint]="actionlint github.com/rhysd/actionlint/cmd/actionlint github.com/rhysd/actionlint"
 )
-ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet coredns"
+ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet coredns actionlint"
 
 # Pinned version of module $2 in the wrapper module at $1 (plain go.mod read,
 # so the warm path does not need the Go toolchain to load the module graph).
@@ -106,6 +107,7 @@ ldflags_for() {
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}" ;;
     helm) echo "-s -w -X helm.sh/helm/v4/internal/version.version=$v -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
     coredns) echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=module-$v" ;;
+    actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=$v" ;;
   esac
 }
 

@@ -37,3 +37,36 @@ def test_hadolint_reports_a_bad_dockerfile(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "DL3003" in proc.stdout and "DL3008" in proc.stdout, proc.stdout
+
+
+def test_actionlint_passes_on_the_workflows(k8s_tools: Path) -> None:
+    """actionlint is built from Go modules by hack/k8s-tools.sh (the PyPI wrapper
+    downloads its binary from GitHub at install time, which these machines cannot reach)."""
+    workflows = sorted((REPO / ".github" / "workflows").glob("*.yaml"))
+    assert workflows
+    proc = subprocess.run(
+        [str(k8s_tools / "actionlint"), "-no-color", *map(str, workflows)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_actionlint_reports_a_bad_workflow(k8s_tools: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: echo ${{ github.nope }}\n"
+    )
+    proc = subprocess.run(
+        [str(k8s_tools / "actionlint"), "-no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode != 0 and "nope" in proc.stdout, proc.stdout
+
+
+def test_the_kind_script_shrinks_the_quickstarts_requests() -> None:
+    """hack/e2e-kind.sh rewrites these two lines for a small CI runner; they must exist."""
+    lines = (REPO / "examples" / "quickstart.yaml").read_text().splitlines()
+    assert '    cpu: "4"' in lines and "    memory: 8Gi" in lines
+    script = (REPO / "hack" / "e2e-kind.sh").read_text()
+    assert 's/^    cpu: "4"$/' in script and "s/^    memory: 8Gi$/" in script
