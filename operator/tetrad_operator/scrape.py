@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS, SCRAPED_TIMES
+from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS, SCRAPED_TIMES, SCRAPED_UNSET_AT_ZERO
 from tetrad_operator.state import format_time
 
 
@@ -22,8 +22,8 @@ def parse(text: str) -> dict[str, Any]:
             key = SCRAPED.get(sample.name) or SCRAPED.get(sample.name.removesuffix("_total"))
             if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
                 continue
-            if key in SCRAPED_TIMES and sample.value <= 0:
-                continue  # never set in this process
+            if key in SCRAPED_UNSET_AT_ZERO and sample.value <= 0:
+                continue  # not set yet in this process
             rank0 = sample.labels.get("rank") == "0"
             if key in out and not rank0:
                 continue

@@ -516,9 +516,12 @@ def test_a_missing_pod_is_rendered_exactly_like_the_whole_gang():
 # ---------------------------------------------------------------------- stall detection
 
 
-def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | None = None) -> None:
+def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | None = None,
+            startup: float | None = None) -> None:
     """What the controller's scraper writes into status.training: rank 0's figures, read now."""
     training: dict = {"updated": format_time(c.now)}
+    if startup is not None:
+        training["startupSeconds"] = startup
     if last_step_ago is not None:
         training["lastStepTime"] = format_time(c.now - timedelta(seconds=last_step_ago))
     if step_time is not None:
@@ -600,6 +603,24 @@ def test_an_explicit_stall_timeout_and_the_disruption_budget():
     quiet_for(c, 50)
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
     assert "Stalled" not in c.status["message"] and "completed no step" in c.status["message"]
+
+
+def test_before_the_first_step_a_start_up_like_the_last_one_is_no_stall():
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST))
+    running(c)
+    running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
+    scraped(c, last_step_ago=None, step_time=2.0, startup=400.0)  # the last incarnation took 400 s to start
+    c.now = running_since + timedelta(seconds=799)
+    c.reconcile()
+    assert c.phase == "Running"
+    c.now = running_since + timedelta(seconds=800)
+    c.reconcile()
+    assert c.phase == "Restarting" and "completed no step for 800s, over the stall timeout of 800s" in c.status["message"]
+    c.settle(60)
+    running(c)
+    scraped(c, last_step_ago=0, step_time=2.0, startup=400.0)  # once stepping, the start-up no longer counts
+    quiet_for(c, 300)
+    assert c.phase == "Restarting" and "stall timeout of 300s" in c.status["message"]
 
 
 def test_a_scrape_that_never_succeeds_restarts_nothing():

@@ -104,6 +104,9 @@ SCRAPED: Final[dict[str, str]] = {
     METRIC_PEAK_MEMORY: "peakMemoryBytes",
     METRIC_STEP_TIME: "stepTimeSeconds",
     METRIC_LAST_STEP_TIME: "lastStepTime",
+    METRIC_STARTUP: "startupSeconds",
 }
 SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes"})
-SCRAPED_TIMES: Final = frozenset({"lastStepTime"})  # Unix seconds, stored as RFC 3339; 0 (never set) is left out
+SCRAPED_TIMES: Final = frozenset({"lastStepTime"})  # Unix seconds, stored as RFC 3339
+# 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
+SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds"})

@@ -305,6 +305,8 @@ class TrainingStatus(CamelModel):
     step_time_seconds: float | None = Field(None, description="Mean step time over rank 0's last log interval.")
     last_step_time: str | None = Field(None, description="When rank 0 last completed a step (RFC 3339, the pod's "
                                        "clock): the heartbeat of stall detection.")
+    startup_seconds: float | None = Field(None, description="Rank 0's start-up in its last incarnation that "
+                                          "completed a step: process start to the end of the first step.")
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 

@@ -96,7 +96,8 @@ def stall_timeout(m: JobPass, policy: RunPolicy, training: dict[str, object]) ->
 
 def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
     """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
-    heartbeat or, before the first one of this incarnation, from when the gang started Running.
+    heartbeat or, before the first one of this incarnation, from when the gang started Running
+    (then the timeout is at least `stall_startup_factor` x the last measured start-up).
 
     Only what the scraper saw of this incarnation is judged: until one scrape of it succeeded
     (`training.updated` after Running began) nothing is, so an unreachable metrics endpoint alone
@@ -109,12 +110,16 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
     if timeout is None or read is None or read < running:
         return None
     beat = parse_time(training.get("lastStepTime"))
-    since = max(beat, running) if beat is not None else running
+    started = beat is not None and beat >= running
+    since = beat if started and beat is not None else running
+    startup = training.get("startupSeconds")
+    if not started and isinstance(startup, (int, float)):  # a start-up like the last one is no stall
+        timeout = max(timeout, m.settings.stall_startup_factor * startup)
     quiet = (m.now - since).total_seconds()
     if quiet < timeout:
         m.decision.after(timeout - quiet)
         return None
-    what = "no step" if beat is None or beat < running else f"no step since {training['lastStepTime']}"
+    what = f"no step since {training['lastStepTime']}" if started else "no step"
     source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
               f"the default: {m.settings.stall_step_factor:g} x the step time, at least {m.settings.stall_floor_seconds:g}s")
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
