@@ -65,6 +65,10 @@ def test_version_is_the_pinned_release(cluster: Cluster) -> None:
     assert client["gitVersion"] == want
 
 
+BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
+SERVICE_RANGE = ipaddress.ip_network("198.19.0.0/16")
+
+
 def test_fake_gpu_nodes_are_ready_with_topology(cluster: Cluster) -> None:
     nodes = cluster.kubectl_json("get", "nodes", "-l", "tetrad.dev/fake-gpu-node=true")["items"]
     assert len(nodes) == int(cluster.env["NODES"])
@@ -79,6 +83,11 @@ def test_fake_gpu_nodes_are_ready_with_topology(cluster: Cluster) -> None:
         ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
         assert ready["Ready"] == "True"
         cidrs.add(node["spec"]["podCIDR"])
+        # Made-up addresses stay in the benchmark range, never a private or public network's.
+        internal = [a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP"]
+        assert internal and all(ipaddress.ip_address(a) in BENCHMARK_RANGE for a in internal), internal
+        assert ipaddress.ip_network(node["spec"]["podCIDR"]).subnet_of(BENCHMARK_RANGE)
+        assert not ipaddress.ip_network(node["spec"]["podCIDR"]).overlaps(SERVICE_RANGE)
     assert len(cidrs) == len(nodes), "each node needs its own pod CIDR"
 
     # Liveness comes from node leases; kwok must keep renewing them.
