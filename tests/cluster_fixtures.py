@@ -49,6 +49,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
+TETRAD_CRD = REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
 T = TypeVar("T")
 
 
@@ -318,6 +319,19 @@ def real_nodes(k8s_tools: Path) -> Iterator[RealCluster]:
 def _namespace_name(nodeid: str) -> str:
     test = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")
     return f"t-{test[:44].rstrip('-')}-{uuid.uuid4().hex[:6]}"
+
+
+def install_tetrad_crd(cluster: Cluster) -> None:
+    """Apply the generated ParallelTrainingJob CRD (taking over its fields) and wait until it is served."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/paralleltrainingjobs.tetrad.dev")
+
+
+@pytest.fixture(scope="module")
+def tetrad_crd(cluster: Cluster) -> Cluster:
+    """The cluster with the ParallelTrainingJob CRD installed."""
+    install_tetrad_crd(cluster)
+    return cluster
 
 
 @pytest.fixture

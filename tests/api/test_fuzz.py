@@ -15,7 +15,6 @@ import json
 import time
 import tracemalloc
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -246,30 +245,22 @@ def admissible(draw: st.DrawFn) -> dict[str, Any]:
     return doc
 
 
-CRD = Path(__file__).parents[2] / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
-
-
-@pytest.fixture(scope="module")
-def crd_installed(cluster):
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/paralleltrainingjobs.tetrad.dev")
-    return cluster
 
 
 @pytest.mark.cluster
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(admissible())
-def test_admitted_specs_render_what_the_apiserver_accepts(crd_installed, namespace, doc):
+def test_admitted_specs_render_what_the_apiserver_accepts(tetrad_crd, namespace, doc):
     """Each admitted spec's objects pass `kubectl apply --dry-run=server` (schema, defaults, pod validation)."""
     doc["metadata"] = {"name": f"f{uuid.uuid4().hex[:8]}", "namespace": namespace}
     job, problems = parse(doc)
     assume(job is not None and check_spec(job.spec).ok)
     assert job is not None
     text = dump_all(render(job).objects())
-    proc = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text)
+    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text)
     assert proc.returncode == 0, f"{proc.stderr}\n{json.dumps(doc['spec'], indent=1)}"
     assert proc.stdout.count("(server dry run)") == len(render(job).objects()), proc.stdout
-    ptj = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    ptj = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
     assert ptj.returncode == 0, ptj.stderr
 
 
@@ -280,9 +271,9 @@ def test_admitted_specs_render_what_the_apiserver_accepts(crd_installed, namespa
     ({}, {"checkpoint": {"path": "ckpt"}}), ({}, {"checkpoint": {"path": "/a/../etc"}}),
     ({}, {"nodes": "1"}), ({}, {"nodes": True}), ({}, {"parallelism": {"dpShard": "2"}}),
 ], ids=str)
-def test_the_crd_refuses_what_validation_refuses(crd_installed, namespace, meta, spec):
+def test_the_crd_refuses_what_validation_refuses(tetrad_crd, namespace, meta, spec):
     doc = manifest(**spec)
     doc["metadata"] = {"name": "ok", "namespace": namespace, **meta}
     assert parse(doc)[0] is None or not check_spec(parse(doc)[0].spec).ok  # type: ignore[union-attr]
-    proc = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
     assert proc.returncode != 0 and ("metadata.name" in proc.stderr or "spec." in proc.stderr), proc.stderr

@@ -16,20 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_fixtures import Cluster, KubectlError, wait_until
+from tests.cluster_fixtures import Cluster, KubectlError, install_tetrad_crd, wait_until
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-TETRAD_CRD = REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
-CRD_NAME = "paralleltrainingjobs.tetrad.dev"
-
-
-def install_crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
-
-
 def job(name: str, parallelism: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
@@ -45,11 +36,11 @@ def published_degree(cluster: Cluster) -> dict[str, Any] | None:
 
 
 def test_degrees_are_int_or_string_and_cel_still_checks_them(cluster: Cluster, namespace: str) -> None:
-    install_crd(cluster)
+    install_tetrad_crd(cluster)
     tp = wait_until(lambda: published_degree(cluster), timeout=60, what="the CRD's OpenAPI v3 schema")
     assert tp["x-kubernetes-int-or-string"] is True and "type" not in tp
     assert tp["anyOf"] == [{"type": "integer"}, {"type": "string"}]
-    explained = cluster.kubectl("explain", f"{CRD_NAME.split('.')[0]}.spec.parallelism.tp")
+    explained = cluster.kubectl("explain", "paralleltrainingjobs.spec.parallelism.tp")
     assert "FIELD: tp <" in explained and "An integer >= 1 or 'auto'" in " ".join(explained.split())
 
     cluster.apply(job("tp-auto", {"tp": "auto", "dpShard": "auto"}), namespace=namespace)
@@ -74,7 +65,7 @@ def tetrad_status(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[s
 
 
 def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, namespace: str) -> None:
-    install_crd(cluster)
+    install_tetrad_crd(cluster)
     cluster.apply(job("watched", {"tp": 2, "dpShard": "auto"}), namespace=namespace)
     # 16 sequences x 8192 tokens per step at 65536 tokens/s: 2 s a step, 600 steps left: 20 minutes.
     status = {"phase": "Running", "mesh": "pp1.dpr1.dps8.cp1.tp2", "worldSize": 16, "restarts": 1, "disruptions": 1,

@@ -20,7 +20,6 @@ from tetrad.api.contract import KIND
 from tetrad.api.spec import PPSchedule, Scheduler
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
 DEGREES = ("pp", "dpReplicate", "dpShard", "cp", "tp")
 
 
@@ -123,25 +122,18 @@ def test_every_example_says_when_to_use_it():
         assert len(header) >= 2, f"{example.name}: start with a comment saying when to use it and what it costs"
 
 
-@pytest.fixture(scope="module")
-def crd_installed(cluster):
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/paralleltrainingjobs.tetrad.dev")
-    return cluster
-
-
 @pytest.mark.cluster
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
-def test_the_apiserver_accepts(crd_installed, namespace, example):
-    out = crd_installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
+def test_the_apiserver_accepts(tetrad_crd, namespace, example):
+    out = tetrad_crd.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
     assert out.count("(server dry run)") == len(jobs_in(example)), out
 
 
 @pytest.mark.cluster
-def test_the_dry_run_reaches_the_cel_rules(crd_installed, namespace):
+def test_the_dry_run_reaches_the_cel_rules(tetrad_crd, namespace):
     """The control for the test above: the same path rejects a job the CEL rules forbid."""
     (job,) = jobs_in(ROOT / "examples" / "tp-sp.yaml")
     job["spec"]["parallelism"]["tp"] = 4  # 1 x 1 x 4 x 1 x 1 != 1 node x 8
-    proc = crd_installed.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(job))
+    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(job))
     assert proc.returncode != 0
     assert "nodes" in proc.stderr and "nprocPerNode" in proc.stderr, proc.stderr
