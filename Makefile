@@ -38,7 +38,7 @@ test-unit: venv
 	$(PY) -m pytest -m "not cluster and not distributed" $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check tetrad operator trainer-image tests bench
+	$(VENV)/bin/ruff check tetrad operator trainer-image tests bench hack
 	$(VENV)/bin/mypy
 
 crds: venv
