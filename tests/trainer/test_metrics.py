@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from tetrad_trainer.checkpoint import Checkpointer
 from tetrad_trainer.metrics import Metrics, StepRecord, gpu_peak_tflops, measure_cpu_tflops, peak_tflops
 
+from tests.checkpoint import gang, toy
 from tests.trainer.harness import free_port
 
 RECORD = StepRecord(step=3, loss=2.5, grad_norm=0.7, lr=1e-4, step_time_s=0.5, tokens_per_second=4096.0,
@@ -46,6 +50,63 @@ def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
         assert before <= metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") <= time.time()
     finally:
         metrics.close()
+
+
+def checkpointing_run(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, float | None]]:
+    """The toy model trained with the real Checkpointer wired to Metrics as the trainer wires them:
+    the checkpoint gauges after the resume and after every step."""
+    cfg = toy.config({"dpShard": world}, spec["path"], steps=spec["steps"], interval=spec["interval"],
+                     async_save=spec["async"])
+    model, mesh = toy.build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr)
+    loader = toy.ToyLoader(cfg, mesh["dp_shard"].get_local_rank())
+    metrics = Metrics(port=None, rank=rank, labels={}, jsonl=None)
+    ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], data_loader=loader,
+                        dp_rank=mesh["dp_shard"].get_local_rank(), logger=lambda _: None,
+                        on_commit=metrics.checkpoint_committed)
+
+    def gauges() -> dict[str, float | None]:
+        return {name: metrics.registry.get_sample_value(name) for name in
+                ("tetrad_checkpoint_step", "tetrad_checkpoint_timestamp_seconds", "tetrad_resumed_from_step")}
+
+    seen = [gauges()]
+    resumed = ckpt.resume()
+    step = resumed.step if resumed else 0
+    metrics.resumed(step)
+    seen.append(gauges())
+    while step < cfg.training.steps:
+        step += 1
+        x, y = loader.next_batch()
+        torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+        if ckpt.due(step):
+            ckpt.save(step)
+        ckpt.wait()  # an async save commits from its thread: read the gauges once it has
+        seen.append(gauges())
+    ckpt.close()
+    metrics.close()
+    return seen
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "async"])
+def test_checkpoint_gauges_follow_the_commits_and_the_resume(tmp_path: Path, async_save: bool) -> None:
+    spec = {"path": str(tmp_path / "ckpt"), "steps": 7, "interval": 3, "async": async_save}
+    before = time.time()
+    first = gang.run(checkpointing_run, 2, spec)
+    for seen in first:  # every rank exports them; the operator reads rank 0's
+        assert all(math.isnan(v) for v in seen[0].values() if v is not None)  # unset: the operator leaves NaN out
+        assert seen[1]["tetrad_resumed_from_step"] == 0  # a fresh start
+        steps = [s["tetrad_checkpoint_step"] for s in seen[2:]]
+        assert [None if math.isnan(v) else int(v) for v in steps] == [None, None, 3, 3, 3, 6, 6]  # type: ignore[arg-type]
+        times = [s["tetrad_checkpoint_timestamp_seconds"] for s in seen[4:]]
+        assert before <= times[0] == times[2] < times[3] <= time.time()  # each commit's own time
+    second = gang.run(checkpointing_run, 2, {**spec, "steps": 9})  # resumes from step 6, commits 9
+    for seen in second:
+        assert seen[1]["tetrad_resumed_from_step"] == 6
+        assert math.isnan(seen[1]["tetrad_checkpoint_step"])  # this process committed nothing yet
+        assert [s["tetrad_checkpoint_step"] for s in seen[2:]] == [pytest.approx(math.nan, nan_ok=True)] * 2 + [9]
 
 
 def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tmp_path: Path,

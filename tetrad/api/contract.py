@@ -76,6 +76,9 @@ METRIC_PEAK_MEMORY: Final = "tetrad_peak_memory_bytes"
 METRIC_PEAK_MEMORY_RESERVED: Final = "tetrad_peak_memory_reserved_bytes"
 METRIC_STARTUP: Final = "tetrad_startup_seconds"
 METRIC_LAST_STEP_TIME: Final = "tetrad_last_step_timestamp_seconds"
+METRIC_CHECKPOINT_STEP: Final = "tetrad_checkpoint_step"
+METRIC_CHECKPOINT_TIME: Final = "tetrad_checkpoint_timestamp_seconds"
+METRIC_RESUMED_FROM: Final = "tetrad_resumed_from_step"
 METRIC_INFO: Final = "tetrad_info"
 
 TRAINER_GAUGES: Final[dict[str, str]] = {
@@ -93,6 +96,9 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_STARTUP: "Seconds from the worker's start to the end of its first step (model build, checkpoint load).",
     METRIC_LAST_STEP_TIME: "Unix time at which the last optimizer step completed, set on every step: the heartbeat "
                            "the operator's stall detection reads.",
+    METRIC_CHECKPOINT_STEP: "Step of the last checkpoint this process committed; NaN until its first commit.",
+    METRIC_CHECKPOINT_TIME: "Unix time at which that checkpoint was committed; NaN until then.",
+    METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it decided.",
 }
 
 # Trainer gauge -> status.training field (camelCase, as stored), and which of them are integers.
@@ -106,7 +112,20 @@ SCRAPED: Final[dict[str, str]] = {
     METRIC_LAST_STEP_TIME: "lastStepTime",
     METRIC_STARTUP: "startupSeconds",
 }
-SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes"})
-SCRAPED_TIMES: Final = frozenset({"lastStepTime"})  # Unix seconds, stored as RFC 3339
+# ... and into status.checkpoint; these are NaN until set, and a NaN is left out of a scrape, so a
+# restart keeps the last committed step until its own first commit.
+SCRAPED_CHECKPOINT: Final[dict[str, str]] = {
+    METRIC_CHECKPOINT_STEP: "step",
+    METRIC_CHECKPOINT_TIME: "time",
+    METRIC_RESUMED_FROM: "resumedFrom",
+}
+SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes", "resumedFrom"})
+SCRAPED_TIMES: Final = frozenset({"lastStepTime", "time"})  # Unix seconds, stored as RFC 3339
 # 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
 SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds"})
+
+
+def step_dir_name(step: int) -> str:
+    """The directory, under spec.checkpoint.path, of the checkpoint of `step` (the trainer's store
+    writes it; the operator names it in status.checkpoint.path)."""
+    return f"step-{step:08d}"

@@ -7,6 +7,7 @@ ones in contract.SCRAPED. docs/trainer.md lists every metric.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import sys
@@ -20,7 +21,14 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tetrad.api import contract as c
 from tetrad.api.accelerators import find_accelerator
-from tetrad.api.contract import METRIC_INFO, METRIC_LAST_STEP_TIME, TRAINER_GAUGES
+from tetrad.api.contract import (
+    METRIC_CHECKPOINT_STEP,
+    METRIC_CHECKPOINT_TIME,
+    METRIC_INFO,
+    METRIC_LAST_STEP_TIME,
+    METRIC_RESUMED_FROM,
+    TRAINER_GAUGES,
+)
 
 
 def gpu_peak_tflops(name: str) -> float | None:
@@ -127,6 +135,12 @@ class Metrics:
         self.gauges = {field: Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
                        for field, name in GAUGE_OF_FIELD.items()}
         self.heartbeat = Gauge(METRIC_LAST_STEP_TIME, TRAINER_GAUGES[METRIC_LAST_STEP_TIME], registry=self.registry)
+        # NaN until set: the operator leaves a NaN out, so status.checkpoint keeps the last incarnation's figures
+        self.checkpoint_step, self.checkpoint_time, self.resumed_from = (
+            Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
+            for name in (METRIC_CHECKPOINT_STEP, METRIC_CHECKPOINT_TIME, METRIC_RESUMED_FROM))
+        for gauge in (self.checkpoint_step, self.checkpoint_time, self.resumed_from):
+            gauge.set(math.nan)
         info = Gauge(METRIC_INFO, "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
         (info.labels(**labels) if labels else info).set(1)
@@ -145,6 +159,15 @@ class Metrics:
     def step_completed(self) -> None:
         """The heartbeat, on every step (logged or not): the operator restarts a gang whose rank 0 stops beating."""
         self.heartbeat.set(time.time())
+
+    def checkpoint_committed(self, step: int, at: float) -> None:
+        """A checkpoint of `step` was committed at Unix time `at` (the Checkpointer's on_commit)."""
+        self.checkpoint_step.set(step)
+        self.checkpoint_time.set(at)
+
+    def resumed(self, step: int) -> None:
+        """This process resumed from the checkpoint of `step`; 0: it started fresh."""
+        self.resumed_from.set(step)
 
     def log(self, record: StepRecord) -> None:
         for key, value in asdict(record).items():

@@ -84,7 +84,8 @@ class Trainer:
         dp_rank = self.mesh.dp.get_local_rank()
         self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
         self.checkpointer = Checkpointer(cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
-                                         data_loader=self.loader, dp_rank=dp_rank, logger=log)
+                                         data_loader=self.loader, dp_rank=dp_rank, logger=log,
+                                         on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at))
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
@@ -165,6 +166,7 @@ class Trainer:
         self.stop_if_signalled_at_start_up()
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
+        self.metrics.resumed(self.step)
         self.stop_if_signalled_at_start_up()
         self.last_log, self.steps_since_log = time.perf_counter(), 0
         while self.step < self.cfg.training.steps:

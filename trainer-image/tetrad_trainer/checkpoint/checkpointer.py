@@ -103,6 +103,7 @@ class Checkpointer:
         data_loader: ResumableLoader | None = None,
         dp_rank: int = 0,
         logger: Callable[[str], None] | None = None,
+        on_commit: Callable[[int, float], None] | None = None,
     ):
         self.pairs = rank_state.pair_parts(model_parts, optimizers)
         self.config = config
@@ -119,6 +120,7 @@ class Checkpointer:
         # never interleave with the training collectives on the default group.
         self.pg = dist.new_group(backend="gloo") if self.distributed else None
         self._say = logger or log.info
+        self._on_commit = on_commit  # (step, Unix time of the commit), on every rank, from the saving thread
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: concurrent.futures.Future[SaveStats] | None = None
         self._stager: DefaultStager | None = None
@@ -279,6 +281,8 @@ class Checkpointer:
                           async_save=async_save)
         self.last_stats = stats
         self.last_committed_step = step
+        if self._on_commit is not None:
+            self._on_commit(step, time.time())
         phase("committed", step)
         self._info(f"committed step {step} at {self.dir.root / step_dir_name(step)} "
                    f"({stats.bytes / 1e6:.1f} MB, layout {self.layout.label()}, {stats.total_s:.2f} s, "

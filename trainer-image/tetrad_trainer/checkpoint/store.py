@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tetrad.api.contract import step_dir_name
+
 FORMAT = "tetrad-checkpoint/1"
 LATEST = "latest"
 MANIFEST = "MANIFEST.json"
@@ -90,10 +92,6 @@ def file_digest(path: Path) -> tuple[int, str]:
 def digests(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     """name -> {size, crc32} of files in `directory`."""
     return {n: dict(zip(("size", "crc32"), file_digest(directory / n), strict=True)) for n in names}
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def _json_crc(obj: Any) -> str:
