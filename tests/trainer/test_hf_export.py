@@ -1,0 +1,101 @@
+"""Hugging Face export and import (tetrad_trainer.export) against transformers' own Llama.
+
+A tiny Tetrad model takes an AdamW step and is checkpointed by the real Checkpointer (one gloo
+process); `python -m tetrad_trainer.export`'s entry point converts it; transformers loads the
+result on the CPU and its fp32 logits must equal Tetrad's forward; importing the export gives back
+the checkpoint's parameters bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+from tetrad_trainer import export as hf
+from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.model import Transformer, init_weights
+from torch.distributed.device_mesh import DeviceMesh
+
+from tests.checkpoint.toy import config
+
+# head_dim 8 (4 RoPE frequencies), grouped-query attention (2 kv heads for 4 query heads)
+DIMS = {"dim": 32, "layers": 2, "heads": 4, "kvHeads": 2, "vocab": 96, "ffnDim": 48, "seqLen": 16}
+STEP = 1
+
+
+def _trained(ckpt: Path) -> tuple[Transformer, dict[str, torch.Tensor]]:
+    """A model after one AdamW step, its parameters perturbed (so no norm weight is all ones),
+    saved to ckpt by the trainer's Checkpointer."""
+    cfg = config({}, ckpt, dims=DIMS)
+    with torch.device("meta"):
+        model = Transformer(cfg.model)
+    init_weights(model, torch.device("cpu"), seed=7)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    tokens = torch.randint(0, cfg.model.vocab, (2, cfg.model.seq_len + 1), generator=g)
+    F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    opt.step()
+    ckpt_er = Checkpointer(cfg, model_parts=[model], optimizers=[opt])
+    ckpt_er.save(STEP, blocking=True)
+    ckpt_er.close()
+    return model, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_export_loads_in_transformers_with_the_same_logits_and_imports_back(one_rank_mesh: DeviceMesh,
+                                                                            tmp_path: Path) -> None:
+    model, params = _trained(tmp_path / "ckpt")
+    out = tmp_path / "hf"
+    assert hf.main([str(tmp_path / "ckpt"), str(out), "--step", str(STEP)]) == 0
+
+    config_json = json.loads((out / "config.json").read_text())
+    assert config_json["num_key_value_heads"] == 2 and config_json["tie_word_embeddings"] is False
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    assert hf_model.config.rope_parameters["rope_theta"] == model.cfg.rope_theta
+    assert hf_model.config.rms_norm_eps == model.cfg.norm_eps
+
+    tokens = torch.randint(0, model.cfg.vocab, (3, model.cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(tokens)
+        got = hf_model(tokens).logits
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+
+    # Without the q/k row permutation the two models would disagree: the test can tell.
+    assert not torch.equal(hf.to_half_rope(params["layers.0.attention.wq.weight"], 4),
+                           params["layers.0.attention.wq.weight"])
+
+    back = hf.import_hf(out, model.cfg)
+    assert back.keys() == params.keys()
+    for name, want_p in params.items():
+        assert torch.equal(back[name], want_p), f"{name} changed in the round trip"
+
+
+def test_the_latest_checkpoint_is_exported_and_a_damaged_one_is_refused(one_rank_mesh: DeviceMesh,
+                                                                        tmp_path: Path) -> None:
+    _, params = _trained(tmp_path / "ckpt")
+    assert hf.export(tmp_path / "ckpt", tmp_path / "hf").name == f"step-{STEP:08d}"
+
+    with pytest.raises(hf.ExportError, match="no such checkpoint; committed steps: \\[1\\]"):
+        hf.export(tmp_path / "ckpt", tmp_path / "x", step=5)
+    shard = next((tmp_path / "ckpt" / f"step-{STEP:08d}").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(hf.ExportError, match=r"is damaged: __0_0.distcp: CRC32 .* \(corrupted\)"):
+        hf.export(tmp_path / "ckpt", tmp_path / "x")
+
+
+def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:
+    model, _ = _trained(tmp_path / "ckpt")
+    hf.export(tmp_path / "ckpt", tmp_path / "hf")
+    other = model.cfg.model_copy(update={"kv_heads": 4})
+    with pytest.raises(hf.ExportError, match="num_key_value_heads 2 != 4"):
+        hf.import_hf(tmp_path / "hf", other)
