@@ -23,11 +23,13 @@ from typing import Any
 import aiohttp
 
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
+from tetrad.api.spec import Checkpoint
 from tetrad.render import names
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import GangAdmitter, ungate
 from tetrad_operator.kube import ApiError, Kube, object_path, path
 from tetrad_operator.lifecycle import (
+    SCRAPER_OWNED,
     CreatePod,
     DeleteJob,
     DeletePod,
@@ -262,7 +264,7 @@ class Controller:
 
     async def _write_status(self, job_path: str, body: dict[str, Any], old: dict[str, Any],
                             new: dict[str, Any]) -> bool:
-        current = {k: v for k, v in old.items() if k != "training"}
+        current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
         if new == current:
             return True
         patch: dict[str, Any] = dict(new)
@@ -392,19 +394,26 @@ class Controller:
         host = self.settings.scrape_host or (rank0.ip if rank0 else None)
         if not host or self.session is None:
             return
-        port = int(((job.get("spec") or {}).get("metrics") or {}).get("port") or 9400)
+        spec = job.get("spec") or {}
+        port = int((spec.get("metrics") or {}).get("port") or 9400)
+        checkpoint_path = (spec.get("checkpoint") or {}).get("path") or Checkpoint().path
         loop.next_scrape = now + self.settings.scrape_interval_seconds
-        loop.scrape = asyncio.create_task(self._scrape(loop.key, host, port), name=f"scrape {loop.key}")
+        loop.scrape = asyncio.create_task(self._scrape(loop.key, host, port, checkpoint_path, restart),
+                                          name=f"scrape {loop.key}")
 
-    async def _scrape(self, key: Key, host: str, port: int) -> None:
+    async def _scrape(self, key: Key, host: str, port: int, checkpoint_path: str, restart: int) -> None:
         assert self.session is not None
-        figures = await scrape.fetch(self.session, host, port, self.settings.scrape_timeout_seconds)
-        if figures is None:
+        read = await scrape.fetch(self.session, host, port, self.settings.scrape_timeout_seconds)
+        if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
+        figures, checkpoint = read
         figures["updated"] = format_time(datetime.now(UTC))
+        status: dict[str, Any] = {"training": figures}
+        if checkpoint := scrape.checkpoint(checkpoint, checkpoint_path, restart):
+            status["checkpoint"] = checkpoint  # a merge patch: what this incarnation has not set yet stays
         try:
-            await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": {"training": figures}})
+            await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
             self.metrics.scrapes.labels("ok").inc()
         except ApiError as e:
             self.metrics.scrapes.labels("error").inc()

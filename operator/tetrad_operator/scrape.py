@@ -1,4 +1,10 @@
-"""Read live training figures from rank 0's Prometheus endpoint into status.training."""
+"""Read live training figures from rank 0's Prometheus endpoint into status.training, and its
+checkpoint figures into status.checkpoint.
+
+A sample that is not finite (a gauge not set yet: NaN) is left out, so a merge patch of what was
+read keeps the last incarnation's figure until this one sets its own: a restart never erases the
+last committed checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +15,25 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tetrad.api.contract import SCRAPED, SCRAPED_INTEGERS, SCRAPED_TIMES, SCRAPED_UNSET_AT_ZERO
+from tetrad.api.contract import (
+    SCRAPED,
+    SCRAPED_CHECKPOINT,
+    SCRAPED_INTEGERS,
+    SCRAPED_TIMES,
+    SCRAPED_UNSET_AT_ZERO,
+    step_dir_name,
+)
 from tetrad_operator.state import format_time
 
 
-def parse(text: str) -> dict[str, Any]:
-    """The training figures in a Prometheus text exposition; a sample labelled rank="0" wins."""
+def parse(text: str, fields: dict[str, str] = SCRAPED) -> dict[str, Any]:
+    """The figures `fields` names (metric -> status key) in a Prometheus text exposition; a sample
+    labelled rank="0" wins."""
     out: dict[str, Any] = {}
     chosen_rank0: set[str] = set()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            key = SCRAPED.get(sample.name) or SCRAPED.get(sample.name.removesuffix("_total"))
+            key = fields.get(sample.name) or fields.get(sample.name.removesuffix("_total"))
             if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
                 continue
             if key in SCRAPED_UNSET_AT_ZERO and sample.value <= 0:
@@ -39,13 +53,27 @@ def _value(key: str, value: float) -> int | float | str:
     return int(value) if key in SCRAPED_INTEGERS else float(value)
 
 
-async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> dict[str, Any] | None:
-    """The figures, or None when the endpoint cannot be read in time (never raises)."""
+def checkpoint(figures: dict[str, Any], checkpoint_path: str | None, restart: int) -> dict[str, Any]:
+    """status.checkpoint from the parsed SCRAPED_CHECKPOINT figures of incarnation `restart`: the
+    committed step's directory named as the trainer's store names it, and which restart resumed."""
+    out = dict(figures)
+    if "step" in out and checkpoint_path:
+        out["path"] = f"{checkpoint_path.rstrip('/')}/{step_dir_name(out['step'])}"
+    if "resumedFrom" in out:
+        out["resumedAtRestart"] = restart
+    return out
+
+
+async def fetch(session: aiohttp.ClientSession, host: str, port: int,
+                timeout: float) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(training figures, checkpoint figures), or None when the endpoint cannot be read in time
+    (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
             if rsp.status != 200:
                 return None
-            return parse(await rsp.text())
+            text = await rsp.text()
+            return parse(text), parse(text, SCRAPED_CHECKPOINT)
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None

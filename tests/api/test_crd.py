@@ -69,7 +69,8 @@ def test_crd_metadata():
     v = c["versions"][0]
     assert v["subresources"] == {"status": {}}
     columns = v["additionalPrinterColumns"]
-    assert [col["name"] for col in columns if not col.get("priority")] == ["Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Age"]
+    assert [col["name"] for col in columns if not col.get("priority")] == ["Phase", "Nodes", "Mesh", "Restarts", "Tokens/s",
+                                                                            "Last-Ckpt", "Age"]
     assert [col["name"] for col in columns if col.get("priority") == 1] == ["Step", "Steps", "Loss", "MFU"]  # -o wide
 
 

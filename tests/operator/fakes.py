@@ -108,8 +108,9 @@ class FakeCluster:
 
     def apply(self, d: lifecycle.Decision) -> None:
         assert self.job is not None
-        training = self.status.get("training")
-        self.job["status"] = copy.deepcopy(d.status) | ({"training": training} if training else {})
+        # the controller's write leaves the scraper's fields as they are
+        scraped = {k: self.status[k] for k in lifecycle.SCRAPER_OWNED if self.status.get(k)}
+        self.job["status"] = copy.deepcopy(d.status) | scraped
         self.events += d.events
         creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
         if creates and self.refuse is not None:

@@ -181,6 +181,20 @@ def test_zero_disruption_budget_fails_at_the_first_disruption_but_not_on_failure
     assert "maxDisruptions=0" in c.status["message"] and "exit code 75" in c.status["message"]
 
 
+def test_a_restart_keeps_the_last_committed_checkpoint():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST, checkpoint={"enabled": True, "path": "/ckpt"}))
+    running(c)
+    committed = {"step": 40, "time": format_time(c.now), "path": "/ckpt/step-00000040", "resumedFrom": 0,
+                 "resumedAtRestart": 0}
+    c.job["status"]["checkpoint"] = dict(committed)  # what the scraper wrote
+    c.finish(75, rank=0)  # preempted after committing step 40
+    d = c.reconcile()
+    assert c.phase == "Restarting" and "checkpoint" not in d.status  # a pass never writes it ...
+    c.settle(60)
+    running(c)
+    assert c.status["restarts"] == 1 and c.status["checkpoint"] == committed  # ... so the restart keeps it
+
+
 def test_permanent_exit_code_fails_at_once():
     c = FakeCluster(job_body(nodes=3, runPolicy=FAST))
     running(c)

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import scrape
 from tetrad_operator.admission import ungate_patch
-from tetrad_operator.controller import JobLoop
+from tetrad_operator.controller import Controller, JobLoop
 from tetrad_operator.kube import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
@@ -79,6 +79,48 @@ def test_scrape_reads_the_heartbeat_as_a_time_and_leaves_out_one_never_set():
     assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25, "lastStepTime": "2030-01-01T00:01:01Z"}
 
 
+def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
+    r = CollectorRegistry()
+    gauges = {name: Gauge(name, "", ["rank"], registry=r) for name in contract.SCRAPED_CHECKPOINT}
+    for g in gauges.values():  # as the trainer starts them: NaN until set
+        g.labels("0").set(math.nan)
+    Gauge(contract.METRIC_STEP, "", registry=r).set(57)
+    text = generate_latest(r).decode()
+    assert scrape.parse(text, contract.SCRAPED_CHECKPOINT) == {} and scrape.checkpoint({}, "/ckpt", 2) == {}
+    gauges[contract.METRIC_RESUMED_FROM].labels("0").set(40)
+    gauges[contract.METRIC_RESUMED_FROM].labels("1").set(39)  # rank 0's wins
+    out = scrape.checkpoint(scrape.parse(generate_latest(r).decode(), contract.SCRAPED_CHECKPOINT), "/ckpt", 2)
+    assert out == {"resumedFrom": 40, "resumedAtRestart": 2}  # no commit in this incarnation yet: no step, no path
+    gauges[contract.METRIC_CHECKPOINT_STEP].labels("0").set(50)
+    gauges[contract.METRIC_CHECKPOINT_TIME].labels("0").set(T0.timestamp() + 3.2)
+    text = generate_latest(r).decode()
+    out = scrape.checkpoint(scrape.parse(text, contract.SCRAPED_CHECKPOINT), "/mnt/ckpt", 2)
+    assert out == {"step": 50, "time": "2030-01-01T00:00:03Z", "path": "/mnt/ckpt/" + contract.step_dir_name(50),
+                   "resumedFrom": 40, "resumedAtRestart": 2}
+    assert isinstance(out["step"], int) and out["path"] == "/mnt/ckpt/step-00000050"
+    assert scrape.parse(text) == {"step": 57}  # status.training's step is the training step, not the checkpoint's
+
+
+def test_the_status_write_leaves_the_scrapers_fields_alone():
+    class RecordingKube:
+        def __init__(self):
+            self.on_error, self.patches = None, []
+
+        async def patch(self, url, body, ok=()):
+            self.patches.append(body)
+            return {}
+
+    kube = RecordingKube()
+    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    checkpoint = {"step": 50, "path": "/ckpt/step-00000050"}
+    old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57}, "checkpoint": checkpoint}
+    body = {"metadata": {"resourceVersion": "7"}, "status": old}
+    new = {"phase": "Restarting", "restarts": 1}
+    assert asyncio.run(ctl._write_status("/job", body, old, new))
+    assert kube.patches == [{"metadata": {"resourceVersion": "7"},
+                             "status": {"phase": "Restarting", "restarts": 1, "message": None}}]
+
+
 def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     r = CollectorRegistry()
     Gauge("tetrad_peak_memory_bytes", "", registry=r).set(2**40)
@@ -99,7 +141,7 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     finally:
         server.shutdown()
         server.server_close()
-    assert ok == {"peakMemoryBytes": 2**40} and closed is None and unroutable is None
+    assert ok == ({"peakMemoryBytes": 2**40}, {}) and closed is None and unroutable is None
 
 
 def test_settings_from_env():

@@ -219,6 +219,7 @@ PRINTER_COLUMNS = [
     {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput"},
+    {"name": "Last-Ckpt", "type": "integer", "jsonPath": ".status.checkpoint.step", "description": "Step of the last committed checkpoint"},
     # `kubectl get ptj -o wide` adds the progress `tetrad status` shows (priority 1).
     {"name": "Step", "type": "integer", "jsonPath": ".status.training.step", "priority": 1, "description": "Last step reported by rank 0"},
     {"name": "Steps", "type": "integer", "jsonPath": ".spec.training.steps", "priority": 1, "description": "Steps to train for"},

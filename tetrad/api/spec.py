@@ -310,6 +310,17 @@ class TrainingStatus(CamelModel):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
+class CheckpointStatus(CamelModel):
+    step: int | None = Field(None, description="Step of the last checkpoint rank 0 committed; kept across restarts "
+                             "until a later incarnation commits its own.")
+    time: str | None = Field(None, description="When that checkpoint was committed (RFC 3339, the pod's clock).")
+    path: str | None = Field(None, description="Its directory inside the pod: spec.checkpoint.path/step-NNNNNNNN.")
+    resumed_from: int | None = Field(None, description="Step the incarnation of restart resumedAtRestart resumed "
+                                     "from; 0: it started fresh.")
+    resumed_at_restart: int | None = Field(None, description="The restart (status.restarts) whose incarnation "
+                                           "resumed from resumedFrom.")
+
+
 class ParallelTrainingJobStatus(CamelModel):
     phase: Phase | None = Field(None, strict=False, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
@@ -323,6 +334,8 @@ class ParallelTrainingJobStatus(CamelModel):
     observed_generation: int | None = Field(None, description="The spec generation this status describes.")
     message: str | None = Field(None, description="Why the job is in its phase.")
     training: TrainingStatus | None = Field(None, description="Live figures read from rank 0's metrics endpoint.")
+    checkpoint: CheckpointStatus | None = Field(None, description="The last committed checkpoint and the step the "
+                                                "current incarnation resumed from, read from rank 0's metrics endpoint.")
 
 
 class ParallelTrainingJob(BaseModel):

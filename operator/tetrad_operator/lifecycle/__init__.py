@@ -30,10 +30,10 @@ from tetrad_operator.lifecycle.actions import (
     Ungate,
 )
 from tetrad_operator.lifecycle.core import PodRejection, ResolvedJob, decide, resolve_job
-from tetrad_operator.lifecycle.machine import Settings
+from tetrad_operator.lifecycle.machine import SCRAPER_OWNED, Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
     "Action", "CreatePod", "Decision", "DeleteJob", "DeletePod", "Ensure", "Event", "PodRejection", "ResolvedJob",
-    "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
+    "SCRAPER_OWNED", "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

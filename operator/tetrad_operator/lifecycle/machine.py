@@ -50,6 +50,10 @@ def get_condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | Non
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
 
 
+# Status fields only the scraper writes: a pass never writes them, so a restart keeps them.
+SCRAPER_OWNED = ("training", "checkpoint")
+
+
 class JobPass:
     def __init__(self, body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str, NodeState],
                  now: datetime, settings: Settings):
@@ -58,7 +62,8 @@ class JobPass:
         self.name: str = self.meta.get("name", "")
         self.namespace: str = self.meta.get("namespace", "default")
         self.status: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
-        self.status.pop("training", None)  # the scraper owns it
+        for key in SCRAPER_OWNED:
+            self.status.pop(key, None)
         self.status.setdefault("conditions", [])
         self.status.setdefault("restarts", 0)
         self.status.setdefault("disruptions", 0)
