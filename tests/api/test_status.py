@@ -67,6 +67,20 @@ def test_summary_of_a_running_job():
     assert json.loads(json.dumps(s)) == s  # -o json prints this dict
 
 
+def test_summary_shows_the_last_checkpoint_and_where_the_restart_resumed():
+    status = RUNNING | {"checkpoint": {"step": 20, "time": "2026-01-01T01:55:00Z", "path": "/ckpt/step-00000020",
+                                       "resumedFrom": 10, "resumedAtRestart": 2}}
+    job = stored(status, checkpoint={"enabled": True, "path": "/ckpt"})
+    lines = format_summary(summarize(job, NOW)).splitlines()
+    assert "Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed from step 10" in lines
+    assert lines.index("Restarts:     2 (1 of them disruptions, not counted against maxRestarts)") == \
+        lines.index("Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed from step 10") + 1
+    fresh = stored(RUNNING | {"checkpoint": {"resumedFrom": 0, "resumedAtRestart": 0}}, checkpoint={"enabled": True})
+    assert "Checkpoint:   none committed yet; the first run started fresh" in format_summary(summarize(fresh, NOW))
+    assert "Checkpoint:   none committed yet\n" in format_summary(summarize(stored(RUNNING, checkpoint={"enabled": True}), NOW))
+    assert "Checkpoint" not in format_summary(summarize(stored(status), NOW))  # checkpointing off: no line
+
+
 def test_eta_uses_the_presets_sequence_length():
     s = summarize(stored(RUNNING, training={"steps": 100, "globalBatch": 16}), NOW)
     assert s["stepSeconds"] == 16 * 256 / 512 and s["etaSeconds"] == 70 * 8.0  # debug: seqLen 256

@@ -93,6 +93,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "updatedSecondsAgo": None,
         "runningSeconds": None,
     }
+    if _get(spec, "checkpoint", "enabled"):
+        out["checkpoint"] = _checkpoint(status.get("checkpoint") or {}, now)
     tokens_per_step = global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int) else None
     if tokens_per_step and tokens_per_second:
         out["stepSeconds"] = tokens_per_step / tokens_per_second
@@ -104,6 +106,30 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         end = _time(status.get("completionTime")) or now
         out["runningSeconds"] = max((end - start).total_seconds(), 0.0)
     return out
+
+
+def _checkpoint(ckpt: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """status.checkpoint's figures, each None unless it has the type the operator writes."""
+    def integer(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    committed = _time(ckpt.get("time"))
+    return {"step": integer(ckpt.get("step")), "path": ckpt.get("path") if isinstance(ckpt.get("path"), str) else None,
+            "secondsAgo": max((now - committed).total_seconds(), 0.0) if committed is not None else None,
+            "resumedFrom": integer(ckpt.get("resumedFrom")), "resumedAtRestart": integer(ckpt.get("resumedAtRestart"))}
+
+
+def _checkpoint_line(c: dict[str, Any]) -> str:
+    """`step 40 committed 5m00s ago at /ckpt/step-00000040; restart 2 resumed from step 40`."""
+    line = "none committed yet" if c["step"] is None else f"step {c['step']} committed"
+    if c["step"] is not None and c["secondsAgo"] is not None:
+        line += f" {duration(c['secondsAgo'])} ago"
+    if c["step"] is not None and c["path"]:
+        line += f" at {c['path']}"
+    if c["resumedFrom"] is not None:
+        who = f"restart {c['resumedAtRestart']}" if c["resumedAtRestart"] else "the first run"
+        line += f"; {who} resumed from step {c['resumedFrom']}" if c["resumedFrom"] else f"; {who} started fresh"
+    return line
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -133,6 +159,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Loss", f"{s['loss']:.4f}"))
     if isinstance(s["peakMemoryBytes"], int):
         rows.append(("Peak memory", f"{s['peakMemoryBytes'] / GiB:.2f} GiB (rank 0)"))
+    if s.get("checkpoint") is not None:
+        rows.append(("Checkpoint", _checkpoint_line(s["checkpoint"])))
     disruptions = f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)" if s["disruptions"] else ""
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
     if s["runningSeconds"] is not None:
