@@ -3,7 +3,7 @@
 A tiny Tetrad model takes an AdamW step and is checkpointed by the real Checkpointer (one gloo
 process); `python -m tetrad_trainer.export`'s entry point converts it; transformers loads the
 result on the CPU and its fp32 logits must equal Tetrad's forward; importing the export gives back
-the checkpoint's parameters bit for bit.
+the checkpoint's parameters bit for bit, in process and through the trainer's --init-from.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import torch.nn.functional as F
 import transformers
 from tetrad_trainer import export as hf
 from tetrad_trainer.checkpoint import Checkpointer
-from tetrad_trainer.model import Transformer, init_weights
+from tetrad_trainer.model import Transformer, init_weights, initial_value
 from torch.distributed.device_mesh import DeviceMesh
 
 from tests.checkpoint.toy import config
+from tests.trainer.harness import job, run_trainer
+from tetrad.api.contract import EXIT_CONFIG_ERROR
 
 # head_dim 8 (4 RoPE frequencies), grouped-query attention (2 kv heads for 4 query heads)
 DIMS = {"dim": 32, "layers": 2, "heads": 4, "kvHeads": 2, "vocab": 96, "ffnDim": 48, "seqLen": 16}
@@ -83,13 +85,13 @@ def test_the_latest_checkpoint_is_exported_and_a_damaged_one_is_refused(one_rank
     _, params = _trained(tmp_path / "ckpt")
     assert hf.export(tmp_path / "ckpt", tmp_path / "hf").name == f"step-{STEP:08d}"
 
-    with pytest.raises(hf.ExportError, match="no such checkpoint; committed steps: \\[1\\]"):
+    with pytest.raises(hf.ConversionError, match="no such checkpoint; committed steps: \\[1\\]"):
         hf.export(tmp_path / "ckpt", tmp_path / "x", step=5)
     shard = next((tmp_path / "ckpt" / f"step-{STEP:08d}").glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(hf.ExportError, match=r"is damaged: __0_0.distcp: CRC32 .* \(corrupted\)"):
+    with pytest.raises(hf.ConversionError, match=r"is damaged: __0_0.distcp: CRC32 .* \(corrupted\)"):
         hf.export(tmp_path / "ckpt", tmp_path / "x")
 
 
@@ -97,5 +99,55 @@ def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_
     model, _ = _trained(tmp_path / "ckpt")
     hf.export(tmp_path / "ckpt", tmp_path / "hf")
     other = model.cfg.model_copy(update={"kv_heads": 4})
-    with pytest.raises(hf.ExportError, match="num_key_value_heads 2 != 4"):
+    with pytest.raises(hf.ConversionError, match="num_key_value_heads 2 != 4"):
         hf.import_hf(tmp_path / "hf", other)
+
+
+def test_init_from_hf_fills_a_model_with_the_exported_weights(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:
+    model, params = _trained(tmp_path / "ckpt")
+    hf.export(tmp_path / "ckpt", tmp_path / "hf")
+    with torch.device("meta"):
+        fresh = Transformer(model.cfg)
+    init_weights(fresh, torch.device("cpu"), seed=8)
+    hf.init_from_hf([fresh], tmp_path / "hf", model.cfg)
+    for name, p in fresh.named_parameters():
+        assert torch.equal(p, params[name]), name
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_trainer_starts_from_hugging_face_weights_under_tensor_parallelism(tmp_path: Path) -> None:
+    """`--init-from` on 2 tensor-parallel ranks: each copies its own rows/columns (wq and wk
+    permuted back). lr 1e-30 leaves every weight unchanged by the one step, so the gathered
+    parameters after training are the Hugging Face ones exactly."""
+    cfg = job({"tp": 2}, nproc=2, model={"seqLen": 32},
+              training={"steps": 1, "globalBatch": 2, "precision": "fp32", "lr": 1e-30, "minLr": 0.0,
+                        "warmupSteps": 0, "seed": 3})
+    with torch.device("meta"):
+        source = Transformer(cfg.model)
+    init_weights(source, torch.device("cpu"), seed=11)
+    weights = {n: p.detach() for n, p in source.named_parameters()}
+    hf.save_hf(weights, cfg.model, tmp_path / "hf")
+
+    run = run_trainer(cfg, tmp_path / "run",
+                      args=("--init-from", str(tmp_path / "hf"), "--save-full-parameters", str(tmp_path / "p.pt")))
+    assert run.codes == [0, 0], run.logs()
+    assert f"initial weights from the Hugging Face model {tmp_path / 'hf'}" in run.log(0)
+    got = torch.load(tmp_path / "p.pt")
+    assert got.keys() == weights.keys()
+    for name, want in weights.items():
+        assert torch.equal(got[name], want), f"{name} is not the Hugging Face weight"
+    seed3 = initial_value("tok_embeddings.weight", weights["tok_embeddings.weight"].shape, cfg.model, 3)
+    assert not torch.equal(got["tok_embeddings.weight"], seed3)
+
+
+def test_the_trainer_refuses_weights_of_another_model_with_exit_78(tmp_path: Path) -> None:
+    cfg = job({}, nproc=1, training={"steps": 1, "globalBatch": 1, "precision": "fp32"})
+    other = cfg.model.model_copy(update={"layers": cfg.model.layers + 1})
+    with torch.device("meta"):
+        source = Transformer(other)
+    init_weights(source, torch.device("cpu"), seed=1)
+    hf.save_hf({n: p.detach() for n, p in source.named_parameters()}, other, tmp_path / "hf")
+    run = run_trainer(cfg, tmp_path / "run", args=("--init-from", str(tmp_path / "hf")))
+    assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
+    assert f"num_hidden_layers {other.layers} != {cfg.model.layers}" in run.log(0)

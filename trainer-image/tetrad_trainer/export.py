@@ -3,6 +3,7 @@
 parameters.
 
     python -m tetrad_trainer.export CHECKPOINT_DIR OUT_DIR [--step N] [--dtype bfloat16]
+    python -m tetrad_trainer.train --init-from HF_DIR ...   (initial weights; see init_from_hf)
 
 Invariants:
 - every parameter is mapped by an explicit name table (`hf_name`); a checkpoint or a Hugging Face
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 
 from tetrad.api.resolved import ModelConfig
 from tetrad_trainer.checkpoint.store import (
@@ -37,7 +39,7 @@ from tetrad_trainer.checkpoint.store import (
     step_dir_name,
     verify_files,
 )
-from tetrad_trainer.model import Transformer
+from tetrad_trainer.model import Transformer, canonical_name, local_box
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -61,7 +63,7 @@ _TOP_NAMES = {
 }
 
 
-class ExportError(ValueError):
+class ConversionError(ValueError):
     """The checkpoint or the Hugging Face directory cannot be converted; the message says why."""
 
 
@@ -72,7 +74,7 @@ def hf_name(name: str) -> str:
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
         return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}"
-    raise ExportError(f"no Hugging Face name for the Tetrad parameter {name!r}")
+    raise ConversionError(f"no Hugging Face name for the Tetrad parameter {name!r}")
 
 
 def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -134,23 +136,29 @@ def to_hf(params: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.
     return out
 
 
+def _to_tetrad(name: str, t: torch.Tensor, cfg: ModelConfig, shape: tuple[int, ...]) -> torch.Tensor:
+    """The Hugging Face tensor of the Tetrad parameter called name, in Tetrad's layout and fp32."""
+    if tuple(t.shape) != shape:
+        raise ConversionError(f"{hf_name(name)}: shape {tuple(t.shape)}, the model {cfg.name} needs {shape}")
+    heads = _rope_heads(name, cfg)
+    return (to_interleaved_rope(t, heads) if heads else t).to(torch.float32).contiguous()
+
+
+def _check_names(have: set[str], cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tetrad name -> shape of every parameter; refuses Hugging Face names that are not exactly the model's."""
+    want = expected_shapes(cfg)
+    expected = {hf_name(n) for n in want}
+    missing, unknown = sorted(expected - have), sorted(have - expected)
+    if missing or unknown:
+        raise ConversionError(f"the Hugging Face weights do not match the model {cfg.name}: missing {missing[:5]}, "
+                              f"unknown {unknown[:5]}")
+    return want
+
+
 def from_hf(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A Hugging Face Llama state dict as Tetrad parameters (fp32), checked against cfg's shapes."""
-    want = expected_shapes(cfg)
-    by_hf = {hf_name(n): n for n in want}
-    missing = sorted(set(by_hf) - set(tensors))
-    unknown = sorted(set(tensors) - set(by_hf))
-    if missing or unknown:
-        raise ExportError(f"the Hugging Face weights do not match the model {cfg.name}: missing {missing[:5]}, "
-                          f"unknown {unknown[:5]}")
-    out = {}
-    for hf, name in by_hf.items():
-        t = tensors[hf]
-        if tuple(t.shape) != want[name]:
-            raise ExportError(f"{hf}: shape {tuple(t.shape)}, the model {cfg.name} needs {want[name]}")
-        heads = _rope_heads(name, cfg)
-        out[name] = (to_interleaved_rope(t, heads) if heads else t).to(torch.float32).contiguous()
-    return out
+    want = _check_names(set(tensors), cfg)
+    return {name: _to_tetrad(name, tensors[hf_name(name)], cfg, shape) for name, shape in want.items()}
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -168,19 +176,19 @@ def checkpoint_step_dir(root: str | Path, step: int | None = None) -> Path:
     if step is None:
         candidates = ckpts.candidates()
         if not candidates:
-            raise ExportError(f"{root}: no committed checkpoint (no `latest` and no step directory with a manifest)")
+            raise ConversionError(f"{root}: no committed checkpoint (no `latest` and no step directory with a manifest)")
         path = candidates[0].path
     else:
         path = ckpts.root / step_dir_name(step)
         if not path.is_dir():
             have = [s for s, _ in ckpts.committed_dirs()]
-            raise ExportError(f"{path}: no such checkpoint; committed steps: {have or 'none'}")
+            raise ConversionError(f"{path}: no such checkpoint; committed steps: {have or 'none'}")
     try:
         manifest = read_manifest(path)
     except CheckpointError as e:
-        raise ExportError(str(e)) from None
+        raise ConversionError(str(e)) from None
     if problems := verify_files(path, manifest["files"]):
-        raise ExportError(f"{path} is damaged: {'; '.join(problems)}; export an older step with --step")
+        raise ConversionError(f"{path} is damaged: {'; '.join(problems)}; export an older step with --step")
     return path
 
 
@@ -199,16 +207,22 @@ def read_checkpoint(step_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor
 def export(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
            dtype: torch.dtype = torch.float32) -> Path:
     """Write OUT_DIR/model.safetensors and OUT_DIR/config.json from a committed checkpoint."""
-    from safetensors.torch import save_file
-
     step_dir = checkpoint_step_dir(checkpoint_dir, step)
     cfg, params = read_checkpoint(step_dir)
+    save_hf(params, cfg, out_dir, dtype=dtype, source=str(step_dir))
+    return step_dir
+
+
+def save_hf(params: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: str | Path, *,
+            dtype: torch.dtype = torch.float32, source: str = "") -> None:
+    """Write full Tetrad parameters as a Hugging Face Llama directory (model.safetensors, config.json)."""
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.to(dtype) for k, v in to_hf(params, cfg).items()}
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "tetrad_checkpoint": str(step_dir)})
+    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "tetrad_source": source})
     (out / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
-    return step_dir
 
 
 _CONFIG_FIELDS = {"vocab_size": "vocab", "hidden_size": "dim", "intermediate_size": "ffn_dim",
@@ -216,32 +230,64 @@ _CONFIG_FIELDS = {"vocab_size": "vocab", "hidden_size": "dim", "intermediate_siz
                   "rms_norm_eps": "norm_eps", "rope_theta": "rope_theta"}
 
 
-def import_hf(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Tetrad parameters (full, fp32, by Tetrad name) from a Hugging Face Llama directory
-    (config.json and *.safetensors), refused unless its config is the model cfg."""
-    from safetensors.torch import load_file
+def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
+    """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model."""
+    from safetensors import safe_open
 
     hf_dir = Path(hf_dir)
     try:
         hf = json.loads((hf_dir / CONFIG).read_text())
     except (OSError, ValueError) as e:
-        raise ExportError(f"{hf_dir / CONFIG}: unreadable: {e}") from None
+        raise ConversionError(f"{hf_dir / CONFIG}: unreadable: {e}") from None
     if hf.get("model_type") != "llama":
-        raise ExportError(f"{hf_dir / CONFIG}: model_type {hf.get('model_type')!r}; only 'llama' is supported")
+        raise ConversionError(f"{hf_dir / CONFIG}: model_type {hf.get('model_type')!r}; only 'llama' is supported")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {"rope_type": "default"}
     if rope.get("rope_type", rope.get("type")) != "default":
-        raise ExportError(f"{hf_dir / CONFIG}: RoPE {rope!r} is not supported by Tetrad's model (plain RoPE only)")
+        raise ConversionError(f"{hf_dir / CONFIG}: RoPE {rope!r} is not supported by Tetrad's model (plain RoPE only)")
     hf.setdefault("rope_theta", rope.get("rope_theta"))
     differ = [f"{k} {hf.get(k)!r} != {getattr(cfg, f)!r}" for k, f in _CONFIG_FIELDS.items() if hf.get(k) != getattr(cfg, f)]
     if differ:
-        raise ExportError(f"{hf_dir}: not the model {cfg.name}: {', '.join(differ)}")
+        raise ConversionError(f"{hf_dir}: not the model {cfg.name}: {', '.join(differ)}")
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
-        raise ExportError(f"{hf_dir}: no *.safetensors file")
-    tensors: dict[str, torch.Tensor] = {}
+        raise ConversionError(f"{hf_dir}: no *.safetensors file")
+    index: dict[str, Path] = {}
     for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            index.update(dict.fromkeys(st.keys(), f))
+    return index
+
+
+def import_hf(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Tetrad parameters (full, fp32, by Tetrad name) from a Hugging Face Llama directory
+    (config.json and *.safetensors), refused unless its config is the model cfg."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for f in sorted(set(_hf_files(hf_dir, cfg).values())):
         tensors.update(load_file(str(f)))
     return from_hf(tensors, cfg)
+
+
+@torch.no_grad()
+def init_from_hf(parts: list[torch.nn.Module], hf_dir: str | Path, cfg: ModelConfig) -> None:
+    """Overwrite the (possibly parallelized) model parts' parameters with Hugging Face weights.
+
+    Each rank copies only its own piece of each parameter; it reads one full parameter at a time
+    (memory-mapped), so its peak extra memory is the largest parameter, not the model.
+    """
+    from safetensors import safe_open
+
+    index = _hf_files(hf_dir, cfg)
+    want = _check_names(set(index), cfg)
+    for part in parts:
+        for fqn, param in part.named_parameters():
+            name = canonical_name(fqn)
+            with safe_open(str(index[hf_name(name)]), framework="pt") as st:
+                full = _to_tetrad(name, st.get_tensor(hf_name(name)), cfg, want[name])
+            offset, size = local_box(param)
+            local = param.to_local() if isinstance(param, DTensor) else param
+            local.copy_(full[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         step_dir = export(args.checkpoint_dir, args.out_dir, step=args.step, dtype=getattr(torch, args.dtype))
-    except ExportError as e:
+    except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"exported {step_dir} to {args.out_dir}")

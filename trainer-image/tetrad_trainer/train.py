@@ -1,6 +1,6 @@
 """The training loop. Run one process per device under torchrun:
 
-    torchrun -m tetrad_trainer.train --config /etc/tetrad/config.json [--steps N] [--jsonl PATH]
+    torchrun -m tetrad_trainer.train --config /etc/tetrad/config.json [--steps N] [--jsonl PATH] [--init-from HF_DIR]
 
 Rank 0 writes one JSON line per logged step to stdout (and to --jsonl / $TETRAD_JSONL); every
 rank serves Prometheus metrics on $TETRAD_METRICS_PORT + LOCAL_RANK. With checkpointing on, the
@@ -9,7 +9,8 @@ end. Exit codes: 78 (EXIT_CONFIG_ERROR) for a config the trainer cannot run, whi
 never retries; 75 (EXIT_PREEMPTED) after SIGTERM at any moment: during start-up (nothing new to
 save), or after the step in progress, with a new checkpoint, or without one when the last save's
 duration says it cannot finish in the grace period left (the next run resumes from the last
-committed checkpoint). The log says which.
+committed checkpoint). The log says which. --init-from starts a run that resumes nothing from
+Hugging Face Llama weights (tetrad_trainer.export) instead of the seed's.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from tetrad_trainer.checkpoint.store import writable_problem
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
+from tetrad_trainer.export import ConversionError, init_from_hf
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import (
     Metrics,
@@ -74,8 +76,9 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None,
-                 preemption: Preemption | None = None):
+                 preemption: Preemption | None = None, init_from: Path | None = None):
         self.cfg, self.device = cfg, device
+        self.init_from = init_from
         self.preemption = preemption or Preemption()
         self.preemption.connect()
         self.mesh = build_mesh(cfg.layout, device)
@@ -166,6 +169,9 @@ class Trainer:
         self.stop_if_signalled_at_start_up()
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
+        elif self.init_from is not None:  # a resumed run keeps its checkpoint's weights
+            init_from_hf(self.model.parts, self.init_from, self.cfg.model)
+            log_rank0(f"initial weights from the Hugging Face model {self.init_from}")
         self.metrics.resumed(self.step)
         self.stop_if_signalled_at_start_up()
         self.last_log, self.steps_since_log = time.perf_counter(), 0
@@ -265,6 +271,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jsonl", type=Path, default=os.environ.get(ENV_JSONL), help=f"also append rank 0's JSON lines here (default ${ENV_JSONL})")
     p.add_argument("--save-full-parameters", type=Path, default=None, metavar="PATH",
                    help="after training, save the gathered parameters to PATH (torch.save of a dict)")
+    p.add_argument("--init-from", type=Path, default=None, metavar="HF_DIR",
+                   help="initial weights from a Hugging Face Llama directory (config.json, *.safetensors) of this "
+                        "model, e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed")
     return p.parse_args(argv)
 
 
@@ -286,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
     try:
-        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption)
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=args.init_from)
         try:
             trainer.train()
             if args.save_full_parameters is not None:
@@ -294,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             trainer.checkpointer.close()
             trainer.metrics.close()
-    except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
+    except (ConfigError, CheckpointMismatch, NoGoodCheckpoint, ConversionError) as e:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
     except CheckpointError as e:  # retryable: the restart resumes from the last good checkpoint
