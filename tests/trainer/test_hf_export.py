@@ -151,3 +151,21 @@ def test_the_trainer_refuses_weights_of_another_model_with_exit_78(tmp_path: Pat
     run = run_trainer(cfg, tmp_path / "run", args=("--init-from", str(tmp_path / "hf")))
     assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
     assert f"num_hidden_layers {other.layers} != {cfg.model.layers}" in run.log(0)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_checkpoint_of_sharded_ranks_exports_whole(tmp_path: Path) -> None:
+    """The real trainer on tp=2 x dpShard=2 checkpoints its shards; the export (one process)
+    holds the full parameters it trained, bit for bit."""
+    cfg = job({"tp": 2, "dpShard": 2}, nproc=4, model={"seqLen": 32},
+              training={"steps": 2, "globalBatch": 4, "precision": "fp32", "seed": 5},
+              checkpoint={"enabled": True, "path": str(tmp_path / "ckpt"), "interval": 100})
+    run = run_trainer(cfg, tmp_path / "run", args=("--save-full-parameters", str(tmp_path / "p.pt")))
+    assert run.codes == [0] * 4, run.logs()
+    assert hf.main([str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    trained = torch.load(tmp_path / "p.pt")
+    back = hf.import_hf(tmp_path / "hf", cfg.model)
+    assert back.keys() == trained.keys()
+    for name, want in trained.items():
+        assert torch.equal(back[name], want), name
