@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from tetrad_trainer.checkpoint import Checkpointer
-from tetrad_trainer.metrics import Metrics, StepRecord, gpu_peak_tflops, measure_cpu_tflops, peak_tflops
+from tetrad_trainer.metrics import RankMetrics, StepRecord, gpu_peak_tflops, measure_cpu_tflops, peak_tflops
 
 from tests.checkpoint import gang, toy
 from tests.trainer.harness import free_port
@@ -25,7 +25,7 @@ JSON_KEYS = {"step", "loss", "tokens_per_second", "mfu", "tflops", "peak_memory_
 
 def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    metrics = Metrics(port=port, rank=0, labels={"job": "j", "rank": "0", "mesh": "m"}, jsonl=tmp_path / "m.jsonl")
+    metrics = RankMetrics(port=port, rank=0, labels={"job": "j", "rank": "0", "mesh": "m"}, jsonl=tmp_path / "m.jsonl")
     try:
         metrics.log(RECORD)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -42,7 +42,7 @@ def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: py
 
 
 def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
-    metrics = Metrics(port=None, rank=0, labels={}, jsonl=None)
+    metrics = RankMetrics(port=None, rank=0, labels={}, jsonl=None)
     try:
         assert metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") == 0  # no step yet: the operator leaves a 0 out
         before = time.time()
@@ -53,14 +53,14 @@ def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
 
 
 def checkpointing_run(rank: int, world: int, spec: dict[str, Any]) -> list[dict[str, float | None]]:
-    """The toy model trained with the real Checkpointer wired to Metrics as the trainer wires them:
+    """The toy model trained with the real Checkpointer wired to RankMetrics as the trainer wires them:
     the checkpoint gauges after the resume and after every step."""
     cfg = toy.config({"dpShard": world}, spec["path"], steps=spec["steps"], interval=spec["interval"],
                      async_save=spec["async"])
     model, mesh = toy.build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr)
     loader = toy.ToyLoader(cfg, mesh["dp_shard"].get_local_rank())
-    metrics = Metrics(port=None, rank=rank, labels={}, jsonl=None)
+    metrics = RankMetrics(port=None, rank=rank, labels={}, jsonl=None)
     ckpt = Checkpointer(cfg, model_parts=[model], optimizers=[opt], data_loader=loader,
                         dp_rank=mesh["dp_shard"].get_local_rank(), logger=lambda _: None,
                         on_commit=metrics.checkpoint_committed)
@@ -112,8 +112,8 @@ def test_checkpoint_gauges_follow_the_commits_and_the_resume(tmp_path: Path, asy
 def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tmp_path: Path,
                                                                               capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    first = Metrics(port=port, rank=0, labels={}, jsonl=None)
-    second = Metrics(port=port, rank=1, labels={}, jsonl=tmp_path / "x.jsonl")
+    first = RankMetrics(port=port, rank=0, labels={}, jsonl=None)
+    second = RankMetrics(port=port, rank=1, labels={}, jsonl=tmp_path / "x.jsonl")
     try:
         assert first.port == port and second.port is None
         second.log(RECORD)

@@ -126,7 +126,7 @@ def seconds_since_process_start() -> float:
 _IMPORTED_AT = time.time()
 
 
-class Metrics:
+class RankMetrics:
     """Prometheus gauges of one rank, plus rank 0's JSON lines."""
 
     def __init__(self, *, port: int | None, rank: int, labels: dict[str, str], jsonl: Path | None):

@@ -46,7 +46,7 @@ from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.export import ConversionError, init_from_hf
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import (
-    Metrics,
+    RankMetrics,
     StepRecord,
     peak_memory_bytes,
     peak_tflops,
@@ -98,7 +98,7 @@ class Trainer:
         rank = dist.get_rank()
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         base_port = int(os.environ.get(ENV_METRICS_PORT, cfg.metrics.port))
-        self.metrics = Metrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
+        self.metrics = RankMetrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
                                labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
         self.peak_tflops, peak_source = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
         if rank == 0:
