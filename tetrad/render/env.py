@@ -1,8 +1,8 @@
 """The torchrun environment of one node (pod or local agent).
 
 The operator's pods and `tetrad run`'s local agents both get exactly this, so a job behaves the
-same locally and in the cluster. With it, a node's command is simply
-`torchrun -m tetrad_trainer.train --config CONFIG`.
+same locally and in the cluster. With it, a node's command is `render.objects.TRAIN_COMMAND`: the
+exit-code supervisor around `torchrun -m tetrad_trainer.train --config CONFIG`.
 """
 
 from __future__ import annotations
