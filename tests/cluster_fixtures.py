@@ -321,6 +321,13 @@ def _namespace_name(nodeid: str) -> str:
     return f"t-{test[:44].rstrip('-')}-{uuid.uuid4().hex[:6]}"
 
 
+def table_row(header: str, row: str) -> dict[str, str]:
+    """A row of kubectl's table output by the header's column positions; an empty cell stays ""."""
+    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+    bounds = [*starts[1:], None]
+    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
+
+
 def install_tetrad_crd(cluster: Cluster) -> None:
     """Apply the generated ParallelTrainingJob CRD (taking over its fields) and wait until it is served."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_fixtures import Cluster, KubectlError, install_tetrad_crd, wait_until
+from tests.cluster_fixtures import Cluster, KubectlError, install_tetrad_crd, table_row, wait_until
 
 pytestmark = pytest.mark.cluster
 
@@ -58,13 +58,6 @@ def test_degrees_are_int_or_string_and_cel_still_checks_them(cluster: Cluster, n
         assert words in err.value.stderr, err.value.stderr
 
 
-def columns(header: str, row: str) -> dict[str, str]:
-    """kubectl's table row by the header's column positions (an empty cell stays, as "")."""
-    starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
-    bounds = [*starts[1:], None]
-    return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
-
-
 def tetrad_status(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     return subprocess.run([sys.executable, "-m", "tetrad.cli", "status", *args], capture_output=True, text=True,
@@ -101,6 +94,6 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     assert r.returncode == 1 and f"ParallelTrainingJob {namespace}/missing not found" in r.stderr, r.stderr
 
     wide = cluster.kubectl("get", "ptj", "watched", "-n", namespace, "-o", "wide").splitlines()
-    assert columns(wide[0], wide[1]) | {"AGE": ""} == {
+    assert table_row(wide[0], wide[1]) | {"AGE": ""} == {
         "NAME": "watched", "PHASE": "Running", "NODES": "2", "MESH": "pp1.dpr1.dps8.cp1.tp2", "RESTARTS": "1",
         "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400", "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42", "AGE": ""}

@@ -10,6 +10,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from tests.cluster_fixtures import table_row
 from tetrad.api import contract
 
 from .conftest import free_port, operator_in_thread
@@ -48,8 +49,7 @@ def test_status_checkpoint_survives_a_restart_and_says_where_it_resumed(api, ope
 
     def last_ckpt_column() -> str:
         header, row = operator_cluster.kubectl("get", "ptj", "-n", ns, "ck").splitlines()[:2]
-        start = header.index("LAST-CKPT")  # columns are aligned; an unset one is blank
-        return row[start:].split(" ", 1)[0]
+        return table_row(header, row)["LAST-CKPT"]
 
     try:
         with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
