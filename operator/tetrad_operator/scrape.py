@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from tetrad.api.contract import (
     SCRAPED,
@@ -29,21 +30,30 @@ from tetrad_operator.state import format_time
 def parse(text: str, fields: dict[str, str] = SCRAPED) -> dict[str, Any]:
     """The figures `fields` names (metric -> status key) in a Prometheus text exposition; a sample
     labelled rank="0" wins."""
+    return parse_each(text, fields)[0]
+
+
+def parse_each(text: str, *field_maps: dict[str, str]) -> list[dict[str, Any]]:
+    """`parse` for each of `field_maps`, reading the exposition once."""
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    return [_pick(samples, fields) for fields in field_maps]
+
+
+def _pick(samples: list[Sample], fields: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     chosen_rank0: set[str] = set()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = fields.get(sample.name) or fields.get(sample.name.removesuffix("_total"))
-            if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
-                continue
-            if key in SCRAPED_UNSET_AT_ZERO and sample.value <= 0:
-                continue  # not set yet in this process
-            rank0 = sample.labels.get("rank") == "0"
-            if key in out and not rank0:
-                continue
-            out[key] = _value(key, sample.value)
-            if rank0:
-                chosen_rank0.add(key)
+    for sample in samples:
+        key = fields.get(sample.name) or fields.get(sample.name.removesuffix("_total"))
+        if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
+            continue
+        if key in SCRAPED_UNSET_AT_ZERO and sample.value <= 0:
+            continue  # not set yet in this process
+        rank0 = sample.labels.get("rank") == "0"
+        if key in out and not rank0:
+            continue
+        out[key] = _value(key, sample.value)
+        if rank0:
+            chosen_rank0.add(key)
     return out
 
 
@@ -73,7 +83,7 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int,
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
             if rsp.status != 200:
                 return None
-            text = await rsp.text()
-            return parse(text), parse(text, SCRAPED_CHECKPOINT)
+            training, checkpoint_figures = parse_each(await rsp.text(), SCRAPED, SCRAPED_CHECKPOINT)
+            return training, checkpoint_figures
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None
