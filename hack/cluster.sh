@@ -25,6 +25,10 @@
 #   TETRAD_GPU_PRODUCT     nvidia.com/gpu.product label (default NVIDIA-H100-80GB-HBM3)
 #   TETRAD_NODE_TAINT      optional taint on every node, e.g. nvidia.com/gpu=present:NoSchedule
 #   TETRAD_APISERVER_PORT  fixed apiserver port (default: a free one)
+#   TETRAD_WORKLOAD_SCHEDULING  1 (default): the alpha Workload-Aware Scheduling
+#                          gates (GenericWorkload, GangScheduling,
+#                          TopologyAwareWorkloadScheduling) and scheduling.k8s.io/v1alpha2
+#                          on the apiserver, controller-manager and scheduler; 0: off
 #   TETRAD_{APISERVER,CONTROLLER_MANAGER,SCHEDULER,KWOK,ETCD}_ARGS
 #                          extra flags appended to that component
 #   TETRAD_CACHE           cache root (see hack/k8s-tools.sh)
@@ -48,8 +52,14 @@ GPU_PRODUCT=${TETRAD_GPU_PRODUCT:-NVIDIA-H100-80GB-HBM3}
 NODE_TAINT=${TETRAD_NODE_TAINT:-}
 SERVICE_CIDR=198.19.0.0/16   # the kubernetes Service is its .1
 COMPONENTS="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
+# Alpha in 1.36; they only act on pods that name a PodGroup (spec.schedulingGroup).
+WORKLOAD_GATES=() WORKLOAD_API=()
+if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
+  WORKLOAD_GATES=(--feature-gates GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true)
+  WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
+fi
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
 while (($#)); do
@@ -350,7 +360,8 @@ start_kube_apiserver() {
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
     --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-    --profiling=false --endpoint-reconciler-type none ${TETRAD_APISERVER_ARGS:-}
+    --profiling=false --endpoint-reconciler-type none "${WORKLOAD_GATES[@]}" "${WORKLOAD_API[@]}" \
+    ${TETRAD_APISERVER_ARGS:-}
 }
 healthy_kube_apiserver() {
   curl -sf --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$APISERVER_URL/readyz"
@@ -365,7 +376,7 @@ start_kube_controller_manager() {
     --use-service-account-credentials --service-account-private-key-file "$PKI/sa.key" \
     --root-ca-file "$PKI/ca.crt" --cluster-signing-cert-file "$PKI/ca.crt" \
     --cluster-signing-key-file "$PKI/ca.key" --kube-api-qps 200 --kube-api-burst 400 \
-    --profiling=false ${TETRAD_CONTROLLER_MANAGER_ARGS:-}
+    --profiling=false "${WORKLOAD_GATES[@]}" ${TETRAD_CONTROLLER_MANAGER_ARGS:-}
 }
 healthy_kube_controller_manager() { curl -sfk "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz"; }
 
@@ -385,7 +396,7 @@ EOF
   start kube-scheduler --config "$ETC/kube-scheduler.yaml" \
     --authentication-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
     --authorization-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" ${TETRAD_SCHEDULER_ARGS:-}
+    --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" "${WORKLOAD_GATES[@]}" ${TETRAD_SCHEDULER_ARGS:-}
 }
 healthy_kube_scheduler() { curl -sfk "https://127.0.0.1:$SCHEDULER_PORT/healthz"; }
 
