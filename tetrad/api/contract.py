@@ -25,6 +25,8 @@ ENV_JOB: Final = "TETRAD_JOB"
 ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rendezvous peers
 ENV_JSONL: Final = "TETRAD_JSONL"  # rank 0 appends its JSON lines there (`tetrad run`)
 ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes for the supervisor
+ENV_NODE_NAME: Final = "TETRAD_NODE_NAME"  # the Kubernetes node the pod runs on (downward API spec.nodeName)
+ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"  # where the node writes its termination message (default below)
 ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
 
 # Labels, annotations and the scheduling gate of the objects Tetrad creates.
@@ -60,6 +62,12 @@ RESERVED_ENV: Final = frozenset({
 EXIT_PREEMPTED: Final = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
 EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the same layout cannot help
+EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
+
+# A node's termination message (JSON, read by the operator from the pod's status): why the preflight gate
+# failed, naming the failing nodes. Kubernetes keeps at most 4096 bytes of it.
+TERMINATION_LOG: Final = "/dev/termination-log"
+TERMINATION_MESSAGE_MAX: Final = 4096
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).
@@ -80,6 +88,9 @@ METRIC_CHECKPOINT_STEP: Final = "tetrad_checkpoint_step"
 METRIC_CHECKPOINT_TIME: Final = "tetrad_checkpoint_timestamp_seconds"
 METRIC_RESUMED_FROM: Final = "tetrad_resumed_from_step"
 METRIC_INFO: Final = "tetrad_info"
+# The preflight gate's figures, labelled node and node_rank: rank 0 exports every node's, the others their own.
+METRIC_PREFLIGHT_BUS_BANDWIDTH: Final = "tetrad_preflight_bus_bandwidth_bytes_per_second"
+METRIC_PREFLIGHT_SECONDS: Final = "tetrad_preflight_seconds"
 
 TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_STEP: "Last completed optimizer step.",
@@ -99,6 +110,11 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_CHECKPOINT_STEP: "Step of the last checkpoint this process committed; NaN until its first commit.",
     METRIC_CHECKPOINT_TIME: "Unix time at which that checkpoint was committed; NaN until then.",
     METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it decided.",
+}
+PREFLIGHT_GAUGES: Final[dict[str, str]] = {
+    METRIC_PREFLIGHT_BUS_BANDWIDTH: "Bus bandwidth of the preflight all-reduce across the whole gang, as the node's "
+                                    "ranks measured it (the slowest of them): 2(n-1)/n x bytes / time.",
+    METRIC_PREFLIGHT_SECONDS: "Wall time of the preflight gang check on the node (the slowest of its ranks).",
 }
 
 # Trainer gauge -> status.training field (camelCase, as stored), and which of them are integers.
