@@ -141,6 +141,9 @@ CASES = [
     (manifest(resources={"gpu": 2}), ["gpu=2 must equal nprocPerNode=4"]),
     (manifest(gang={"scheduler": "kueue"}), ["needs gang.queue"]),
     (manifest(parallelism={"dpShard": "auto", "tp": "auto"}), []),
+    (manifest(parallelism={"pp": 4, "dpShard": 1}, training={"fsdp": {"offload": "cpu"}}),
+     ["offload=cpu needs FSDP, but dpShard*cp = 1*1 = 1"]),
+    (manifest(parallelism={"pp": 4, "dpShard": 1, "cp": 2, "tp": 1}, training={"fsdp": {"offload": "cpu"}}), []),
 ]
 
 
@@ -161,6 +164,7 @@ SHARED_RULES: dict[str, Any] = {
     ".parallelism.ppMicrobatches": lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
     ".resources.gpu": lambda p: p.field == "spec.resources.gpu",
     ".gang.queue": lambda p: p.field == "spec.gang.queue",
+    ".training.fsdp.offload": lambda p: p.field == "spec.training.fsdp.offload",
 }
 DEGREE_VALUES = [1, 2, 3, 4, 6, 8]
 
@@ -205,7 +209,8 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
         gang["queue"] = "team-a"
     return manifest(nodes=nodes, nprocPerNode=nproc, parallelism=parallelism, model=draw(model_specs()),
                     resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
-                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96]))})
+                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
+                              "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
 
 
 def _python_rejects(problems: list[Problem]) -> set[str]:

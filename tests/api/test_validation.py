@@ -47,6 +47,11 @@ RULES = [
     ("ports collide", manifest(rendezvous={"port": 9401}), manifest(rendezvous={"port": 29500}), "spec.rendezvous.port", ["9400..9403"]),
     ("minLr <= lr", manifest(training={"globalBatch": 8, "lr": 1e-4, "minLr": 1e-3}), manifest(training={"globalBatch": 8, "lr": 1e-3, "minLr": 1e-4}),
      "spec.training.minLr", ["minLr=0.001"]),
+    ("offload needs FSDP", manifest(parallelism={"pp": 2, "dpShard": 1, "dpReplicate": 2}, training={"globalBatch": 8, "fsdp": {"offload": "cpu"}}),
+     manifest(training={"globalBatch": 8, "fsdp": {"offload": "cpu"}}), "spec.training.fsdp.offload",
+     ["offload=cpu", "dpShard*cp = 1*1 = 1", "dpShard >= 2 or offload: none"]),
+    ("bad offload", manifest(training={"fsdp": {"offload": "nvme"}}), manifest(training={"fsdp": {"offload": "none"}}),
+     "spec.training.fsdp.offload", ["none", "cpu"]),
     ("unknown field", manifest(paralelism={"tp": 2}), manifest(), "spec.paralelism", ["unknown field"]),
     ("bad type", manifest(nodes="two"), manifest(nodes=2), "spec.nodes", ["integer"]),
     ("bad enum", manifest(parallelism={"ppSchedule": "1F2B"}), manifest(parallelism={"ppSchedule": "GPipe"}), "spec.parallelism.ppSchedule", ["1F1B"]),
@@ -79,6 +84,21 @@ def test_tp_across_nodes_is_only_a_warning():
     problems = validate_document(manifest(nodes=4, nprocPerNode=1, parallelism={"pp": 1, "tp": 2, "dpShard": 2}))
     assert [p.severity for p in problems] == ["warning"]
     assert "spans nodes" in problems[0].message
+
+
+def test_reshard_after_forward_without_fsdp_is_only_a_warning():
+    problems = validate_document(manifest(nodes=1, parallelism={"pp": 1, "tp": 4, "dpShard": 1},
+                                          training={"globalBatch": 8, "fsdp": {"reshardAfterForward": False}}))
+    assert [(p.field, p.severity) for p in problems] == [("spec.training.fsdp.reshardAfterForward", "warning")]
+    assert "no effect" in problems[0].message
+
+
+def test_offload_steers_auto_degrees_to_fsdp():
+    """With offload the solver skips layouts that shard nothing: tp=auto on 4 processes keeps dpShard > 1."""
+    doc = manifest(nodes=1, parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"}, resources={"gpu": 4},
+                   training={"globalBatch": 8, "fsdp": {"offload": "cpu"}})
+    job, _ = parse(doc)
+    assert resolve(job).layout.dp_shard > 1
 
 
 def test_resolve_raises_with_every_problem():

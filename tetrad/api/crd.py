@@ -18,6 +18,7 @@ from tetrad.api.spec import (
     CHECKPOINT_PATH_RULE,
     DNS1035_LABEL,
     JOB_NAME_MAX,
+    Offload,
     ParallelTrainingJobSpec,
     ParallelTrainingJobStatus,
 )
@@ -169,6 +170,15 @@ def spec_rules() -> list[dict[str, str]]:
                 "self.resources.gpu", "self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".resources.gpu",
+        },
+        {
+            "rule": (f"!({_is_int('dpShard', 'cp')}) || self.training.fsdp.offload != '{Offload.CPU.value}'"
+                     f" || {_degree('dpShard')} * {_degree('cp')} > 1"),
+            "messageExpression": _fmt(
+                "spec.training.fsdp.offload: offload=cpu needs FSDP, but dpShard*cp = %d*%d = 1 shards nothing;"
+                " set dpShard >= 2 or offload: none", _degree("dpShard"), _degree("cp")),
+            "reason": "FieldValueInvalid",
+            "fieldPath": ".training.fsdp.offload",
         },
         {
             "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",

@@ -14,7 +14,7 @@ from typing import Final
 
 from tetrad.api.problems import Problem
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
-from tetrad.api.spec import ParallelTrainingJobSpec, PPSchedule, Training
+from tetrad.api.spec import Offload, ParallelTrainingJobSpec, PPSchedule, Training
 
 # Schedules that hold several pipeline stages per rank.
 MULTI_STAGE: Final = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
@@ -96,6 +96,21 @@ def check_batch(training: Training, layout: Layout, n_microbatches: int, problem
         problems.append(Problem("spec.training.microBatch", f"microBatch={training.micro_batch} must divide the per-rank batch globalBatch/dp = {gb}/{dp} = {local}; use a divisor of {local}"))
 
 
+def check_fsdp(training: Training, layout: Layout, problems: list[Problem]) -> None:
+    """training.fsdp acts on FSDP alone: the layout must shard parameters (dpShard*cp > 1)."""
+    shard = layout.dp_shard * layout.cp
+    if shard > 1:
+        return
+    if training.fsdp.offload == Offload.CPU:
+        problems.append(Problem("spec.training.fsdp.offload", (
+            f"offload=cpu needs FSDP, but dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards nothing (DDP and"
+            " replication keep every parameter on the device); set dpShard >= 2 or offload: none")))
+    if not training.fsdp.reshard_after_forward:
+        problems.append(Problem("spec.training.fsdp.reshardAfterForward", (
+            f"reshardAfterForward=false has no effect: dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards no"
+            " parameters, so they are always whole; remove it or set dpShard >= 2"), "warning"))
+
+
 def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout, problems: list[Problem]) -> None:
     """Checks that need concrete degrees (explicit, or solved from 'auto')."""
     world = spec.nodes * spec.nproc_per_node
@@ -117,6 +132,7 @@ def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout
     if layout.pp > 1:
         check_pipeline(spec.parallelism.pp_schedule, layout.pp, stages_per_rank(spec), n_microbatches, cfg.layers, problems)
     check_batch(spec.training, layout, n_microbatches, problems)
+    check_fsdp(spec.training, layout, problems)
     if layout.tp > spec.nproc_per_node:
         problems.append(Problem(f"{par}.tp", f"tp={layout.tp} spans nodes (nprocPerNode={spec.nproc_per_node}); TP is fastest within a node", "warning"))
 
@@ -127,4 +143,5 @@ def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
     if cfg.layout.pp > 1:
         check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches, cfg.model.layers, problems)
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
+    check_fsdp(cfg.training, cfg.layout, problems)
     return problems

@@ -133,6 +133,16 @@ class LRSchedule(StrEnum):
     CONSTANT = "constant"
 
 
+class Offload(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+
+
+class Fsdp(CamelModel):
+    reshard_after_forward: bool = Field(True, description="true (ZeRO-3, the default): each FSDP unit frees its gathered parameters after its forward and gathers them again for its backward. false (ZeRO-2 behaviour): they stay gathered from the forward to the backward, one all-gather per microbatch instead of two, for the whole model's parameters in compute precision resident at the peak. Pipeline stages always keep them (false). Needs dpShard*cp > 1.")
+    offload: Offload = Field(Offload.NONE, strict=False, description="none, or cpu: the sharded parameters, gradients and AdamW state live in host memory (pinned on CUDA) and the optimizer steps on the CPU; each unit's shard is copied to the device for its all-gather. Cuts device memory to the gathered units and the activations, at the cost of host-device transfers and a CPU optimizer step. Needs dpShard*cp > 1.")
+
+
 class Training(CamelModel):
     steps: int = Field(100, ge=1, description="Optimizer steps to train for.")
     global_batch: int = Field(8, ge=1, description="Sequences per optimizer step across all data-parallel ranks.")
@@ -147,6 +157,7 @@ class Training(CamelModel):
     precision: Precision = Field(Precision.BF16, strict=False, description="Compute precision: bf16 (bf16 params, fp32 reduce and master weights) or fp32.")
     activation_checkpointing: ActivationCheckpointing = Field(ActivationCheckpointing.NONE, strict=False, description="Activation checkpointing: none, full (every block) or selective (every other block).")
     compile: bool = Field(False, description="torch.compile each transformer block.")
+    fsdp: Fsdp = Field(default_factory=Fsdp, description="How FSDP (dpShard*cp > 1) holds parameters: resharding after forward (ZeRO-3 or ZeRO-2 behaviour) and CPU offload.")
     loss_chunks: int = Field(1, ge=1, le=1024, description="Apply the output projection and the loss to this many slices of the sequence, recomputing each slice's logits in the backward: the batch x seq x vocab logits and their fp32 copies exist one slice at a time (less memory, one more output-layer forward). 1: the plain loss.")
 
 
