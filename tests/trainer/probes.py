@@ -6,6 +6,8 @@ Each returns 0 when its check holds on this rank and prints what differed otherw
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -14,6 +16,7 @@ from tetrad_trainer.config import load_config
 from tetrad_trainer.cp import ContextParallelAttention, shard_sequence
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.parallelize import full_parameters, parallelize
+from torch.distributed.tensor import DTensor
 
 
 def initial_parameters(argv: list[str]) -> int:
@@ -28,6 +31,31 @@ def initial_parameters(argv: list[str]) -> int:
     params = full_parameters(parallelize(cfg, mesh, device), mesh)
     if params is not None:
         torch.save(params, args.out)
+    dist.destroy_process_group()
+    return 0
+
+
+def fsdp_units(argv: list[str]) -> int:
+    """Run one forward of the parallel model (FSDP over dpShard alone) and write, on rank 0, for each
+    block whether its parameters are still gathered (plain tensors, not shards), its unit's offload
+    policy, and the devices of the sharded parameters and the RoPE buffer."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    device = init_distributed()
+    mesh = build_mesh(cfg.layout, device)
+    (part,) = parallelize(cfg, mesh, device).parts
+    part(torch.zeros(1, cfg.model.seq_len, dtype=torch.long, device=device))
+    blocks = list(part.layers.values())
+    report = {
+        "gathered_after_forward": [not isinstance(b.attention.wq.weight, DTensor) for b in blocks],
+        "offload": [type(b._get_fsdp_state()._fsdp_param_group.offload_policy).__name__ for b in blocks],
+        "rope_device": part.rope.device.type,
+    }
+    if dist.get_rank() == 0:
+        Path(args.out).write_text(json.dumps(report))
     dist.destroy_process_group()
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -43,6 +44,25 @@ def test_initial_weights_do_not_depend_on_layout(parallelism: dict[str, object],
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("fsdp, gathered, offload", [
+    ({}, False, "OffloadPolicy"),  # ZeRO-3: each block frees its gathered parameters after its forward
+    ({"reshardAfterForward": False}, True, "OffloadPolicy"),  # ZeRO-2 behaviour: they stay for the backward
+    ({"offload": "cpu"}, False, "CPUOffloadPolicy"),
+], ids=["default", "reshardAfterForward-false", "offload-cpu"])
+def test_fsdp_settings_reach_every_unit(fsdp: dict[str, object], gathered: bool, offload: str, tmp_path: Path) -> None:
+    """The equivalence tests show these settings change no numbers; this shows they are applied."""
+    cfg = job({"dpShard": 2}, nproc=2, training={"fsdp": fsdp}, model={"seqLen": 64})
+    (tmp_path / "config.json").write_text(cfg.to_json())
+    out = tmp_path / "units.json"
+    run = run_ranks("tests.trainer.probes:fsdp_units", ["--config", str(tmp_path / "config.json"), "--out", str(out)],
+                    1, 2, tmp_path)
+    assert run.codes == [0, 0], run.logs()
+    report = json.loads(out.read_text())
+    assert report["gathered_after_forward"] == [gathered] * cfg.model.layers
+    assert report["offload"] == [offload] * cfg.model.layers
+    assert report["rope_device"] == "cpu"
 
 
 @pytest.mark.parametrize("cp", [2, 4])

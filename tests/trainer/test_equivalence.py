@@ -40,6 +40,11 @@ LAYOUTS: dict[str, tuple[dict[str, object], int, int] | tuple[dict[str, object],
     # Recomputation must not change the numbers.
     "dpShard2-tp2-fullAC": ({"dpShard": 2, "tp": 2}, 1, 4, {"activationCheckpointing": "full"}),
     "pp2-cp2-selectiveAC": ({"pp": 2, "cp": 2}, 1, 4, {"activationCheckpointing": "selective"}),
+    # ZeRO-2 behaviour (parameters gathered from forward to backward) and FSDP's CPU offload; on CPU
+    # the offload policy runs FSDP's offload code path with nothing to copy (no pinned memory).
+    "dpShard2-zero2": ({"dpShard": 2}, 1, 2, {"fsdp": {"reshardAfterForward": False}}),
+    "dpShard2-offload": ({"dpShard": 2}, 1, 2, {"fsdp": {"offload": "cpu"}}),
+    "dpShard2-tp2-zero2-offload": ({"dpShard": 2, "tp": 2}, 1, 4, {"fsdp": {"reshardAfterForward": False, "offload": "cpu"}}),
 }
 LOSS_RTOL = 1e-4
 PARAM_ATOL = 1e-4

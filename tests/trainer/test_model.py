@@ -121,13 +121,13 @@ def test_data_parallel_style_per_layout(layout: dict[str, int], style: str | Non
 
 def test_fsdp_gives_the_embedding_and_the_output_units_of_their_own(one_rank_mesh) -> None:
     from tetrad_trainer.parallelize import apply_fsdp
-    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp import FSDPModule, OffloadPolicy
 
     from tetrad.api.spec import Precision
 
     with torch.device("meta"):
         model = Transformer(CFG)
-    apply_fsdp(model, one_rank_mesh, Precision.FP32, reshard_after_forward=True)
+    apply_fsdp(model, one_rank_mesh, Precision.FP32, reshard_after_forward=True, offload=OffloadPolicy())
 
     def unit_params(module: torch.nn.Module) -> set[int]:
         group = module._get_fsdp_state()._fsdp_param_group

@@ -125,10 +125,10 @@ class Transformer(nn.Module):
         self.positions = positions.cpu()
         self.register_buffer("rope", rope_tables(self.cfg.head_dim, self.cfg.rope_theta, self.positions), persistent=False)
 
-    def init_buffers(self) -> None:
-        """Recompute the RoPE tables in place (to_empty leaves buffers uninitialized)."""
-        with torch.no_grad():
-            self.rope.copy_(rope_tables(self.cfg.head_dim, self.cfg.rope_theta, self.positions))
+    def init_buffers(self, device: torch.device | None = None) -> None:
+        """Recompute the RoPE tables (to_empty leaves buffers uninitialized), on device when given."""
+        rope = rope_tables(self.cfg.head_dim, self.cfg.rope_theta, self.positions)
+        self.register_buffer("rope", rope.to(device or self.rope.device), persistent=False)
 
 
 def canonical_name(fqn: str) -> str:
@@ -205,11 +205,14 @@ def local_box(param: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 @torch.no_grad()
-def init_weights(model: Transformer, device: torch.device, seed: int) -> None:
-    """Materialize a meta-device (possibly parallelized) model on device with its initial weights."""
-    model.to_empty(device=device)
+def init_weights(model: Transformer, device: torch.device, seed: int, params_device: torch.device | None = None) -> None:
+    """Materialize a meta-device (possibly parallelized) model on device with its initial weights.
+
+    params_device: where the parameters live instead (the host, under FSDP's CPU offload); buffers stay on device.
+    """
+    model.to_empty(device=params_device or device)
     for fqn, param in model.named_parameters():
         offset, size = local_box(param)
         local = param.to_local() if isinstance(param, DTensor) else param
         local.copy_(initial_slice(canonical_name(fqn), param.shape, offset, size, model.cfg, seed))
-    model.init_buffers()
+    model.init_buffers(device)

@@ -17,7 +17,7 @@ from torch.distributed._composable.replicate import replicate as ddp
 from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (
 
 from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.rules import MULTI_STAGE
-from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
+from tetrad.api.spec import ActivationCheckpointing, Offload, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
 from tetrad_trainer.loss import TokenLoss
 from tetrad_trainer.mesh import Mesh
@@ -154,22 +154,35 @@ def _mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool,
+               offload: OffloadPolicy) -> None:
     """FSDP2 units: the embedding, each block, the final norm with the output projection, then the
     root (left with no parameters of its own). A 2D dp_mesh gives HSDP.
 
     The embedding and the output projection are the two largest parameters: each in its own unit
     is gathered only around its own use, not for the whole forward and backward as the root is.
     The backward starts at the output, so that unit stays gathered from its forward to its backward.
+    reshard_after_forward=False keeps every unit gathered that way (ZeRO-2 behaviour).
     """
     mp = _mixed_precision(precision)
     if model.tok_embeddings is not None:
-        fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
     if model.output is not None:
-        fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False,
+                    offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+
+
+def offload_policy(offload: Offload, device: torch.device) -> OffloadPolicy:
+    """FSDP2's CPU offload: sharded parameters, gradients and AdamW state in host memory, pinned for
+    asynchronous copies on CUDA. On a CPU device the same code path runs with nothing to move."""
+    if offload == Offload.CPU:
+        return CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    return OffloadPolicy()
 
 
 def apply_ddp(model: Transformer, dp_mesh: DeviceMesh) -> None:
@@ -210,6 +223,9 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         n_stages, ids, parts = 1, [0], [model]
 
     data_parallel = data_parallel_style(layout)
+    offload = offload_policy(training.fsdp.offload, device) if data_parallel == "fsdp" else OffloadPolicy()
+    # Under CPU offload FSDP takes its parameters materialized on the host.
+    params_device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else None
     for part in parts:
         if layout.tp > 1:
             apply_tp(part, mesh["tp"])
@@ -222,12 +238,13 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         if data_parallel == "fsdp":
             # With a pipeline each stage runs several microbatches: keep its parameters gathered.
             dp_mesh = mesh.hsdp if layout.dp_replicate > 1 else mesh.dp_shard_cp
-            apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=layout.pp == 1)
+            reshard = layout.pp == 1 and training.fsdp.reshard_after_forward
+            apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=reshard, offload=offload)
         elif data_parallel == "ddp":
             apply_ddp(part, mesh["dp_replicate"])
         elif data_parallel == "replicate":
             apply_replicate(part, mesh["dp_replicate"], training.precision)
-        init_weights(part, device, training.seed)
+        init_weights(part, device, training.seed, params_device)
 
     # The last stage's output projection moves into the loss when it is chunked (tetrad_trainer.loss).
     last = next((part for part in parts if part.output is not None), None)
