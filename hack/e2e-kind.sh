@@ -52,9 +52,7 @@ docker build --target trainer --build-arg TORCH_INDEX="$TORCH_INDEX" -t "tetrad/
 "$KIND" load docker-image --name "$CLUSTER" "tetrad/operator:$VERSION" "tetrad/trainer:$VERSION"
 
 helm install tetrad charts/tetrad -n "$NS" --create-namespace --wait --timeout 300s
-# A CI runner has 2-4 CPUs: the two pods ask for one CPU each instead of four.
-sed -e 's/^    cpu: "4"$/    cpu: "1"/' -e 's/^    memory: 8Gi$/    memory: 3Gi/' examples/quickstart.yaml |
-  kubectl apply -f -
+kubectl apply -f examples/quickstart.yaml
 kubectl get ptj quickstart -w &
 watcher=$!
 kubectl wait ptj/quickstart --for=jsonpath='{.status.phase}'=Succeeded --timeout "$TIMEOUT"
