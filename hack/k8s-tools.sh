@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kubelet, etcd, kwok, kwokctl, helm, coredns, actionlint) from Go
+# kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl, helm, coredns, actionlint) from Go
 # modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
@@ -33,10 +33,11 @@ declare -A SPEC=(
   [kwokctl]="kwok sigs.k8s.io/kwok/cmd/kwokctl sigs.k8s.io/kwok"
   [helm]="helm helm.sh/helm/v4/cmd/helm helm.sh/helm/v4"
   [kubelet]=". k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes"
+  [kube-proxy]=". k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes"
   [coredns]="coredns tetrad.dev/hack/tools/coredns github.com/coredns/coredns"
   [actionlint]="actionlint github.com/rhysd/actionlint/cmd/actionlint github.com/rhysd/actionlint"
 )
-ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet coredns actionlint"
+ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet kube-proxy coredns actionlint"
 
 # Pinned version of module $2 in the wrapper module at $1 (plain go.mod read,
 # so the warm path does not need the Go toolchain to load the module graph).
