@@ -160,5 +160,7 @@ def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
         metrics=spec.metrics,
         gpu_type=spec.resources.gpu_type,
         use_gpu=spec.resources.gpu > 0,
+        cpus=float(parse_quantity(spec.resources.cpu)) if spec.resources.cpu else None,
+        preflight=spec.preflight,
         predicted_peak_bytes=checked.solution.estimate.peak_bytes if checked.solution and checked.solution.estimate else None,
     )

@@ -17,6 +17,7 @@ from tetrad.api.spec import (
     Data,
     Metrics,
     PPSchedule,
+    Preflight,
     Training,
 )
 
@@ -98,6 +99,8 @@ class ResolvedConfig(CamelModel):
     metrics: Metrics
     gpu_type: str | None = None
     use_gpu: bool = Field(False, description="Pods request GPUs; the trainer still falls back to CPU when none is visible.")
+    cpus: float | None = Field(None, description="CPUs each node's pod requests (resources.cpu); the preflight gate checks they are there. None: no request.")
+    preflight: Preflight = Field(default_factory=Preflight, description="The preflight gate's settings.")
     predicted_peak_bytes: float | None = Field(None, description="The planner's predicted peak memory per device, in bytes, quoted by the trainer when the device runs out of memory; None when not planned.")
 
     @property

@@ -261,6 +261,25 @@ class Rendezvous(CamelModel):
     timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet.")
 
 
+class Preflight(CamelModel):
+    enabled: bool = Field(True, description="Check every node before training: its devices (CUDA: at least "
+                          "nprocPerNode) or the CPUs resources.cpu requests, that pod 0's rendezvous name resolves, "
+                          "and a short all-reduce across the whole gang within timeoutSeconds, measuring each node's "
+                          "bus bandwidth. A node that fails exits 69 naming itself and the reason.")
+    timeout_seconds: int = Field(120, ge=1, le=3600, description="Bound of the preflight all-reduce (and of each "
+                                 "node check); a gang that does not complete it in time fails the gate.")
+    all_reduce_mi_b: int = Field(64, ge=1, le=4096, alias="allReduceMiB", description="Size of the preflight "
+                                 "all-reduce buffer in MiB (per rank).")
+    slow_node_fraction: float = Field(0.5, ge=0, le=1, description="A node whose measured bus bandwidth is below "
+                                      "this fraction of the gang's median is reported slow (condition SlowNodes, "
+                                      "an Event); 0 disables the report.")
+    exclude_failed_nodes: bool = Field(True, description="Restart the gang away from a node that failed the "
+                                       "preflight gate: the new pods get a required node anti-affinity listing the "
+                                       "excluded nodes (status.failedNodes), at most maxExcludedNodes of them.")
+    max_excluded_nodes: int = Field(3, ge=0, description="How many nodes the job may exclude; once spent, a "
+                                    "failing node is named in status but the gang restarts without avoiding it.")
+
+
 class ParallelTrainingJobSpec(CamelModel):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of pods (one torchrun agent per pod).")
     nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
@@ -277,6 +296,8 @@ class ParallelTrainingJobSpec(CamelModel):
     gang: Gang = Field(default_factory=Gang, description="Gang scheduling: all pods run or none do.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup and suspension.")
     rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="torchrun rendezvous settings.")
+    preflight: Preflight = Field(default_factory=Preflight, description="The preflight gate every pod passes before "
+                                 "training, and what the operator does with a node that fails it.")
 
 
 class ObjectMeta(BaseModel):
@@ -332,6 +353,30 @@ class CheckpointStatus(CamelModel):
                                            "resumed from resumedFrom.")
 
 
+class FailedNode(CamelModel):
+    node: str = Field(description="The Kubernetes node (or, outside Kubernetes, the host) that failed.")
+    reason: str = Field(description="Which check failed and why, as the trainer said it.")
+    restart: int = Field(description="The restart (incarnation) in which it failed.")
+    excluded: bool = Field(description="Whether later incarnations avoid the node (a required node anti-affinity).")
+
+
+class PreflightNode(CamelModel):
+    node: str = Field(description="The node.")
+    node_rank: int = Field(description="Its rank in the gang.")
+    bus_bandwidth_g_bps: float = Field(alias="busBandwidthGBps", description="Bus bandwidth its ranks measured in "
+                                       "the preflight all-reduce, in GB/s (10^9 bytes).")
+
+
+class PreflightStatus(CamelModel):
+    restart: int | None = Field(None, description="The incarnation these figures are from.")
+    bus_bandwidth_g_bps: float | None = Field(None, alias="busBandwidthGBps", description="The median of the "
+                                              "nodes' bus bandwidth, GB/s.")
+    nodes: list[PreflightNode] = Field(default_factory=list, description="Each node's figure, read from rank 0.")
+    slow_nodes: list[str] = Field(default_factory=list, description="Nodes below spec.preflight.slowNodeFraction "
+                                  "of the median.")
+    updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
+
+
 class ParallelTrainingJobStatus(CamelModel):
     phase: Phase | None = Field(None, strict=False, description="Pending, GangWaiting, Running, Restarting, Succeeded, Failed or Suspended.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state with reasons.")
@@ -347,6 +392,11 @@ class ParallelTrainingJobStatus(CamelModel):
     training: TrainingStatus | None = Field(None, description="Live figures read from rank 0's metrics endpoint.")
     checkpoint: CheckpointStatus | None = Field(None, description="The last committed checkpoint and the step the "
                                                 "current incarnation resumed from, read from rank 0's metrics endpoint.")
+    preflight: PreflightStatus | None = Field(None, description="The preflight gate's measured all-reduce bus "
+                                              "bandwidth per node, read from rank 0's metrics endpoint.")
+    failed_nodes: list[FailedNode] = Field(default_factory=list, description="Nodes that failed the preflight gate, "
+                                           "with the reason; the excluded ones count against "
+                                           "spec.preflight.maxExcludedNodes.")
 
 
 class ParallelTrainingJob(BaseModel):

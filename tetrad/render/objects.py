@@ -6,6 +6,7 @@ is Ready), a ConfigMap with the resolved trainer config, one Pod per node, and t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +133,24 @@ def shutdown_timeout(spec: ParallelTrainingJobSpec) -> int:
     return max(1, spec.run_policy.termination_grace_period_seconds - SHUTDOWN_MARGIN_SECONDS)
 
 
-def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int) -> dict[str, Any]:
+def avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str, Any] | None:
+    """`affinity` (copied) with a required node anti-affinity for `nodes`: every required node selector
+    term also excludes them by name (terms are ORed, expressions in a term ANDed)."""
+    if not nodes:
+        return _copy(affinity) if affinity else None
+    out = _copy(affinity) if affinity else {}
+    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchFields", []).append(
+            {"key": "metadata.name", "operator": "NotIn", "values": sorted(set(nodes))})
+    return out
+
+
+def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int,
+        excluded_nodes: Sequence[str] = ()) -> dict[str, Any]:
     spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace
     env = torchrun_env(
         cfg, node_rank=rank, master_addr=names.master_addr(name, ns), master_port=spec.rendezvous.port,
@@ -142,6 +160,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
     )
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env_list.append({"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)
     ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []
@@ -186,7 +205,8 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         "volumes": volumes,
     }
     t = spec.template
-    optional = {"nodeSelector": t.node_selector, "tolerations": t.tolerations, "affinity": t.affinity,
+    optional = {"nodeSelector": t.node_selector, "tolerations": t.tolerations,
+                "affinity": avoiding(t.affinity, excluded_nodes),
                 "priorityClassName": t.priority_class_name, "serviceAccountName": t.service_account_name}
     pod_spec.update({k: _copy(v) for k, v in optional.items() if v})
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
@@ -194,8 +214,10 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
     return p
 
 
-def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig | None = None) -> Rendered:
-    """Every object of the job's gang incarnation `restart`. Raises InvalidJob for a bad spec."""
+def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig | None = None,
+           excluded_nodes: Sequence[str] = ()) -> Rendered:
+    """Every object of the job's gang incarnation `restart`, its pods kept off `excluded_nodes`.
+    Raises InvalidJob for a bad spec."""
     cfg = config or resolve(job)
     pg = gang.pod_group(job.spec, job.metadata.name, job.metadata.namespace)
     if pg is not None and (refs := owner_references(job)):
@@ -204,6 +226,6 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
         config=cfg,
         service=service(job),
         configmap=configmap(job, cfg),
-        pods=[pod(job, cfg, rank=r, restart=restart) for r in range(job.spec.nodes)],
+        pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes) for r in range(job.spec.nodes)],
         pod_group=pg,
     )

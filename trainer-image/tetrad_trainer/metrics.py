@@ -12,6 +12,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
@@ -26,9 +27,13 @@ from tetrad.api.contract import (
     METRIC_CHECKPOINT_TIME,
     METRIC_INFO,
     METRIC_LAST_STEP_TIME,
+    METRIC_PREFLIGHT_BUS_BANDWIDTH,
+    METRIC_PREFLIGHT_SECONDS,
     METRIC_RESUMED_FROM,
+    PREFLIGHT_GAUGES,
     TRAINER_GAUGES,
 )
+from tetrad_trainer.preflight import NodeFigures
 
 
 def gpu_peak_tflops(name: str) -> float | None:
@@ -164,6 +169,15 @@ class RankMetrics:
         """A checkpoint of `step` was committed at Unix time `at` (the Checkpointer's on_commit)."""
         self.checkpoint_step.set(step)
         self.checkpoint_time.set(at)
+
+    def preflight(self, nodes: Sequence[NodeFigures]) -> None:
+        """The preflight gate's figures of `nodes`, labelled node and node_rank."""
+        gauges = {name: Gauge(name, PREFLIGHT_GAUGES[name], ["node", "node_rank"], registry=self.registry)
+                  for name in PREFLIGHT_GAUGES}
+        for n in nodes:
+            labels = {"node": n.node, "node_rank": str(n.node_rank)}
+            gauges[METRIC_PREFLIGHT_BUS_BANDWIDTH].labels(**labels).set(n.bus_bandwidth_bytes_per_second)
+            gauges[METRIC_PREFLIGHT_SECONDS].labels(**labels).set(n.seconds)
 
     def resumed(self, step: int) -> None:
         """This process resumed from the checkpoint of `step`; 0: it started fresh."""

@@ -35,7 +35,8 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED
+from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from tetrad_trainer import preflight
 
 # torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
 ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
@@ -119,8 +120,8 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
     """The exit code of a node from torchrun's and its workers' reported codes."""
     if torchrun_code == 0:
         return 0
-    # A permanent cause reported by any worker is the node's: a restart cannot help (config first).
-    for permanent in (EXIT_CONFIG_ERROR, EXIT_OOM):
+    # A cause reported by any worker is the node's: a config error, out of memory, a failed preflight gate.
+    for permanent in (EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREFLIGHT):
         if permanent in worker_codes:
             return permanent
     if worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes) and (nproc is None or len(worker_codes) == nproc):
@@ -130,6 +131,8 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
 
 def supervise(command: list[str]) -> int:
     """Run `command` (torchrun ...) with signals forwarded; return the node's exit code."""
+    if (failed := preflight.before_torchrun()) is not None:
+        return failed
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         env = {**os.environ, ENV_EXIT_DIR: exit_dir}
         child: subprocess.Popen[bytes] | None = None
@@ -153,11 +156,14 @@ def supervise(command: list[str]) -> int:
         forward_once()  # a signal that came before torchrun existed
         code = child.wait()
         reported = [int(p.read_text()) for p in Path(exit_dir).glob("rank-*")]
+        preflight_failures = preflight.reported_failures(exit_dir)
     nproc = os.environ.get("PET_NPROC_PER_NODE")
     final = node_exit_code(code, reported, int(nproc) if nproc and nproc.isdigit() else None)
     if final != code:
         print(f"[tetrad] torchrun exited {code}; the workers reported {sorted(set(reported))}: exiting {final}",
               file=sys.stderr, flush=True)
+    if final == EXIT_PREFLIGHT:
+        preflight.write_termination_message(preflight_failures)
     return final
 
 

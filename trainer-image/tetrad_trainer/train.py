@@ -36,6 +36,7 @@ from tetrad.api.contract import (
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
 )
 from tetrad.api.resolved import ResolvedConfig
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
@@ -56,6 +57,7 @@ from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_m
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, die_with_parent, report_exit
+from tetrad_trainer.preflight import PreflightFailed, gang_check, report_failures
 
 # A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
 SAVE_TIME_MARGIN = 1.25
@@ -295,7 +297,10 @@ def run(args: argparse.Namespace) -> int:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
     try:
+        report = gang_check(cfg, device)  # before the model is built: a bad node costs seconds, not a start-up
         trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=args.init_from)
+        if report is not None:
+            trainer.metrics.preflight(report.exported())
         try:
             trainer.train()
             if args.save_full_parameters is not None:
@@ -312,6 +317,10 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as e:
         log(str(e))
         return EXIT_PREEMPTED
+    except PreflightFailed as e:  # the operator restarts the gang, away from a node it names
+        log(str(e))
+        report_failures(e.failures)
+        return EXIT_PREFLIGHT
     except DeviceOutOfMemory as e:  # permanent by default: the same layout would run out again
         log(str(e))
         return EXIT_OOM

@@ -1,0 +1,89 @@
+"""The preflight gate with real processes: `tetrad run` on two local nodes of two gloo processes
+each passes it and reports the bus bandwidth of every node; a node with fewer CPUs than the job
+requests, or whose rendezvous name does not resolve, exits EXIT_PREFLIGHT naming itself and the
+reason in its termination message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.trainer.harness import free_port_block
+from tetrad.api import parse
+from tetrad.api.contract import ENV_CONFIG, ENV_NODE_NAME, ENV_TERMINATION_LOG, EXIT_PREFLIGHT
+from tetrad.api.preflight import parse_termination_message
+from tetrad.resolve import resolve
+
+ROOT = Path(__file__).parents[2]
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+
+
+def job_doc(**spec: object) -> dict[str, object]:
+    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "gate"},
+            "spec": {"nodes": 2, "nprocPerNode": 2, "parallelism": {"dpShard": 4},
+                     "model": {"preset": "debug", "seqLen": 64}, "training": {"steps": 1, "globalBatch": 4},
+                     "metrics": {"port": free_port_block(4)}, **spec}}
+
+
+def tetrad_run(tmp_path: Path, doc: dict[str, object], *, cpus: set[int] | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return subprocess.run(
+        [sys.executable, "-m", "tetrad.cli", "run", str(path), "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, cwd=ROOT, timeout=500,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)  # noqa: PLW1509 - affinity only
+
+
+def preflight_lines(log: Path) -> list[dict[str, object]]:
+    return [json.loads(line)["preflight"] for line in log.read_text().splitlines() if line.startswith('{"preflight"')]
+
+
+@pytest.mark.slow
+def test_two_nodes_pass_the_gate_and_report_each_nodes_bus_bandwidth(tmp_path: Path) -> None:
+    r = tetrad_run(tmp_path, job_doc(preflight={"allReduceMiB": 4, "timeoutSeconds": 120}))
+    assert r.returncode == 0, r.stderr[-3000:]
+    (report,) = preflight_lines(tmp_path / "w" / "node-0.log")  # rank 0's JSON line
+    assert report["passed"] is True and report["world_size"] == 4 and report["bytes"] == 4 * 2**20
+    nodes = report["nodes"]
+    assert isinstance(nodes, list) and [n["node_rank"] for n in nodes] == [0, 1]
+    for n in nodes:
+        assert n["bus_bandwidth_bytes_per_second"] > 0 and n["seconds"] > 0, n
+    assert isinstance(report["slow_nodes"], list)
+    assert preflight_lines(tmp_path / "w" / "node-1.log") == [], "only rank 0 prints the report"
+
+
+def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reason(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0},
+                   env={ENV_TERMINATION_LOG: str(log), ENV_NODE_NAME: "gpu-node-7"})
+    assert r.returncode == EXIT_PREFLIGHT, r.stderr[-3000:]
+    (failure,) = parse_termination_message(log.read_text())
+    assert failure.node == "gpu-node-7" and failure.node_rank in (0, 1)
+    assert failure.reason == "cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their CPU affinity)"
+    node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
+    assert "preflight failed on node gpu-node-7" in node_log and "torch.distributed.run" not in node_log
+
+
+def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp_path: Path) -> None:
+    job, problems = parse(job_doc(preflight={"timeoutSeconds": 2}))
+    assert job is not None, problems
+    config = tmp_path / "config.json"
+    config.write_text(resolve(job).to_json())
+    log, started = tmp_path / "termination-log", tmp_path / "started"
+    r = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, ENV_CONFIG: str(config), "PET_MASTER_ADDR": "gate-0.no-such-service.invalid",
+                            "PET_NODE_RANK": "1", ENV_NODE_NAME: "node-b", ENV_TERMINATION_LOG: str(log)})
+    assert r.returncode == EXIT_PREFLIGHT, r.stderr
+    assert not started.exists(), "torchrun must not start on a node that failed the gate"
+    (failure,) = parse_termination_message(log.read_text())
+    assert (failure.node, failure.node_rank) == ("node-b", 1)
+    assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not resolve within 2 s")
