@@ -11,6 +11,8 @@
 #   hack/cluster.sh status [--name N]
 #   hack/cluster.sh kubeconfig [--name N]   print the admin kubeconfig path
 #   hack/cluster.sh env [--name N]          print the cluster's env file path
+#   hack/cluster.sh load [--name N] ARCHIVE...  import OCI image archives into every
+#                                           real node's containerd (as `kind load`)
 #
 # Environment (flags win):
 #   TETRAD_CLUSTER_NAME    instance name (default: tetrad); one state dir each
@@ -59,9 +61,10 @@ if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
   WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
 fi
 
-usage() { sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
+ARCHIVES=()
 while (($#)); do
   case $1 in
     --name) NAME=$2; shift 2 ;;
@@ -69,7 +72,8 @@ while (($#)); do
     --gpus-per-node) GPUS=$2; shift 2 ;;
     --real-nodes) REAL_NODES=$2; shift 2 ;;
     -h|--help) usage ;;
-    *) echo "unknown argument: $1" >&2; usage ;;
+    -*) echo "unknown argument: $1" >&2; usage ;;
+    *) [[ $CMD == load ]] || { echo "unknown argument: $1" >&2; usage; }; ARCHIVES+=("$1"); shift ;;
   esac
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
@@ -88,6 +92,15 @@ die() { log "error: $*"; exit 1; }
 
 # shellcheck source=hack/cluster/real-nodes.sh
 source "$HACK/cluster/real-nodes.sh"
+
+# The control plane listens on loopback; with real nodes the apiserver listens
+# where their pods reach it instead (the services bridge, see real-nodes.sh) and
+# is the endpoint of the "kubernetes" Service.
+if ((REAL_NODES > 0)); then
+  APISERVER_IP=$REAL_APISERVER_IP ENDPOINT_RECONCILER=lease
+else
+  APISERVER_IP=127.0.0.1 ENDPOINT_RECONCILER=none
+fi
 
 # ---------------------------------------------------------------- processes
 
@@ -213,7 +226,7 @@ gen_pki() {
   # Separate CA for the aggregation layer (front proxy), as kubeadm does.
   new_ca front-proxy-ca "tetrad-front-proxy-ca-$NAME"
   local client='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
-  sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:198.19.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:$APISERVER_IP,IP:127.0.0.1,IP:198.19.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   sign admin "/O=system:masters/CN=tetrad-admin" "$client"
   sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
   sign kube-scheduler "/CN=system:kube-scheduler" "$client"
@@ -338,15 +351,16 @@ start_etcd() {
 }
 healthy_etcd() { curl -sf "http://127.0.0.1:$ETCD_PORT/health"; }
 
-# Endpoint reconciling is off: the "kubernetes" Service cannot point at a
-# loopback address. Services take addresses from 198.19.0.0/16, inside the
-# 198.18.0.0/15 benchmark range like every address of the cluster, so no
-# packet to a Service is ever addressed outside it. `kubectl logs/exec`
-# reach a real node's kubelet at its InternalIP.
+# On loopback endpoint reconciling is off: the "kubernetes" Service cannot
+# point at a loopback address; with real nodes the apiserver leases it the
+# services-bridge address, which kube-proxy serves. Services take addresses
+# from 198.19.0.0/16, inside the 198.18.0.0/15 benchmark range like every
+# address of the cluster, so no packet to a Service is ever addressed outside
+# it. `kubectl logs/exec` reach a real node's kubelet at its InternalIP.
 start_kube_apiserver() {
   # shellcheck disable=SC2086
   start kube-apiserver --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$APISERVER_PORT" \
+    --bind-address "$APISERVER_IP" --advertise-address "$APISERVER_IP" --secure-port "$APISERVER_PORT" \
     --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" --authorization-mode RBAC \
     --kubelet-preferred-address-types InternalIP \
@@ -360,7 +374,7 @@ start_kube_apiserver() {
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged \
     --max-requests-inflight 800 --max-mutating-requests-inflight 400 \
-    --profiling=false --endpoint-reconciler-type none "${WORKLOAD_GATES[@]}" "${WORKLOAD_API[@]}" \
+    --profiling=false --endpoint-reconciler-type "$ENDPOINT_RECONCILER" "${WORKLOAD_GATES[@]}" "${WORKLOAD_API[@]}" \
     ${TETRAD_APISERVER_ARGS:-}
 }
 healthy_kube_apiserver() {
@@ -430,7 +444,7 @@ prepare_state() {
     fi
     taken+=("${!var}")
   done
-  APISERVER_URL=https://127.0.0.1:$APISERVER_PORT
+  APISERVER_URL=https://$APISERVER_IP:$APISERVER_PORT
   cat > "$STATE/cluster.env" <<EOF
 TETRAD_CLUSTER_NAME=$NAME
 TETRAD_CLUSTER_STATE=$STATE
@@ -487,6 +501,7 @@ cmd_up() {
   TETRAD_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok" \
     "$HACK/k8s-tools.sh" build >&2
   prepare_state
+  prepare_real_host
   launch etcd 30
   launch kube-apiserver 90
   for c in kube-controller-manager kube-scheduler kwok; do "start_${c//-/_}"; done
@@ -535,6 +550,13 @@ cmd_down() {
   log "down"
 }
 
+cmd_load() {
+  ((${#ARCHIVES[@]} > 0)) || die "load: name at least one OCI archive"
+  load_state && ((REAL_NODES_UP > 0)) || die "load: cluster $NAME has no real nodes running"
+  local i
+  for ((i = 0; i < REAL_NODES_UP; i++)); do load_images "$i" "${ARCHIVES[@]}"; done
+}
+
 cmd_status() {
   if ! load_state; then
     echo "cluster $NAME: not created in $CACHE/clusters; known:$(known_clusters)"
@@ -565,6 +587,7 @@ case $CMD in
   down) cmd_down ;;
   status) cmd_status ;;
   kubeconfig) echo "$STATE/kubeconfig" ;;
+  load) cmd_load ;;
   env) echo "$STATE/cluster.env" ;;
   *) usage ;;
 esac

@@ -284,6 +284,9 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
+FAKE_NODE_TAINT = "tetrad.dev/fake-node=true:NoSchedule"
+
+
 @dataclass
 class RealCluster(Cluster):
     """A :class:`Cluster` whose ``real-node-<i>`` nodes run a kubelet and containerd."""
@@ -307,7 +310,8 @@ def real_nodes(k8s_tools: Path) -> Iterator[RealCluster]:
     if _is_running(name):
         stop_cluster(name)  # a real-node cluster is the only one of its kind on a machine
     before = host_snapshot()
-    extra = {"TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES)}
+    # One kwok node beside the real ones, tainted so that no workload of these tests lands on it.
+    extra = {"TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES), "TETRAD_NODE_TAINT": FAKE_NODE_TAINT}
     c = start_cluster(name, extra_env=extra)
     try:
         yield RealCluster(**vars(c), host_before=before)

@@ -6,9 +6,11 @@
 # Invariants
 # - Every address lies in 198.18.0.0/15: node i is the bridge <tag>b<i> at
 #   198.18.i.1/24 and its pods take 198.18.i.0/24 (ipMasq off, so packets keep
-#   their pod source); CoreDNS listens on 198.18.255.53 (a bridge without ports); Services
-#   take 198.19.0.0/16. Pods on different nodes reach each other through the
-#   host's routes between the bridges. Nothing is routed anywhere else.
+#   their pod source). The services bridge <tag>svc (no ports) holds the
+#   apiserver's address 198.18.255.1 and CoreDNS's 198.18.255.53; Services take
+#   198.19.0.0/16 and one kube-proxy (nftables) serves them. Pods on different
+#   nodes reach each other through the host's routes between the bridges.
+#   Nothing is routed anywhere else.
 # - Every change to the host is written to $REAL/ledger *before* it is made,
 #   and `down` undoes what the ledger lists and whatever the kubelets and
 #   containerds made below the node cgroups and bridges, so a crash at any
@@ -19,6 +21,7 @@ REAL=$STATE/real
 LEDGER=$REAL/ledger
 CNI_BIN=/usr/lib/cni
 DNS_IP=198.18.255.53
+REAL_APISERVER_IP=198.18.255.1
 CLUSTER_DOMAIN=cluster.local
 # One interface-name tag per cluster name, short enough for "<tag>b15" (IFNAMSIZ 16).
 # shellcheck disable=SC2153  # NAME is hack/cluster.sh's
@@ -26,8 +29,11 @@ TAG=t$(cksum <<< "$NAME" | awk '{ printf "%05d", $1 % 100000 }')
 
 ledger() { echo "$*" >> "$LEDGER"; }
 
-# The kernel tunables the kubelet sets at start (protectKernelDefaults: false).
+# The kernel tunables the kubelet sets at start (protectKernelDefaults: false),
+# and those kube-proxy may set (its conntrack settings are 0, "leave alone";
+# listed in case a version disagrees).
 KUBELET_SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
+KUBE_PROXY_SYSCTLS="net.ipv4.conf.all.route_localnet net.netfilter.nf_conntrack_max net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tcp_timeout_close_wait"
 
 # v1 controllers and the v2 hierarchy, as mounted here.
 cgroup_mounts() {
@@ -105,6 +111,8 @@ real_node_certs() {
   done
   sign coredns "/CN=tetrad:coredns" "$client"
   write_kubeconfig "$STATE/coredns.kubeconfig" coredns
+  sign kube-proxy "/CN=system:kube-proxy" "$client"
+  write_kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy
 }
 
 # What the kubelets and CoreDNS may do, bound before they start.
@@ -128,6 +136,12 @@ kind: ClusterRoleBinding
 metadata: {name: tetrad:coredns}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tetrad:coredns}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "tetrad:coredns"}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tetrad:kube-proxy}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:node-proxier}
+subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:kube-proxy"}]
 EOF
 }
 
@@ -259,6 +273,43 @@ write_corefile() {
 EOF
 }
 
+# One kube-proxy for every node: they share the host's network namespace, so
+# one set of nftables rules serves them all. It proxies Service traffic from
+# the pods only (node ports on the services address alone) and leaves the
+# host's conntrack settings as they are.
+write_kube_proxy_config() {
+  cat > "$ETC/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: $STATE/kube-proxy.kubeconfig}
+hostnameOverride: real-node-0
+clusterCIDR: 198.18.0.0/16
+nodePortAddresses: [$REAL_APISERVER_IP/32]
+bindAddress: 127.0.0.1
+healthzBindAddress: 127.0.0.1:$KUBE_PROXY_HEALTH_PORT
+metricsBindAddress: 127.0.0.1:$KUBE_PROXY_METRICS_PORT
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+  udpTimeout: 0s
+  udpStreamTimeout: 0s
+EOF
+}
+
+# load_images I ARCHIVE...: import OCI archives into node i's containerd, under
+# the names they were built with (what the pods' specs say).
+load_images() {
+  local i=$1 archive; shift
+  for archive in "$@"; do
+    [[ -f $archive ]] || die "load: no such archive: $archive"
+    ctr --address "$REAL/n$i/containerd.sock" -n k8s.io images import "$archive" >/dev/null ||
+      die "importing $archive into real-node-$i failed"
+  done
+}
+
 # The bridge of node i, up with its gateway address, before anything uses it.
 make_bridge() {
   local link=${TAG}b$1
@@ -271,8 +322,11 @@ make_bridge() {
 healthy_real_node() { [[ $(kctl get node "real-node-$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]; }
 healthy_containerd() { ctr --address "$REAL/n$1/containerd.sock" version; }
 healthy_coredns() { curl -sf "http://127.0.0.1:$COREDNS_READY_PORT/ready"; }
+healthy_kube_proxy() { curl -sf "http://127.0.0.1:$KUBE_PROXY_HEALTH_PORT/healthz"; }
 
-up_real_nodes() {
+# Before the control plane starts: the host checks, the ledger, and the
+# services bridge with the apiserver's address.
+prepare_real_host() {
   ((REAL_NODES > 0)) || return 0
   ((REAL_NODES <= 16)) || die "--real-nodes: at most 16 (node i uses 198.18.i.0/24)"
   [[ $(id -u) == 0 ]] || die "--real-nodes needs root (bridges, cgroups, containerd)"
@@ -280,11 +334,6 @@ up_real_nodes() {
   if ip -o -4 addr show | grep -q ' inet 198\.1[89]\.'; then
     die "198.18.0.0/15 is already in use on this machine (another real-node cluster?): $(ip -o -4 addr show | awk '/ inet 198\.1[89]\./ { print $2 }' | tr '\n' ' ')"
   fi
-  TETRAD_TOOLS="kubelet coredns" "$HACK/k8s-tools.sh" build >&2
-  local pause archives
-  archives=$("$HACK/node-images.sh" build)
-  pause=$(awk 'NR == 1 { print $1 }' <<< "$archives")
-
   mkdir -p "$REAL"
   ledger "# real nodes of $NAME: undone in reverse by hack/cluster.sh down"
   # nftables (iptables-nft included) as it was: restored as a whole by `down`.
@@ -295,12 +344,24 @@ up_real_nodes() {
   # The kubelet sets these itself; listed (unchanged here) so that `down` restores them.
   local key
   for key in $KUBELET_SYSCTLS; do set_sysctl "$key" "$(cat "/proc/sys/${key//.//}")"; done
-  local link=${TAG}dns
+  for key in $KUBE_PROXY_SYSCTLS; do
+    [[ -f /proc/sys/${key//.//} ]] && set_sysctl "$key" "$(cat "/proc/sys/${key//.//}")"
+  done
+  local link=${TAG}svc
   ledger link "$link"
-  ip link add "$link" type bridge  # no ports: an address of its own (no dummy module on this kernel)
+  ip link add "$link" type bridge  # no ports: addresses of its own (no dummy module on this kernel)
+  ip addr add "$REAL_APISERVER_IP/32" dev "$link"
   ip addr add "$DNS_IP/32" dev "$link"
   ip link set "$link" up
+}
 
+# After the control plane: certificates, the nodes, CoreDNS and kube-proxy.
+up_real_nodes() {
+  ((REAL_NODES > 0)) || return 0
+  TETRAD_TOOLS="kubelet kube-proxy coredns" "$HACK/k8s-tools.sh" build >&2
+  local pause archives
+  archives=$("$HACK/node-images.sh" build)
+  pause=$(awk 'NR == 1 { print $1 }' <<< "$archives")
   real_node_certs
   real_node_rbac
   local i taken=() port healthz stream
@@ -320,11 +381,8 @@ up_real_nodes() {
   done
   for ((i = 0; i < REAL_NODES; i++)); do
     must_wait "containerd-$i" "containerd of real-node-$i" 30 healthy_containerd "$i"
-    local name archive
-    while read -r name archive; do
-      ctr --address "$REAL/n$i/containerd.sock" -n k8s.io images import \
-        "$archive" >/dev/null
-    done <<< "$archives"
+    # shellcheck disable=SC2046  # one archive path per line
+    load_images "$i" $(awk '{ print $2 }' <<< "$archives")
     start_in_cgroup "kubelet-$i" "$(node_cgroup "$i")/runtime" "$BIN/kubelet" \
       --config "$REAL/n$i/etc/kubelet.yaml" --kubeconfig "$STATE/real-node-$i.kubeconfig" \
       --root-dir "$REAL/n$i/kubelet" --cert-dir "$REAL/n$i/pki" \
@@ -332,17 +390,23 @@ up_real_nodes() {
       --node-labels "tetrad.dev/real-node=true"
   done
   COREDNS_HEALTH_PORT=$(free_port "${taken[@]}"); taken+=("$COREDNS_HEALTH_PORT")
-  COREDNS_READY_PORT=$(free_port "${taken[@]}")
+  COREDNS_READY_PORT=$(free_port "${taken[@]}"); taken+=("$COREDNS_READY_PORT")
+  KUBE_PROXY_HEALTH_PORT=$(free_port "${taken[@]}"); taken+=("$KUBE_PROXY_HEALTH_PORT")
+  KUBE_PROXY_METRICS_PORT=$(free_port "${taken[@]}")
   echo "COREDNS_PORTS=$COREDNS_HEALTH_PORT,$COREDNS_READY_PORT" >> "$STATE/cluster.env"
+  echo "KUBE_PROXY_PORTS=$KUBE_PROXY_HEALTH_PORT,$KUBE_PROXY_METRICS_PORT" >> "$STATE/cluster.env"
   write_corefile
   start coredns -conf "$ETC/Corefile"
+  write_kube_proxy_config
+  start kube-proxy --config "$ETC/kube-proxy.yaml"
   must_wait coredns "CoreDNS ready" 60 healthy_coredns
+  must_wait kube-proxy "kube-proxy healthy" 60 healthy_kube_proxy
   for ((i = 0; i < REAL_NODES; i++)); do
     must_wait "kubelet-$i" "real-node-$i Ready" 120 healthy_real_node "$i"
   done
   echo "REAL_NODES_UP=$REAL_NODES" >> "$STATE/cluster.env"
   echo "DNS_IP=$DNS_IP" >> "$STATE/cluster.env"
-  log "real nodes: $REAL_NODES (containerd + kubelet each, pods in 198.18.<i>.0/24, DNS $DNS_IP)"
+  log "real nodes: $REAL_NODES (containerd + kubelet each, pods in 198.18.<i>.0/24, DNS $DNS_IP, apiserver $REAL_APISERVER_IP)"
 }
 
 # Undo everything of the real nodes, from the ledger and from what lies below
@@ -364,7 +428,7 @@ down_real_nodes() {
     for pid in $left; do kill -KILL "$pid" 2>/dev/null || true; done
     sleep 0.2
   done
-  for f in "$RUN"/containerd-*.pid "$RUN"/coredns.pid; do [[ -f $f ]] && stop "$(basename "$f" .pid)"; done
+  for f in "$RUN"/containerd-*.pid "$RUN"/coredns.pid "$RUN"/kube-proxy.pid; do [[ -f $f ]] && stop "$(basename "$f" .pid)"; done
   # Pod network namespaces of our bridges (containerd names them cni-<uuid>).
   local ns subnets
   subnets=$(awk '$1 == "link" && $2 ~ /b[0-9]+$/ { sub(/.*b/, "", $2); printf " 198.18.%s.", $2 }' "$LEDGER")

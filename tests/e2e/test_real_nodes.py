@@ -124,8 +124,9 @@ def _pids(pid_file: Path) -> int:
     return int(pid_file.read_text().split()[0])
 
 
+@pytest.mark.takes_cluster_down
 def test_down_after_a_crash_restores_the_host(real_nodes: RealCluster, ns: str) -> None:
-    """Last in this file: it takes the session's real-node cluster down."""
+    """Last of the real-node tests (tests/e2e/conftest.py): it takes the session's cluster down."""
     node0, _ = real_nodes.node_names
     real_nodes.apply(pod("survivor", node0, "sleep 3600"), namespace=ns)
     wait_until(lambda: phase(real_nodes, ns, "survivor") == "Running", timeout=120, what="pod Running")
