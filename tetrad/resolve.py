@@ -19,6 +19,7 @@ from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import ModelConfig, ResolvedConfig
 from tetrad.api.rules import check_layout, microbatches, stages_per_rank
 from tetrad.api.spec import DataSource, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
+from tetrad.plan.estimate import Estimate, GiB
 from tetrad.plan.solver import Solution, solve
 
 DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
@@ -88,9 +89,32 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
                 " filesystem fails the first save: set checkpoint.volume (e.g. a PVC) or mount one via template"), "warning"))
         if c.keep_last == 1:
             problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
+    rp = spec.run_policy
+    if rp.stall_timeout_seconds and rp.stall_timeout_seconds <= rp.collective_timeout_seconds:
+        problems.append(Problem("spec.runPolicy.stallTimeoutSeconds", (
+            f"stallTimeoutSeconds={rp.stall_timeout_seconds} is not above collectiveTimeoutSeconds="
+            f"{rp.collective_timeout_seconds}: a hung collective is restarted as Stalled before the trainer names the "
+            f"collective and the peers that did not answer; set stallTimeoutSeconds above "
+            f"{rp.collective_timeout_seconds} or lower collectiveTimeoutSeconds"), "warning"))
     if spec.training.min_lr > spec.training.lr:
         problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
     problems += check_pod_fields(spec)
+
+
+def check_host_memory(spec: ParallelTrainingJobSpec, est: Estimate, problems: list[Problem]) -> None:
+    """Under CPU offload the pod's memory limit must hold what every process keeps on the host."""
+    if not est.host_bytes or spec.resources.memory is None:
+        return
+    try:
+        limit = float(parse_quantity(spec.resources.memory))
+    except ValueError:
+        return  # check_other names the bad quantity
+    need = est.host_bytes * spec.nproc_per_node
+    if need > limit:
+        problems.append(Problem("spec.resources.memory", (
+            f"offload=cpu keeps {need / GiB:.1f} GiB of sharded parameters, gradients and AdamW state in host memory"
+            f" per pod ({spec.nproc_per_node} processes x {est.host_bytes / GiB:.1f} GiB), above memory="
+            f"{spec.resources.memory}; raise resources.memory above {need / GiB:.0f}Gi, add nodes or set offload: none")))
 
 
 @dataclass
@@ -124,6 +148,8 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
         checked.problems.append(Problem("spec.parallelism", checked.solution.reason))
     else:
         check_layout(spec, checked.model, checked.solution.layout, checked.problems)
+        if checked.solution.estimate is not None:
+            check_host_memory(spec, checked.solution.estimate, checked.problems)
     return checked
 
 
@@ -163,4 +189,5 @@ def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
         cpus=float(parse_quantity(spec.resources.cpu)) if spec.resources.cpu else None,
         preflight=spec.preflight,
         predicted_peak_bytes=checked.solution.estimate.peak_bytes if checked.solution and checked.solution.estimate else None,
+        collective_timeout_seconds=spec.run_policy.collective_timeout_seconds,
     )

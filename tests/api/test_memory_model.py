@@ -65,3 +65,32 @@ def test_issue_11_batch_4_peak_within_10_percent_of_the_measured_eager_run() -> 
     """Measured (issue 11): llama3-1b, batch 4 x 2048, bf16, compile false: 44.7 GiB peak allocated."""
     predicted = estimate(LLAMA_1B, Layout(), Workload(global_batch=4, micro_batch=4)).peak_bytes / GiB
     assert predicted == pytest.approx(44.7, rel=0.10)
+
+
+def test_zero2_keeps_the_whole_model_gathered_and_gathers_once_per_microbatch() -> None:
+    """reshardAfterForward=false: every unit stays gathered from its forward to its backward."""
+    m, layout = LLAMA_1B, Layout(dp_shard=8)
+    zero3 = estimate(m, layout, Workload(global_batch=16, micro_batch=1))
+    zero2 = estimate(m, layout, Workload(global_batch=16, micro_batch=1, reshard_after_forward=False))
+    block = (m.num_params() - 2 * m.vocab * m.dim - m.dim) / m.layers
+    # bf16: the whole model in place of two blocks; the sharded state does not change
+    assert zero2.buffers_bytes - zero3.buffers_bytes == pytest.approx(2 * (m.num_params() - 2 * block))
+    assert (zero2.params_bytes, zero2.grads_bytes, zero2.optimizer_bytes) == (zero3.params_bytes, zero3.grads_bytes, zero3.optimizer_bytes)
+    # per microbatch (2 here) one bf16 all-gather instead of two, and one fp32 reduce-scatter per step
+    ring = 7 / 8
+    assert zero3.comm_bytes["dp_shard*cp (FSDP)"] - zero2.comm_bytes["dp_shard*cp (FSDP)"] == pytest.approx(2 * m.num_params() * 2 * ring)
+
+
+def test_offload_moves_the_sharded_state_to_the_host() -> None:
+    m, layout = LLAMA_1B, Layout(dp_shard=8)
+    w = Workload(global_batch=16, micro_batch=1)
+    kept = estimate(m, layout, w)
+    off = estimate(m, layout, Workload(global_batch=16, micro_batch=1, offload=True))
+    state = kept.params_bytes + kept.grads_bytes + kept.optimizer_bytes
+    assert state == pytest.approx(16 * m.num_params() / 8)
+    assert (off.params_bytes, off.grads_bytes, off.optimizer_bytes) == (0, 0, 0)
+    assert off.host_bytes == pytest.approx(state) and kept.host_bytes == 0
+    block = (m.num_params() - 2 * m.vocab * m.dim - m.dim) / m.layers
+    # one block's fp32 shard comes in for its all-gather and its sharded gradient goes out
+    assert kept.peak_bytes - off.peak_bytes == pytest.approx(state - 8 * block / 8)
+    assert off.comm_bytes == kept.comm_bytes and off.activations_bytes == kept.activations_bytes

@@ -12,7 +12,15 @@ from tetrad.api.resolved import ModelConfig
 from tetrad.api.spec import ActivationCheckpointing, Precision
 from tetrad.plan.estimate import FSDP, GiB, Workload, estimate
 from tetrad.plan.solver import CLEARLY_FASTER
-from tetrad.plan.timing import MATMUL_EFFICIENCY, crosses_nodes, step_time
+from tetrad.plan.timing import (
+    HOST,
+    HOST_ADAMW_PARAMS_PER_S,
+    HOST_LINK_GBPS,
+    MATMUL_EFFICIENCY,
+    OVERLAPPED,
+    crosses_nodes,
+    step_time,
+)
 from tetrad.resolve import check_spec, resolve
 
 AUTO = {"dpReplicate": "auto", "dpShard": "auto", "tp": "auto", "cp": "auto", "pp": "auto"}
@@ -124,6 +132,20 @@ def test_step_time_charges_network_speed_and_exposes_only_model_parallel_traffic
                                              / (989e12 * MATMUL_EFFICIENCY))
 
 
+def test_offload_adds_overlapped_host_copies_and_a_cpu_optimizer_step():
+    cfg = model("llama3-8b")
+    h100 = ACCELERATORS["H100"]
+    w, off = Workload(global_batch=16, micro_batch=1), Workload(global_batch=16, micro_batch=1, offload=True)
+    kept, moved = (step_time(estimate(cfg, Layout(dp_shard=8), x), x, 8, "H100", h100, 1.0) for x in (w, off))
+    shard_params = cfg.num_params() / 8
+    # per microbatch (2): the fp32 shard in for the forward's and the backward's all-gathers, the fp32 gradient out
+    assert moved.comm_s[HOST] == pytest.approx(2 * 3 * 4 * shard_params / (HOST_LINK_GBPS * 1e9))
+    assert HOST in OVERLAPPED and HOST not in kept.comm_s
+    assert moved.host_optimizer_s == pytest.approx(shard_params / HOST_ADAMW_PARAMS_PER_S) and kept.host_optimizer_s == 0
+    hidden = moved.comm_s[FSDP] + moved.comm_s[HOST]
+    assert moved.total_s == pytest.approx(moved.compute_s + max(hidden - moved.compute_s, 0) + moved.host_optimizer_s)
+
+
 def test_pipeline_bubble_shrinks_with_microbatches():
     cfg = model("llama3-8b")
     bubbles = []
@@ -157,3 +179,25 @@ def test_cpu_jobs_have_no_time_model():
     assert job is not None, problems
     solution = check_spec(job.spec).solution
     assert solution is not None and solution.time is None and solution.layout == Layout(dp_shard=4)
+
+
+def test_offload_fits_a_model_whose_sharded_state_does_not_and_the_pod_must_hold_it():
+    """70B on 8 x 80 GiB: 16 bytes per parameter / 8 is 140 GB per GPU; offloaded it sits in host memory."""
+    spec = {"nodes": 1, "nprocPerNode": 8, "parallelism": AUTO, "model": {"preset": "llama3-70b"},
+            "resources": {"gpu": 8}, "training": {"globalBatch": 8, "activationCheckpointing": "full"}}
+    job, _ = parse(manifest(**spec))
+    assert not check_spec(job.spec).ok  # as test_nothing_fits_names_the_closest_layout
+    offloaded = {**spec, "training": {**spec["training"], "fsdp": {"offload": "cpu"}}}
+    job, _ = parse(manifest(**offloaded))
+    checked = check_spec(job.spec)
+    assert checked.ok, checked.problems
+    est = checked.solution.estimate
+    assert est.layout == Layout(dp_shard=8)  # no model parallelism needed: the device holds gathered blocks and activations
+    assert est.params_bytes == est.grads_bytes == est.optimizer_bytes == 0
+    assert est.host_bytes == pytest.approx(16 * model("llama3-70b").num_params() / 8)
+    job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "512Gi"}}))
+    problems = [p for p in check_spec(job.spec).problems if p.severity == "error"]
+    assert [p.field for p in problems] == ["spec.resources.memory"]
+    assert "GiB of sharded parameters, gradients and AdamW state in host memory per pod (8 processes x" in problems[0].message
+    job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "2Ti"}}))
+    assert check_spec(job.spec).ok

@@ -23,6 +23,7 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
     report.update({
         "model": cfg.model_dump(by_alias=True) | {"params": cfg.num_params()},
         "world_size": spec.nodes * spec.nproc_per_node,
+        "nproc_per_node": spec.nproc_per_node,
         "gpu_memory_gib": spec.resources.gpu_memory_gib if spec.resources.gpu else None,
         "usable_bytes": budget,
         "layout": solution.layout.model_dump(by_alias=True) if solution.layout else None,
@@ -72,6 +73,9 @@ def print_plan(report: dict[str, Any]) -> None:
     mem.add_row(*(_gib(est[k]) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "peak_bytes")),
                 _gib(usable) if usable else "n/a (CPU)")
     console.print(mem)
+    if est["host_bytes"]:
+        console.print(f"Host memory (CPU offload): {_gib(est['host_bytes'])} GiB per process,"
+                      f" {_gib(est['host_bytes'] * report['nproc_per_node'])} GiB per pod")
     work = Table(title="Per device, per step")
     work.add_column("quantity")
     work.add_column("value", justify="right")
@@ -79,6 +83,8 @@ def print_plan(report: dict[str, Any]) -> None:
     work.add_row("hardware FLOPs (with recompute)", f"{est['hardware_flops']:.3e}")
     for dim, b in est["comm_bytes"].items():
         work.add_row(f"communication {dim}", f"{b / GiB:.3f} GiB")
+    if est["host_copy_bytes"]:
+        work.add_row("host <-> device copies (CPU offload)", f"{est['host_copy_bytes'] / GiB:.3f} GiB")
     console.print(work)
     if (t := report["time"]) is not None:
         timing = Table(title=f"Predicted step on {t['accelerator']} (docs/planner.md)")
@@ -87,6 +93,8 @@ def print_plan(report: dict[str, Any]) -> None:
         timing.add_row(*(f"{t[k]:.2f} s" for k in ("compute_s", "bubble_s", "exposed_comm_s", "total_s")),
                        f"{t['tokens_per_second_per_device']:,.0f}", f"{t['mfu']:.1%}")
         console.print(timing)
+        if t["host_optimizer_s"]:
+            console.print(f"The step includes {t['host_optimizer_s']:.2f} s of AdamW on the CPU (offload; an assumed rate, docs/planner.md)")
     if report["reason"]:
         console.print(f"[red]{report['reason']}[/]")
     for p in report.get("problems", []):

@@ -35,6 +35,8 @@ class Workload:
     pp_microbatches: int = 1
     pp_stages_per_rank: int = 1
     loss_chunks: int = 1
+    reshard_after_forward: bool = True  # training.fsdp.reshardAfterForward (false: ZeRO-2 behaviour)
+    offload: bool = False  # training.fsdp.offload: cpu
 
 
 @dataclass
@@ -49,6 +51,9 @@ class Estimate:
     hardware_flops: float  # per device, with activation recompute
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per mesh dim, bytes sent per device
     fragmentation_bytes: float = 0.0  # FRAGMENTATION of the activations (the loss's logits included)
+    host_bytes: float = 0.0  # host memory per process: the sharded params, grads and AdamW state under CPU offload
+    host_params: float = 0.0  # parameters the CPU optimizer steps per process under CPU offload
+    host_copy_bytes: float = 0.0  # bytes copied between host and device per step under CPU offload
 
     @property
     def peak_bytes(self) -> float:
@@ -81,6 +86,12 @@ def stage_params(m: ModelConfig, layout: Layout, stages_per_rank: int) -> tuple[
     return largest_stage * stages_per_rank, block
 
 
+def _host_copies(host_params: float, gathers: int, rounds: int) -> float:
+    """CPU offload's copies per step: the fp32 shard to the device for each all-gather, the fp32
+    sharded gradient back after each reduce-scatter (per microbatch without a pipeline)."""
+    return 4 * host_params * (gathers + 1) * rounds
+
+
 def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     cbytes = 4 if w.precision == Precision.FP32 else 2
     shard = layout.dp_shard * layout.cp  # FSDP shards over dp_shard x cp
@@ -94,10 +105,17 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
 
     # Unsharded params of the block in compute plus the prefetched next one, and the fp32
     # reduce-scatter input of one block. With pp>1 FSDP keeps the stage unsharded between
-    # microbatches (reshard_after_forward=False), so the whole stage is resident.
+    # microbatches (reshard_after_forward=False), and so does ZeRO-2 behaviour from forward to
+    # backward: the whole stage is resident.
+    resident = layout.pp > 1 or not w.reshard_after_forward
+    host = host_params = 0.0
     if shard > 1:
-        gathered = 2 * p_block / layout.tp if layout.pp == 1 else p_local
+        gathered = p_local if resident else 2 * p_block / layout.tp
         buffers = gathered * cbytes + 4 * p_block / layout.tp
+        if w.offload:  # the sharded state moves to the host; one block's fp32 shard and its sharded grad pass through
+            host, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
+            host_params = p_local / shard
+            buffers += 2 * 4 * p_block / layout.tp / shard
     else:
         buffers = 0.0 if cbytes == 4 else p_local * cbytes  # bf16 copy for DDP/single device
 
@@ -137,9 +155,10 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     hardware_flops = model_flops * (1 + recompute)
 
     comm: dict[str, float] = {}
+    gathers = 1 if resident else 2  # forward, and again in backward after resharding
+    rounds = n_micro if layout.pp == 1 else 1  # a pipeline stage gathers once per step
     if shard > 1:
-        gathers = 2 if layout.pp == 1 else 1  # forward, and again in backward after resharding
-        comm[FSDP] = (p_local * cbytes * gathers * (n_micro if layout.pp == 1 else 1) + p_local * 4) * _ring(shard)
+        comm[FSDP] = (p_local * cbytes * gathers * rounds + p_local * 4) * _ring(shard)
     if layout.dp_replicate > 1:
         comm["dp_replicate"] = 2 * 4 * p_local / shard * _ring(layout.dp_replicate)
     tokens_micro = mb * s
@@ -154,4 +173,5 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     if w.loss_chunks > 1:  # each slice's output projection runs again in the backward
         hardware_flops += 2 * m.dim * m.vocab * tokens_rank
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm,
-                    fragmentation_bytes=FRAGMENTATION * activations)
+                    fragmentation_bytes=FRAGMENTATION * activations, host_bytes=host, host_params=host_params,
+                    host_copy_bytes=_host_copies(host_params, gathers, rounds))

@@ -23,7 +23,7 @@ from tetrad.api.accelerators import ACCELERATORS, ASSUMED, Accelerator, find_acc
 from tetrad.api.problems import Problem, errors
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.rules import check_layout, divisors, microbatches, stages_per_rank
-from tetrad.api.spec import ParallelTrainingJobSpec
+from tetrad.api.spec import Offload, ParallelTrainingJobSpec
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
 from tetrad.plan.timing import StepTime, step_time
 
@@ -53,6 +53,8 @@ def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
         pp_microbatches=microbatches(spec, layout),
         pp_stages_per_rank=stages_per_rank(spec),
         loss_chunks=t.loss_chunks,
+        reshard_after_forward=t.fsdp.reshard_after_forward,
+        offload=t.fsdp.offload == Offload.CPU,
     )
 
 

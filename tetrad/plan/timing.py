@@ -16,7 +16,11 @@ from tetrad.api.spec import PPSchedule
 from tetrad.plan.estimate import FSDP, Estimate, Workload
 
 MATMUL_EFFICIENCY = 0.6  # share of the datasheet peak that large bf16 GEMMs reach
-OVERLAPPED = (FSDP, "dp_replicate")  # prefetched all-gathers, reduce-scatters during backward
+HOST = "host (CPU offload)"  # the comm key of offload's host <-> device copies
+OVERLAPPED = (FSDP, "dp_replicate", HOST)  # prefetched all-gathers, reduce-scatters during backward, their copies
+# CPU offload, assumed rather than measured on GPUs yet (docs/planner.md):
+HOST_LINK_GBPS = 25.0  # host <-> GPU copies per GPU, one direction: PCIe, shared by the node's GPUs
+HOST_ADAMW_PARAMS_PER_S = 5e8  # fused CPU AdamW of one process (one thread of the build host: ~1e8)
 
 
 @dataclass(frozen=True)
@@ -29,10 +33,11 @@ class StepTime:
     exposed_comm_s: float
     tokens_per_device: float
     model_flops: float
+    host_optimizer_s: float = 0.0  # CPU offload: AdamW on the host, after the backward
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.bubble_s + self.exposed_comm_s
+        return self.compute_s + self.bubble_s + self.exposed_comm_s + self.host_optimizer_s
 
     @property
     def tokens_per_second(self) -> float:
@@ -46,6 +51,7 @@ class StepTime:
     def to_dict(self) -> dict[str, object]:
         return {"accelerator": self.accelerator, "total_s": self.total_s, "compute_s": self.compute_s,
                 "bubble_s": self.bubble_s, "exposed_comm_s": self.exposed_comm_s, "comm_s": self.comm_s,
+                "host_optimizer_s": self.host_optimizer_s,
                 "tokens_per_second_per_device": self.tokens_per_second, "mfu": self.mfu}
 
 
@@ -72,6 +78,9 @@ def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: A
         bubble = compute * fraction * (0.5 if w.pp_schedule == PPSchedule.ZERO_BUBBLE else 1.0)
     comm = {dim: sent / ((acc.inter_node_gbps if crosses_nodes(layout, dim, nproc_per_node) else acc.intra_node_gbps) * 1e9)
             for dim, sent in est.comm_bytes.items()}
+    if est.host_copy_bytes:
+        comm[HOST] = est.host_copy_bytes / (HOST_LINK_GBPS * 1e9)
     hidden = sum(t for dim, t in comm.items() if dim in OVERLAPPED)
     exposed = max(hidden - compute, 0.0) + sum(t for dim, t in comm.items() if dim not in OVERLAPPED)
-    return StepTime(name, acc.peak_tflops, compute, bubble, comm, exposed, tokens_per_device, est.model_flops)
+    return StepTime(name, acc.peak_tflops, compute, bubble, comm, exposed, tokens_per_device, est.model_flops,
+                    host_optimizer_s=est.host_params / HOST_ADAMW_PARAMS_PER_S)
