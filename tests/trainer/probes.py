@@ -14,13 +14,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tetrad_trainer.config import load_config
 from tetrad_trainer.cp import ContextParallelAttention, shard_sequence
-from tetrad_trainer.mesh import build_mesh, init_distributed
-from tetrad_trainer.parallelize import full_parameters, parallelize
+from tetrad_trainer.mesh import Mesh, build_mesh, init_distributed
+from tetrad_trainer.parallelize import ParallelModel, full_parameters, parallelize
 from torch.distributed.tensor import DTensor
 
 
-def initial_parameters(argv: list[str]) -> int:
-    """Build and materialize the parallel model, then save its parameters gathered whole (rank 0)."""
+def _parallel_model(argv: list[str]) -> tuple[str, Mesh, ParallelModel, torch.device]:
+    """From --config and --out: join the process group and build this rank's parallel model; (out, mesh, model, device)."""
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
@@ -28,26 +28,26 @@ def initial_parameters(argv: list[str]) -> int:
     cfg = load_config(args.config)
     device = init_distributed()
     mesh = build_mesh(cfg.layout, device)
-    params = full_parameters(parallelize(cfg, mesh, device), mesh)
+    return args.out, mesh, parallelize(cfg, mesh, device), device
+
+
+def initial_parameters(argv: list[str]) -> int:
+    """Build and materialize the parallel model, then save its parameters gathered whole (rank 0)."""
+    out, mesh, model, _ = _parallel_model(argv)
+    params = full_parameters(model, mesh)
     if params is not None:
-        torch.save(params, args.out)
+        torch.save(params, out)
     dist.destroy_process_group()
     return 0
 
 
 def fsdp_units(argv: list[str]) -> int:
     """Run one forward of the parallel model (FSDP over dpShard alone) and write, on rank 0, for each
-    block whether its parameters are still gathered (plain tensors, not shards), its unit's offload
-    policy, and the devices of the sharded parameters and the RoPE buffer."""
-    p = argparse.ArgumentParser()
-    p.add_argument("--config", required=True)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    cfg = load_config(args.config)
-    device = init_distributed()
-    mesh = build_mesh(cfg.layout, device)
-    (part,) = parallelize(cfg, mesh, device).parts
-    part(torch.zeros(1, cfg.model.seq_len, dtype=torch.long, device=device))
+    block whether its parameters are still gathered (plain tensors, not shards) and its unit's
+    offload policy, and the RoPE buffer's device."""
+    out, _, model, device = _parallel_model(argv)
+    (part,) = model.parts
+    part(torch.zeros(1, part.cfg.seq_len, dtype=torch.long, device=device))
     blocks = list(part.layers.values())
     report = {
         "gathered_after_forward": [not isinstance(b.attention.wq.weight, DTensor) for b in blocks],
@@ -55,7 +55,7 @@ def fsdp_units(argv: list[str]) -> int:
         "rope_device": part.rope.device.type,
     }
     if dist.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(report))
+        Path(out).write_text(json.dumps(report))
     dist.destroy_process_group()
     return 0
 
