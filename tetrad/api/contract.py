@@ -27,6 +27,7 @@ ENV_JSONL: Final = "TETRAD_JSONL"  # rank 0 appends its JSON lines there (`tetra
 ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes for the supervisor
 ENV_NODE_NAME: Final = "TETRAD_NODE_NAME"  # the Kubernetes node the pod runs on (downward API spec.nodeName)
 ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"  # where the node writes its termination message (default below)
+ENV_CHECKPOINT_REQUEST_FILE: Final = "TETRAD_CHECKPOINT_REQUEST_FILE"  # rank 0 reads checkpoint-now tokens there
 ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
 
 # Labels, annotations and the scheduling gate of the objects Tetrad creates.
@@ -36,16 +37,24 @@ LABEL_RESTART: Final = "tetrad.dev/restart"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "tetrad"
 GANG_GATE: Final = "tetrad.dev/gang"
+# A token (any string, e.g. a timestamp) on a job: save a checkpoint at the next step without
+# stopping. The operator copies a new token onto rank 0's pod, whose POD_INFO volume projects it
+# into CHECKPOINT_REQUEST_FILE (ENV_CHECKPOINT_REQUEST_FILE names the path).
+ANNOTATION_CHECKPOINT_NOW: Final = "tetrad.dev/checkpoint-now"
 
-# Where a pod finds its resolved config.
+
+# Where a pod finds its resolved config, and its own annotations the trainer reads (downward API).
 CONFIG_DIR: Final = "/etc/tetrad"
 CONFIG_FILE: Final = "config.json"
+POD_INFO_DIR: Final = "/etc/tetrad-pod"
+CHECKPOINT_REQUEST_FILE: Final = "checkpoint-now"
+
 
 # The volumes every trainer pod gets (name -> mount path): the config and the writable scratch
 # paths under a read-only root filesystem; CHECKPOINT_VOLUME is mounted at checkpoint.path when
 # checkpoint.volume is set. A spec's own volumes and mounts may not reuse these names or paths.
-POD_VOLUMES: Final[dict[str, str]] = {"config": CONFIG_DIR, "tmp": "/tmp", "cache": "/home/tetrad/.cache",
-                                      "dshm": "/dev/shm"}
+POD_VOLUMES: Final[dict[str, str]] = {"config": CONFIG_DIR, "podinfo": POD_INFO_DIR, "tmp": "/tmp",
+                                      "cache": "/home/tetrad/.cache", "dshm": "/dev/shm"}
 CHECKPOINT_VOLUME: Final = "checkpoints"
 
 # Environment a spec's template.env may not set: torchrun's (PET_*), Tetrad's (TETRAD_*), what the
@@ -68,6 +77,11 @@ EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; 
 # failed, naming the failing nodes. Kubernetes keeps at most 4096 bytes of it.
 TERMINATION_LOG: Final = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX: Final = 4096
+# ... and, when rank 0 stops on SIGTERM, the last committed step (null: none) and its Unix commit time
+# (when this process committed it) under these keys, which a suspend records in the job's status.
+TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
+TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
+
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).
@@ -87,6 +101,9 @@ METRIC_LAST_STEP_TIME: Final = "tetrad_last_step_timestamp_seconds"
 METRIC_CHECKPOINT_STEP: Final = "tetrad_checkpoint_step"
 METRIC_CHECKPOINT_TIME: Final = "tetrad_checkpoint_timestamp_seconds"
 METRIC_RESUMED_FROM: Final = "tetrad_resumed_from_step"
+METRIC_REQUEST_STEP: Final = "tetrad_checkpoint_request_step"  # labelled token=<the checkpoint-now token>
+METRIC_REQUEST_TIME: Final = "tetrad_checkpoint_request_timestamp_seconds"  # likewise
+LABEL_REQUEST_TOKEN: Final = "token"
 METRIC_INFO: Final = "tetrad_info"
 # The preflight gate's figures, labelled node and node_rank: rank 0 exports every node's, the others their own.
 METRIC_PREFLIGHT_BUS_BANDWIDTH: Final = "tetrad_preflight_bus_bandwidth_bytes_per_second"
@@ -110,6 +127,9 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_CHECKPOINT_STEP: "Step of the last checkpoint this process committed; NaN until its first commit.",
     METRIC_CHECKPOINT_TIME: "Unix time at which that checkpoint was committed; NaN until then.",
     METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it decided.",
+    METRIC_REQUEST_STEP: "Step of the checkpoint that served the last checkpoint-now request (label token); "
+                         "exported once that checkpoint committed.",
+    METRIC_REQUEST_TIME: "Unix time at which that checkpoint committed (label token).",
 }
 PREFLIGHT_GAUGES: Final[dict[str, str]] = {
     METRIC_PREFLIGHT_BUS_BANDWIDTH: "Bus bandwidth of the preflight all-reduce across the whole gang, as the node's "
@@ -141,7 +161,16 @@ SCRAPED_TIMES: Final = frozenset({"lastStepTime", "time"})  # Unix seconds, stor
 SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds"})
 
 
+# status.checkpoint.requestCommitted: the checkpoint-now request rank 0 served (token, step, time).
+SCRAPED_REQUEST: Final[dict[str, str]] = {METRIC_REQUEST_STEP: "step", METRIC_REQUEST_TIME: "time"}
+
+
 def step_dir_name(step: int) -> str:
     """The directory, under spec.checkpoint.path, of the checkpoint of `step` (the trainer's store
     writes it; the operator names it in status.checkpoint.path)."""
     return f"step-{step:08d}"
+
+
+def step_path(checkpoint_path: str, step: int) -> str:
+    """status.checkpoint.path of `step`: its directory inside the pod."""
+    return f"{checkpoint_path.rstrip('/')}/{step_dir_name(step)}"

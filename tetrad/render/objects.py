@@ -18,6 +18,7 @@ from tetrad.resolve import resolve
 
 RUN_AS_USER = 1000
 CONFIG_PATH = f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"
+CHECKPOINT_REQUEST_PATH = f"{contract.POD_INFO_DIR}/{contract.CHECKPOINT_REQUEST_FILE}"
 # The supervisor runs torchrun and exits with the workers' own code (75 preempted, 78 config error);
 # torchrun alone exits 1 for any worker failure.
 TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
@@ -105,9 +106,13 @@ def _volumes(job: ParallelTrainingJob) -> tuple[list[dict[str, Any]], list[dict[
     spec = job.spec
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
-    for name, path in contract.POD_VOLUMES.items():  # the config, then writable scratch paths
+    for name, path in contract.POD_VOLUMES.items():  # the config, the pod's info, then writable scratch paths
         if path == contract.CONFIG_DIR:
             volumes.append({"name": name, "configMap": {"name": names.configmap(job.metadata.name)}})
+            mounts.append({"name": name, "mountPath": path, "readOnly": True})
+        elif path == contract.POD_INFO_DIR:
+            volumes.append({"name": name, "downwardAPI": {"items": [{"path": contract.CHECKPOINT_REQUEST_FILE, "fieldRef": {
+                "fieldPath": f"metadata.annotations['{contract.ANNOTATION_CHECKPOINT_NOW}']"}}]}})
             mounts.append({"name": name, "mountPath": path, "readOnly": True})
         else:
             volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if path == "/dev/shm" else {}})
@@ -160,6 +165,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
     )
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    env_list.append({"name": contract.ENV_CHECKPOINT_REQUEST_FILE, "value": CHECKPOINT_REQUEST_PATH})  # rank 0 reads it
     env_list.append({"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)

@@ -23,12 +23,15 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tetrad.api import contract as c
 from tetrad.api.accelerators import find_accelerator
 from tetrad.api.contract import (
+    LABEL_REQUEST_TOKEN,
     METRIC_CHECKPOINT_STEP,
     METRIC_CHECKPOINT_TIME,
     METRIC_INFO,
     METRIC_LAST_STEP_TIME,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
     METRIC_PREFLIGHT_SECONDS,
+    METRIC_REQUEST_STEP,
+    METRIC_REQUEST_TIME,
     METRIC_RESUMED_FROM,
     PREFLIGHT_GAUGES,
     TRAINER_GAUGES,
@@ -146,6 +149,12 @@ class RankMetrics:
             for name in (METRIC_CHECKPOINT_STEP, METRIC_CHECKPOINT_TIME, METRIC_RESUMED_FROM))
         for gauge in (self.checkpoint_step, self.checkpoint_time, self.resumed_from):
             gauge.set(math.nan)
+        # checkpoint-now: exported, labelled with the token, once the checkpoint that served it committed
+        self.request_step, self.request_time = (
+            Gauge(name, TRAINER_GAUGES[name], [LABEL_REQUEST_TOKEN], registry=self.registry)
+            for name in (METRIC_REQUEST_STEP, METRIC_REQUEST_TIME))
+        self.request: tuple[str, int] | None = None  # (token, step) whose commit is awaited
+        self.committed: tuple[int, float] | None = None  # (step, Unix time) of the last commit
         info = Gauge(METRIC_INFO, "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
         (info.labels(**labels) if labels else info).set(1)
@@ -169,6 +178,24 @@ class RankMetrics:
         """A checkpoint of `step` was committed at Unix time `at` (the Checkpointer's on_commit)."""
         self.checkpoint_step.set(step)
         self.checkpoint_time.set(at)
+        self.committed = (step, at)
+        self._export_request()
+
+    def checkpoint_requested(self, token: str, step: int) -> None:
+        """The checkpoint-now request `token` is served by the save of `step` (exported once committed);
+        call it before that save starts."""
+        self.request = (token, step)
+        self._export_request()
+
+    def _export_request(self) -> None:
+        request, committed = self.request, self.committed
+        if request is None or committed is None or committed[0] < request[1]:
+            return
+        self.request = None
+        for gauge, value in ((self.request_step, committed[0]), (self.request_time, committed[1])):
+            gauge.clear()
+            gauge.labels(request[0]).set(value)
+
 
     def preflight(self, nodes: Sequence[NodeFigures]) -> None:
         """The preflight gate's figures of `nodes`, labelled node and node_rank."""

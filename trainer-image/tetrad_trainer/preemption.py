@@ -21,7 +21,9 @@ gets SIGTERM when the supervisor dies, and a worker gets SIGKILL when torchrun d
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import math
 import os
 import signal
@@ -35,7 +37,17 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
-from tetrad.api.contract import ENV_EXIT_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from tetrad.api.contract import (
+    ENV_EXIT_DIR,
+    ENV_TERMINATION_LOG,
+    EXIT_CONFIG_ERROR,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    TERMINATION_CHECKPOINT_STEP,
+    TERMINATION_CHECKPOINT_TIME,
+    TERMINATION_LOG,
+)
 from tetrad_trainer import preflight
 
 # torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
@@ -55,6 +67,7 @@ class Preemption:
         self.received: signal.Signals | None = None
         self.received_at: float | None = None
         self.remaining_s: float | None = None  # agreed by the last `requested()`; None: no deadline known
+        self.checkpoint_asked = False  # agreed by the last `requested()`: some rank was asked to save now
         timeout = os.environ.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
         self.grace_s = float(timeout) if timeout.replace(".", "", 1).isdigit() else None
         self._pg: dist.ProcessGroup | None = None
@@ -76,14 +89,17 @@ class Preemption:
             return math.inf
         return self.grace_s - (time.monotonic() - self.received_at)
 
-    def requested(self) -> bool:
+    def requested(self, checkpoint_asked: bool = False) -> bool:
         """True on every rank when any rank was signalled; sets `remaining_s` to the least time any
-        rank has left. Collective: call it on all ranks."""
-        state = torch.tensor([0.0 if self.received is None else 1.0, -self._left()], dtype=torch.float64)
+        rank has left, and `checkpoint_asked` when any rank was asked for a checkpoint now
+        (tetrad_trainer.checkpoint_request: one all-reduce serves both). Collective: call it on all ranks."""
+        state = torch.tensor([0.0 if self.received is None else 1.0, -self._left(), float(checkpoint_asked)],
+                             dtype=torch.float64)
         if self._pg is not None:
             dist.all_reduce(state, op=dist.ReduceOp.MAX, group=self._pg)
         left = -state[1].item()
         self.remaining_s = None if math.isinf(left) else left
+        self.checkpoint_asked = bool(state[2].item())
         return bool(state[0].item())
 
     def everyone(self, ok: bool) -> bool:
@@ -114,6 +130,21 @@ def report_exit(code: int) -> None:
         tmp = Path(directory) / f".rank-{rank}"
         tmp.write_text(str(code))
         tmp.replace(Path(directory) / f"rank-{rank}")
+
+
+def leave_committed_step(step: int | None, committed_at: float | None) -> None:
+    """Rank 0 stopping on SIGTERM: the last committed step (and its Unix commit time, when this process
+    committed it) into the pod's termination message, where the operator reads what a suspend saved
+    ($TETRAD_TERMINATION_LOG, else Kubernetes' file when it exists)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    path = Path(os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG)
+    message: dict[str, int | float | None] = {TERMINATION_CHECKPOINT_STEP: step}
+    if committed_at is not None:
+        message[TERMINATION_CHECKPOINT_TIME] = committed_at
+    if ENV_TERMINATION_LOG in os.environ or path.exists():
+        with contextlib.suppress(OSError):
+            path.write_text(json.dumps(message))
 
 
 def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | None) -> int:

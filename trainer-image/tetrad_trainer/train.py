@@ -41,6 +41,7 @@ from tetrad.api.contract import (
 from tetrad.api.resolved import ResolvedConfig
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.checkpoint.store import writable_problem
+from tetrad_trainer.checkpoint_request import CheckpointRequests
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, build_source
@@ -56,7 +57,7 @@ from tetrad_trainer.metrics import (
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
-from tetrad_trainer.preemption import Preemption, die_with_parent, report_exit
+from tetrad_trainer.preemption import Preemption, die_with_parent, leave_committed_step, report_exit
 from tetrad_trainer.preflight import PreflightFailed, gang_check, report_failures
 
 # A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
@@ -102,6 +103,7 @@ class Trainer:
         base_port = int(os.environ.get(ENV_METRICS_PORT, cfg.metrics.port))
         self.metrics = RankMetrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
                                labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
+        self.checkpoint_requests = CheckpointRequests(rank)
         self.peak_tflops, peak_source = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
         if rank == 0:
             m = cfg.model
@@ -186,10 +188,16 @@ class Trainer:
             raise Preempted(f"stopped during start-up on SIGTERM, before the first step: nothing new to save; "
                             f"{self.resume_note()}")
 
-    def resume_note(self) -> str:
+    def committed_step(self) -> int | None:
+        """The step the next run resumes from; None: it starts from step 0."""
         ckpt = self.checkpointer
-        step = ckpt.last_committed_step if ckpt.last_committed_step is not None else ckpt.dir.latest()[0]
-        if not ckpt.settings.enabled or step is None:
+        if not ckpt.settings.enabled:
+            return None
+        return ckpt.last_committed_step if ckpt.last_committed_step is not None else ckpt.dir.latest()[0]
+
+    def resume_note(self) -> str:
+        step = self.committed_step()
+        if step is None:
             return "no checkpoint: the next run starts from step 0"
         return f"the next run resumes from step {step} (the last committed checkpoint)"
 
@@ -235,10 +243,25 @@ class Trainer:
         last = self.step == self.cfg.training.steps
         if self.checkpointer.due(self.step) or last:
             self.checkpointer.save(self.step)
-        if self.preemption.requested():
+        token = self.checkpoint_requests.poll()
+        if self.preemption.requested(checkpoint_asked=token is not None):
             self.stop_on_preemption()
+        if self.preemption.checkpoint_asked:
+            self.checkpoint_now(token)
         if self.step % self.cfg.metrics.log_interval == 0 or last:
             self.log_step(loss, grad_norm, lr)
+
+    def checkpoint_now(self, token: str | None) -> None:
+        """A checkpoint-now request reached some rank (rank 0 holds its token): every rank saves this step."""
+        if not self.checkpointer.settings.enabled:
+            log_rank0(f"checkpoint-now {token!r} at step {self.step}: checkpointing is off (spec.checkpoint.enabled), "
+                      "nothing saved")
+            return
+        if token is not None:
+            self.metrics.checkpoint_requested(token, self.step)
+            log_rank0(f"checkpoint-now {token!r}: saving step {self.step}")
+        self.checkpointer.save(self.step)  # nothing new when this step's save is under way already
+
 
     def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
         """Metrics over the steps since the last log: Prometheus on every rank, a JSON line from rank 0."""
@@ -316,6 +339,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except Preempted as e:
         log(str(e))
+        step, committed = trainer.committed_step(), trainer.metrics.committed
+        leave_committed_step(step, committed[1] if committed is not None and committed[0] == step else None)
         return EXIT_PREEMPTED
     except PreflightFailed as e:  # the operator restarts the gang, away from a node it names
         log(str(e))
