@@ -22,9 +22,11 @@ from typing import Any
 
 import aiohttp
 
+from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
 from tetrad.api.spec import Checkpoint
 from tetrad.render import names
+from tetrad.render.gang import WORKLOAD_API_VERSION
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import GangAdmitter, ungate
 from tetrad_operator.kube import ApiError, Kube, object_path, path
@@ -33,6 +35,7 @@ from tetrad_operator.lifecycle import (
     CreatePod,
     DeleteJob,
     DeletePod,
+    DeleteStaleGang,
     Ensure,
     PodRejection,
     ResolvedJob,
@@ -323,13 +326,17 @@ class Controller:
         namespace = loop.key[0]
         expected = self._expected(loop, pods)
         if not expected:  # objects of an incarnation whose creation is under way are ensured already
-            await asyncio.gather(*(self._ensure(job, a.obj) for a in actions if isinstance(a, Ensure)))
+            # PodGroups last: the Workload API admits a PodGroup only once its Workload exists.
+            ensures = [a.obj for a in actions if isinstance(a, Ensure)]
+            for group in ([o for o in ensures if o["kind"] != "PodGroup"], [o for o in ensures if o["kind"] == "PodGroup"]):
+                await asyncio.gather(*(self._ensure(job, o) for o in group))
         creates = [a for a in actions if isinstance(a, CreatePod) and a.name not in expected]
         calls: list[Awaitable[None]] = [self._create_pod(loop, a) for a in creates]
         for a in actions:
             if isinstance(a, DeletePod):
                 expected.pop(a.name, None)
                 calls.append(self._delete_pod(loop, a))
+        calls += [self._delete_stale_gang(namespace, job, a.keep) for a in actions if isinstance(a, DeleteStaleGang)]
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
@@ -361,6 +368,14 @@ class Controller:
                 await self._post_event(job, "Warning", "ObjectConflict", message)
                 raise ApiError(409, "PATCH", url, {"reason": "Conflict", "message": message})
         await self.kube.apply(url, obj, FIELD_MANAGER)
+
+    async def _delete_stale_gang(self, namespace: str, job: dict[str, Any], keep: int) -> None:
+        """The Workload and PodGroup of earlier incarnations: a PodGroup goes once its pods are gone
+        (the apiserver's PodGroupProtection finalizer holds it until then)."""
+        selector = f"{contract.LABEL_JOB}={job['metadata']['name']},{contract.LABEL_RESTART}!={keep}"
+        for kind in ("PodGroup", "Workload"):
+            await self.kube.request("DELETE", path(WORKLOAD_API_VERSION, kind, namespace),
+                                    query={"labelSelector": selector}, ok=(404,))
 
     async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 PLURALS = {
     "Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Event": "events",
-    "PodGroup": "podgroups", "ParallelTrainingJob": "paralleltrainingjobs",
+    "PodGroup": "podgroups", "Workload": "workloads", "ParallelTrainingJob": "paralleltrainingjobs",
 }
 RETRYABLE = {429, 500, 502, 503, 504}
 MERGE = "application/merge-patch+json"

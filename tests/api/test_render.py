@@ -127,3 +127,113 @@ def test_kueue_labels():
 def test_gang_resources_sum_quantities():
     job = job_of(manifest(resources={"cpu": "1.5", "memory": "512Mi"}))
     assert gang_resources(job.spec) == {"cpu": "3", "memory": "1024Mi"}
+
+
+def test_workload_gang_per_incarnation():
+    """gang.scheduler=workload: a Workload and its PodGroup per incarnation, named by every pod."""
+    r = render(job_of(manifest(gang={"scheduler": "workload"})), restart=3)
+    wl, pg = r.workload, r.pod_group
+    assert [o["kind"] for o in r.gang_objects()] == ["Workload", "PodGroup"]  # the Workload first
+    for o in (wl, pg):
+        assert o["apiVersion"] == "scheduling.k8s.io/v1alpha2" and o["metadata"]["name"] == "t-r3"
+        assert o["metadata"]["labels"] == {"tetrad.dev/job-name": "t", "tetrad.dev/restart": "3"}
+        assert o["metadata"]["ownerReferences"][0]["kind"] == "ParallelTrainingJob"
+    assert wl["spec"] == {"controllerRef": {"apiGroup": "tetrad.dev", "kind": "ParallelTrainingJob", "name": "t"},
+                          "podGroupTemplates": [{"name": "workers", "schedulingPolicy": {"gang": {"minCount": 2}}}]}
+    assert pg["spec"] == {"podGroupTemplateRef": {"workload": {"workloadName": "t-r3", "podGroupTemplateName": "workers"}},
+                          "schedulingPolicy": {"gang": {"minCount": 2}}}
+    for p in r.pods:
+        assert p["spec"]["schedulingGroup"] == {"podGroupName": "t-r3"}
+        assert "schedulingGates" not in p["spec"] and "schedulerName" not in p["spec"]
+    assert r.objects().index(wl) < r.objects().index(pg)
+
+
+def stage_terms(pod, kind="requiredDuringSchedulingIgnoredDuringExecution"):
+    return pod["spec"].get("affinity", {}).get("podAffinity", {}).get(kind, [])
+
+
+def test_topology_key_keeps_each_pipeline_stage_in_one_domain():
+    """pp=2 over 4 pods: pods 0-1 are stage 0 and pods 2-3 stage 1; each stage's pods attract each
+    other within one rack. A user's own pod affinity stays."""
+    own = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}
+    doc = manifest(nodes=4, parallelism={"pp": 2, "dpShard": 4, "tp": 2},
+                   gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"},
+                   template={"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}})
+    r = render(job_of(doc), restart=1)
+    assert "schedulingConstraints" not in r.pod_group["spec"]  # the gang spans racks; its stages do not
+    stages = [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in r.pods]
+    assert stages == ["0", "0", "1", "1"]
+    for p, stage in zip(r.pods, stages, strict=True):
+        assert stage_terms(p) == [own, {"labelSelector": {"matchLabels": {
+            "tetrad.dev/job-name": "t", "tetrad.dev/restart": "1", "tetrad.dev/pipeline-stage": stage}},
+            "topologyKey": "tetrad.dev/rack"}]
+    preferred = render(job_of(manifest(nodes=4, parallelism={"pp": 2, "dpShard": 4, "tp": 2},
+                                       gang={"topologyKey": "tetrad.dev/rack", "topologyMode": "Preferred"})))
+    (term,) = stage_terms(preferred.pods[3], "preferredDuringSchedulingIgnoredDuringExecution")
+    assert term["weight"] == 100 and term["podAffinityTerm"]["topologyKey"] == "tetrad.dev/rack"
+    assert not stage_terms(preferred.pods[3])
+
+
+def test_stage_of_a_pod_is_the_stage_of_its_first_rank():
+    # 3 pods x 2 processes, pp=3: one stage per pod; 2 pods x 4, pp=4: two stages per pod.
+    three = render(job_of(manifest(nodes=3, nprocPerNode=2, parallelism={"pp": 3, "dpShard": 2, "tp": 1},
+                                   gang={"topologyKey": "tetrad.dev/rack"}, training={"globalBatch": 6})))
+    assert [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in three.pods] == ["0", "1", "2"]
+    four = render(job_of(manifest(parallelism={"pp": 4, "dpShard": 1, "tp": 2}, gang={"topologyKey": "tetrad.dev/rack"})))
+    assert [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in four.pods] == ["0", "2"]
+
+
+def test_topology_of_a_single_stage_goes_to_the_schedulers_own_field():
+    """pp=1: the stage is the whole gang, so the scheduler's whole-group topology carries it."""
+    one_stage = {"nodes": 4, "parallelism": {"pp": 1, "dpShard": 8, "tp": 2}}
+    wl = render(job_of(manifest(**one_stage, gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"})))
+    for o in wl.gang_objects():
+        (template,) = o["spec"]["podGroupTemplates"] if o["kind"] == "Workload" else [o["spec"]]
+        assert template["schedulingConstraints"] == {"topology": [{"key": "tetrad.dev/rack"}]}
+    assert not any(stage_terms(p) for p in wl.pods)
+    kueue = render(job_of(manifest(**one_stage, gang={"scheduler": "kueue", "queue": "q", "topologyKey": "tetrad.dev/rack",
+                                                      "topologyMode": "Preferred"})))
+    assert all(p["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] == "tetrad.dev/rack"
+               and "affinity" not in p["spec"] for p in kueue.pods)
+    volcano = render(job_of(manifest(**one_stage, gang={"scheduler": "volcano", "topologyKey": "tetrad.dev/rack"})))
+    assert volcano.pod_group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
+    # The Workload API's topology has no preferred form: a preferred pod affinity instead.
+    soft = render(job_of(manifest(**one_stage, gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack",
+                                                     "topologyMode": "Preferred"})))
+    assert "schedulingConstraints" not in soft.pod_group["spec"]
+    assert stage_terms(soft.pods[0], "preferredDuringSchedulingIgnoredDuringExecution")
+
+
+def test_kueue_pipeline_stages_are_podset_slices():
+    r = render(job_of(manifest(nodes=4, parallelism={"pp": 2, "dpShard": 4, "tp": 2},
+                               gang={"scheduler": "kueue", "queue": "q", "topologyKey": "tetrad.dev/rack"})))
+    for p in r.pods:
+        ann = p["metadata"]["annotations"]
+        assert ann["kueue.x-k8s.io/podset-slice-required-topology"] == "tetrad.dev/rack"
+        assert ann["kueue.x-k8s.io/podset-slice-size"] == "2"
+        assert "kueue.x-k8s.io/podset-required-topology" not in ann
+
+
+def test_tp_and_cp_groups_stay_inside_one_pod_and_stage_labels_follow_the_mesh():
+    """The trainer's mesh is init_device_mesh(layout.shape, MESH_DIMS): global ranks row-major, tp
+    innermost, and pod k runs ranks k*nproc .. (k+1)*nproc-1. With cp*tp dividing nprocPerNode every
+    TP and CP group is inside one pod, and each pod's stage label is its first rank's pp coordinate."""
+    import itertools
+
+    from tetrad.api.resolved import MESH_DIMS
+
+    r = render(job_of(manifest(nodes=4, nprocPerNode=8, parallelism={"pp": 2, "dpShard": 4, "cp": 2, "tp": 2},
+                               gang={"topologyKey": "tetrad.dev/rack"}, training={"globalBatch": 8},
+                               model={"seqLen": 64})))
+    cfg = r.config
+    coords = list(itertools.product(*(range(d) for d in cfg.layout.shape)))  # index = global rank
+    for dim in ("cp", "tp"):
+        axis = MESH_DIMS.index(dim)
+        groups: dict[tuple[int, ...], set[int]] = {}
+        for rank, coord in enumerate(coords):
+            groups.setdefault(coord[:axis] + coord[axis + 1:], set()).add(rank // cfg.nproc_per_node)
+        assert len(groups) == cfg.world_size // getattr(cfg.layout, dim)
+        assert all(len(pods) == 1 for pods in groups.values()), dim
+    pp = MESH_DIMS.index("pp")
+    assert [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in r.pods] == \
+        [str(coords[k * cfg.nproc_per_node][pp]) for k in range(4)] == ["0", "0", "1", "1"]

@@ -43,6 +43,8 @@ RULES = [
     ("gpu equals nproc", manifest(resources={"gpu": 2}), manifest(resources={"gpu": 4}), "spec.resources.gpu", ["gpu=2", "nprocPerNode=4"]),
     ("data path", manifest(data={"source": "tokens"}), manifest(data={"source": "tokens", "path": "/data/t.bin"}), "spec.data.path", ["tokens"]),
     ("kueue queue", manifest(gang={"scheduler": "kueue"}), manifest(gang={"scheduler": "kueue", "queue": "team-a"}), "spec.gang.queue", ["LocalQueue"]),
+    ("topology key", manifest(gang={"topologyKey": "rack label"}), manifest(gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"}),
+     "spec.gang.topologyKey", ["node label key", "tetrad.dev/rack"]),
     ("metrics port range", manifest(metrics={"port": 65534}), manifest(metrics={"port": 9400}), "spec.metrics.port", ["65534", "65535"]),
     ("ports collide", manifest(rendezvous={"port": 9401}), manifest(rendezvous={"port": 29500}), "spec.rendezvous.port", ["9400..9403"]),
     ("minLr <= lr", manifest(training={"globalBatch": 8, "lr": 1e-4, "minLr": 1e-3}), manifest(training={"globalBatch": 8, "lr": 1e-3, "minLr": 1e-4}),

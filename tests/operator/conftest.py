@@ -135,6 +135,30 @@ def operator(operator_cluster: Any, namespace: str) -> Iterator[InProcessOperato
         yield op
 
 
+@pytest.fixture
+def pool(api: Any, namespace: str) -> Iterator[Any]:
+    """Nodes of this test only (8 cpu each), selected by a label; removed afterwards.
+    `pool(n, cpu=..., labels={...})` adds n of them with extra labels (a rack, say)."""
+    from tests.operator.helpers import fake_node
+
+    label = {"tetrad.dev/test-pool": namespace}
+    created: list[str] = []
+
+    def add(n: int = 1, cpu: str = "8", labels: dict[str, str] | None = None) -> list[str]:
+        names = []
+        for _ in range(n):
+            name = f"{namespace}-n{len(created)}"
+            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}))
+            created.append(name)
+            names.append(name)
+        return names
+
+    add.label = label  # type: ignore[attr-defined]
+    yield add
+    for name in created:
+        api.delete(f"/api/v1/nodes/{name}")
+
+
 def operator_process(namespace: str, *, kubeconfig: Path | str, log: Path, env: dict[str, str] | None = None,
                      metrics_port: int = 0, peering: str | None = None) -> subprocess.Popen[bytes]:
     """`python -m tetrad_operator -n NS --standalone` (or `--peering NAME`) as a child process (SIGKILL-able)."""

@@ -8,27 +8,9 @@ import pytest
 
 from tetrad.api import contract
 
-from .helpers import condition, fake_node, finish_all, ptj, wait_for, wait_phase, wait_running
+from .helpers import condition, finish_all, ptj, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def pool(api, namespace):
-    """Nodes of this test only (8 cpu each), selected by a label; removed afterwards."""
-    label = {"tetrad.dev/test-pool": namespace}
-    created: list[str] = []
-
-    def add(n: int = 1, cpu: str = "8") -> None:
-        for _ in range(n):
-            name = f"{namespace}-n{len(created)}"
-            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels=label))
-            created.append(name)
-
-    add.label = label  # type: ignore[attr-defined]
-    yield add
-    for name in created:
-        api.delete(f"/api/v1/nodes/{name}")
 
 
 def pool_job(name: str, pool, nodes: int, cpu: str = "6"):

@@ -461,6 +461,26 @@ def test_volcano_gets_a_pod_group_and_no_gate():
     running(c)
 
 
+def test_workload_gang_gets_a_workload_and_pod_group_per_incarnation():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "workload"}, runPolicy=FAST))
+    d = c.reconcile()
+    ensured = [(a.obj["kind"], a.obj["metadata"]["name"]) for a in d.actions if isinstance(a, Ensure)]
+    assert ensured[-2:] == [("Workload", "job-r0"), ("PodGroup", "job-r0")]
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "job-r0"} and "schedulingGates" not in p["spec"]
+               for p in c.pods.values())
+    assert not any(isinstance(a, lifecycle.DeleteStaleGang) for a in d.actions)  # nothing earlier to remove
+    c.reconcile()
+    assert c.phase == "GangWaiting" and cond(c, "GangWaiting")["reason"] == "WaitingForScheduler"
+    assert "GangReleased" not in {x["type"] for x in c.status["conditions"]}  # the scheduler holds the gang
+    running(c)
+    c.finish(1, rank=0)
+    c.settle(12)
+    assert c.status["restarts"] == 1 and set(c.pods) == {"job-r1-0", "job-r1-1"}
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "job-r1"} for p in c.pods.values())
+    # The new incarnation's Workload and PodGroup replace the old ones.
+    assert sorted(k for k in c.objects if k[0] in ("Workload", "PodGroup")) == [("PodGroup", "job-r1"), ("Workload", "job-r1")]
+
+
 # ----------------------------------------------------------------------------- properties
 
 OPS = st.lists(st.sampled_from(["reconcile", "tick", "fail", "fail78", "evict", "succeed_one", "long_tick"]),

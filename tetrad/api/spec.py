@@ -221,13 +221,32 @@ class Scheduler(StrEnum):
     VOLCANO = "volcano"
     COSCHEDULING = "coscheduling"
     KUEUE = "kueue"
+    WORKLOAD = "workload"
+
+
+class TopologyMode(StrEnum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+# A Kubernetes label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_LABEL_KEY: Final = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                               r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+
+
+def _label_key(key: str | None) -> str | None:
+    if key is not None and (len(key) > 316 or not _LABEL_KEY.fullmatch(key)):
+        raise ValueError("must be a node label key such as tetrad.dev/rack or topology.kubernetes.io/zone")
+    return key
 
 
 class Gang(CamelModel):
-    scheduler: Scheduler = Field(Scheduler.BUILTIN, strict=False, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins) or kueue.")
+    scheduler: Scheduler = Field(Scheduler.BUILTIN, strict=False, description="Gang scheduler: builtin (Tetrad's scheduling gates), volcano, coscheduling (scheduler-plugins), kueue, or workload (Kubernetes' Workload and PodGroup API, scheduling.k8s.io/v1alpha2, alpha in 1.36 behind the GangScheduling gate).")
     queue: str | None = Field(None, description="Queue name: the Volcano queue or the Kueue LocalQueue.")
     timeout_seconds: int = Field(300, ge=1, description="If some pods are still unscheduled this long after release, the gang is re-gated and retried with backoff.")
     scheduler_name: str | None = Field(None, description="Pod schedulerName; defaults to 'volcano' for volcano, 'scheduler-plugins-scheduler' for coscheduling, the default scheduler otherwise.")
+    topology_key: Annotated[str | None, AfterValidator(_label_key)] = Field(None, json_schema_extra={"pattern": f"^{_LABEL_KEY.pattern}$", "maxLength": 316}, description="Node label naming a rack or NVLink domain, e.g. tetrad.dev/rack: the pods of each pipeline stage (the whole gang when pp=1) go to nodes sharing one value of it (a pod affinity per stage; the workload PodGroup's topology constraint, Kueue's podset topology annotations and Volcano's networkTopology where the scheduler has one).")
+    topology_mode: TopologyMode = Field(TopologyMode.REQUIRED, strict=False, description="Required: a stage that fits in no single domain waits; Preferred: the scheduler tries to keep each stage in one domain but may spread it.")
 
 
 class CleanPodPolicy(StrEnum):

@@ -23,6 +23,12 @@ def pod_group(job: str) -> str:
     return job
 
 
+def incarnation(job: str, restart: int) -> str:
+    """The Workload and PodGroup of one incarnation (scheduling.k8s.io/v1alpha2): pods name their
+    PodGroup immutably, so each restart's gang gets its own."""
+    return f"{job}-r{restart}"
+
+
 def hostname(job: str, rank: int) -> str:
     """Stable across restarts, so the master's DNS name never changes."""
     return f"{job}-{rank}"

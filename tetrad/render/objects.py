@@ -44,10 +44,13 @@ class Rendered:
     configmap: dict[str, Any]
     pods: list[dict[str, Any]]
     pod_group: dict[str, Any] | None
+    workload: dict[str, Any] | None = None  # gang.scheduler=workload: created before its PodGroup
+
+    def gang_objects(self) -> list[dict[str, Any]]:
+        return [o for o in (self.workload, self.pod_group) if o]
 
     def objects(self) -> list[dict[str, Any]]:
-        extra = [self.pod_group] if self.pod_group else []
-        return [self.service, self.configmap, *extra, *self.pods]
+        return [self.service, self.configmap, *self.gang_objects(), *self.pods]
 
 
 def owner_references(job: ParallelTrainingJob) -> list[dict[str, Any]]:
@@ -216,7 +219,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
                 "priorityClassName": t.priority_class_name, "serviceAccountName": t.service_account_name}
     pod_spec.update({k: _copy(v) for k, v in optional.items() if v})
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
-    gang.apply_to_pod(spec, name, p)
+    gang.apply_to_pod(spec, cfg, name, p, rank=rank, restart=restart)
     return p
 
 
@@ -225,13 +228,16 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
     """Every object of the job's gang incarnation `restart`, its pods kept off `excluded_nodes`.
     Raises InvalidJob for a bad spec."""
     cfg = config or resolve(job)
-    pg = gang.pod_group(job.spec, job.metadata.name, job.metadata.namespace)
-    if pg is not None and (refs := owner_references(job)):
-        pg["metadata"]["ownerReferences"] = refs
+    name, namespace = job.metadata.name, job.metadata.namespace
+    wl, pg = gang.workload(job.spec, cfg, name, namespace, restart) or (None, gang.pod_group(job.spec, cfg, name, namespace))
+    for obj in (wl, pg):
+        if obj is not None and (refs := owner_references(job)):
+            obj["metadata"]["ownerReferences"] = refs
     return Rendered(
         config=cfg,
         service=service(job),
         configmap=configmap(job, cfg),
         pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes) for r in range(job.spec.nodes)],
         pod_group=pg,
+        workload=wl,
     )

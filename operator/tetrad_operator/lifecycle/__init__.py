@@ -25,6 +25,7 @@ from tetrad_operator.lifecycle.actions import (
     Decision,
     DeleteJob,
     DeletePod,
+    DeleteStaleGang,
     Ensure,
     Event,
     Ungate,
@@ -34,6 +35,6 @@ from tetrad_operator.lifecycle.machine import SCRAPER_OWNED, Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
-    "Action", "CreatePod", "Decision", "DeleteJob", "DeletePod", "Ensure", "Event", "PodRejection", "ResolvedJob",
+    "Action", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
     "SCRAPER_OWNED", "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

@@ -43,6 +43,13 @@ class Ungate:
 
 
 @dataclass(frozen=True)
+class DeleteStaleGang:
+    """Delete the job's Workload and PodGroup (gang.scheduler=workload) of every incarnation but `keep`."""
+
+    keep: int
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """The TTL after finishing ran out."""
 
@@ -54,7 +61,7 @@ class Event:
     message: str
 
 
-Action = Ensure | CreatePod | DeletePod | Ungate | DeleteJob
+Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | DeleteJob
 
 
 @dataclass

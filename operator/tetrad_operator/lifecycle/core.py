@@ -14,7 +14,7 @@ from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
 from tetrad_operator.lifecycle import gang, policy
-from tetrad_operator.lifecycle.actions import CreatePod, Decision, Ensure
+from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
 
@@ -146,7 +146,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
         if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
             rendered = render(job, restart=restart, config=cfg)
-            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.pod_group) if o)
+            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, *rendered.gang_objects()))
+            if spec.gang.scheduler == Scheduler.WORKLOAD and restart > 0:
+                m.decision.actions.append(DeleteStaleGang(keep=restart))
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
         else:  # only the missing pods (rendering a 1024-pod gang takes a while)
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart)) for r in missing)
