@@ -122,3 +122,20 @@ def test_a_single_stage_uses_the_pod_groups_topology_constraint(api, operator, n
     pods = wait_running(api, ns, "tas", 2, timeout=60)
     assert {p["spec"]["nodeName"] for p in pods} == {f"{ns}-n1", *new}
     assert {p["metadata"]["labels"][contract.LABEL_JOB] for p in pods} == {"tas"}
+
+
+def test_a_resumed_job_schedules_again_through_its_pod_group(api, operator, namespace, pool):
+    """Suspend deletes the pods and keeps the incarnation's Workload and PodGroup; the resumed
+    pods of the same restart name the same PodGroup and the scheduler places them as a gang."""
+    ns = namespace
+    pool(2)
+    api.create_job(ns, pool_job("sus", pool, nodes=2))
+    wait_running(api, ns, "sus", 2, timeout=60)
+    job = f"/apis/tetrad.dev/v1alpha1/namespaces/{ns}/paralleltrainingjobs/sus"
+    api.patch(job, {"spec": {"runPolicy": {"suspend": True}}})
+    wait_phase(api, ns, "sus", "Suspended", timeout=60)
+    wait_for(lambda: not api.pods(ns, "sus"), timeout=60, what="the pods gone")
+    assert workload_objects(api, ns, "podgroups") == ["sus-r0"]
+    api.patch(job, {"spec": {"runPolicy": {"suspend": False}}})
+    pods = wait_running(api, ns, "sus", 2, timeout=60)
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"sus-r0"}
