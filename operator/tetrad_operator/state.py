@@ -49,6 +49,7 @@ class PodState:
     scheduled_at: datetime | None = None
     exit_code: int | None = None
     container: str | None = None  # the container that exited with exit_code
+    message: str | None = None  # that container's termination message (the trainer's supervisor writes it)
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
     requests: Resources = field(default_factory=Resources)
@@ -71,7 +72,7 @@ class PodState:
         status = body.get("status", {})
         labels = meta.get("labels") or {}
         gates = [g.get("name") for g in spec.get("schedulingGates") or []]
-        exit_code, container = _exit_code(status)
+        exit_code, container, message = _exit_code(status)
         disrupted = next((c.get("reason") or "Disrupted" for c in status.get("conditions") or []
                           if c.get("type") == DISRUPTION_CONDITION and c.get("status") == "True"), None)
         scheduled = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
@@ -96,6 +97,7 @@ class PodState:
             scheduled_at=parse_time(scheduled),
             exit_code=exit_code,
             container=container,
+            message=message,
             reason=status.get("reason") or None,
             disrupted=disrupted,
             requests=pod_requests(spec),
@@ -112,9 +114,10 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
-    """The exit code that explains the pod's end: the trainer's, else a failed init container's."""
-    found: tuple[int | None, str | None] = (None, None)
+def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """The exit code that explains the pod's end, its container and termination message: the
+    trainer's, else a failed init container's."""
+    found: tuple[int | None, str | None, str | None] = (None, None, None)
     for key in ("containerStatuses", "initContainerStatuses"):
         for cs in status.get(key) or []:
             term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
@@ -122,9 +125,9 @@ def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None]:
                 continue
             code = int(term["exitCode"])
             if cs.get("name") == "trainer":
-                return code, "trainer"
+                return code, "trainer", term.get("message") or None
             if code != 0 and found[0] is None:
-                found = (code, cs.get("name"))
+                found = (code, cs.get("name"), term.get("message") or None)
     return found
 
 

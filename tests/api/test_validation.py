@@ -54,6 +54,8 @@ RULES = [
      ["offload=cpu", "dpShard*cp = 1*1 = 1", "dpShard >= 2 or offload: none"]),
     ("bad offload", manifest(training={"fsdp": {"offload": "nvme"}}), manifest(training={"fsdp": {"offload": "none"}}),
      "spec.training.fsdp.offload", ["none", "cpu"]),
+    ("collective timeout floor", manifest(runPolicy={"collectiveTimeoutSeconds": 1}),
+     manifest(runPolicy={"collectiveTimeoutSeconds": 5}), "spec.runPolicy.collectiveTimeoutSeconds", ["5"]),
     ("unknown field", manifest(paralelism={"tp": 2}), manifest(), "spec.paralelism", ["unknown field"]),
     ("bad type", manifest(nodes="two"), manifest(nodes=2), "spec.nodes", ["integer"]),
     ("bad enum", manifest(parallelism={"ppSchedule": "1F2B"}), manifest(parallelism={"ppSchedule": "GPipe"}), "spec.parallelism.ppSchedule", ["1F1B"]),
@@ -117,6 +119,17 @@ def test_resolve_expands_preset_and_overrides():
     assert (cfg.model.name, cfg.model.seq_len, cfg.model.dim) == ("debug (seqLen 128)", 128, 256)
     assert cfg.layout.label() == "pp2.dpr1.dps2.cp1.tp2"
     assert cfg.pp_microbatches == 2 and cfg.pp_stages_per_rank == 1
+
+
+def test_a_stall_timeout_not_above_the_collective_timeout_is_a_warning():
+    def warnings(**run_policy):
+        return [p for p in validate_document(manifest(runPolicy=run_policy)) if p.severity == "warning"]
+
+    (problem,) = warnings(stallTimeoutSeconds=200)
+    assert problem.field == "spec.runPolicy.stallTimeoutSeconds"
+    assert "stallTimeoutSeconds=200 is not above collectiveTimeoutSeconds=240" in problem.message
+    assert warnings(stallTimeoutSeconds=200, collectiveTimeoutSeconds=100) == []
+    assert warnings(stallTimeoutSeconds=0) == warnings() == []  # detection off, or the default that follows
 
 
 def test_checkpoint_warnings():

@@ -45,11 +45,13 @@ def node_body(name: str, cpu: str = "16", memory: str = "64Gi", gpu: int = 0, re
     }
 
 
-def terminated(pod: dict[str, Any], code: int) -> None:
-    """What a kubelet reports when the trainer container exits."""
+def terminated(pod: dict[str, Any], code: int, message: str | None = None) -> None:
+    """What a kubelet reports when the trainer container exits (with its termination message)."""
     pod["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
-    pod["status"]["containerStatuses"] = [
-        {"name": "trainer", "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}}]
+    state = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": state}}]
+    if message is not None:
+        state["message"] = message
 
 
 class FakeCluster:
@@ -179,7 +181,7 @@ class FakeCluster:
             self.reconcile()
             self.tick(seconds)
 
-    def finish(self, code: int = 0, rank: int | None = None) -> None:
+    def finish(self, code: int = 0, rank: int | None = None, message: str | None = None) -> None:
         for pod in self.pods.values():
             if pod["status"]["phase"] == "Running" and (rank is None or pod["metadata"]["labels"][contract.LABEL_RANK] == str(rank)):
-                terminated(pod, code)
+                terminated(pod, code, message)

@@ -11,7 +11,7 @@ from tetrad_operator import lifecycle
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
 from tetrad_operator.state import format_time, parse_time
 
-from tetrad.api import contract
+from tetrad.api import collective, contract
 from tetrad.render import names
 
 from .fakes import FakeCluster, job_body, node_body, terminated
@@ -608,6 +608,53 @@ def test_the_default_stall_timeout_grows_with_the_measured_step_time():
     scraped(c, last_step_ago=599, step_time=60.0)  # a later scrape, still the same heartbeat
     quiet_for(c, 1)
     assert c.phase == "Restarting" and "stall timeout of 600s" in c.status["message"]
+
+
+def test_the_default_stall_timeout_waits_past_the_collective_timeout():
+    c = FakeCluster(job_body(nodes=1, runPolicy={**FAST, "collectiveTimeoutSeconds": 600}))
+    running(c)
+    scraped(c, last_step_ago=0, step_time=2.0)  # max(10 x 2 s, 300 s, 600 s + 60 s) = 660 s
+    quiet_for(c, 659)
+    assert c.phase == "Running", "a hung collective must end as CollectiveTimeout, not Stalled"
+    quiet_for(c, 1)
+    assert c.phase == "Restarting" and "stall timeout of 660s (the default: 10 x the step time, at least 660s)" \
+        in c.status["message"]
+
+
+def test_a_collective_timeout_restarts_the_gang_naming_the_collective_and_its_peers():
+    said = ("rank 0: gloo:all_reduce #41 in process group default_pg (ranks 0,1,2,3) timed out after 240s; "
+            "not answering: rank 1")
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0, message=collective.termination_message(said))
+    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=1)  # no message: still the same reason
+    d = c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "CollectiveTimeout"
+    assert c.status["message"].startswith(f"pod job-r0-0 failed with exit code 79 in container trainer: a collective "
+                                          f"timed out ({said}) (and 1 more); restarting the whole gang as restart 1")
+    assert (c.status["restarts"], c.status["disruptions"]) == (1, 0)  # a failure: it spends maxRestarts
+    assert (c.events[-1].type, c.events[-1].reason) == ("Warning", "CollectiveTimeout")
+    assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
+    c.settle(60)
+    running(c)
+    c.finish(0)
+    c.reconcile()
+    assert c.phase == "Succeeded" and c.status["restarts"] == 1
+
+
+def test_a_collective_timeout_is_permanent_only_when_the_user_says_so():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "maxRestarts": 0}))
+    running(c)
+    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=1)
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "MaxRestartsExceeded"
+    assert c.status["message"].startswith("pod job-r0-1 failed with exit code 79 in container trainer: a collective "
+                                          "timed out; the gang was already restarted 0 times")
+    permanent = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "permanentExitCodes": [78, 79]}))
+    running(permanent)
+    permanent.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0)
+    permanent.reconcile()
+    assert permanent.phase == "Failed" and cond(permanent, "Failed")["reason"] == "PermanentExitCode"
 
 
 def test_a_steady_heartbeat_never_stalls_and_zero_disables_detection():

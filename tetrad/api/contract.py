@@ -29,6 +29,10 @@ ENV_NODE_NAME: Final = "TETRAD_NODE_NAME"  # the Kubernetes node the pod runs on
 ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"  # where the node writes its termination message (default below)
 ENV_CHECKPOINT_REQUEST_FILE: Final = "TETRAD_CHECKPOINT_REQUEST_FILE"  # rank 0 reads checkpoint-now tokens there
 ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
+# Tests only: a fault the trainer injects (tetrad_trainer.faults), e.g. hang-rank:1:step:3; ignored unless
+# ENV_TEST_FAULTS_ALLOWED=1 is set too, so a stray variable can never hang a real job.
+ENV_TEST_FAULT: Final = "TETRAD_TEST_FAULT"
+ENV_TEST_FAULTS_ALLOWED: Final = "TETRAD_TEST_FAULTS_ALLOWED"
 
 # Labels, annotations and the scheduling gate of the objects Tetrad creates.
 LABEL_JOB: Final = "tetrad.dev/job-name"
@@ -71,6 +75,9 @@ RESERVED_ENV: Final = frozenset({
 EXIT_PREEMPTED: Final = 75  # EX_TEMPFAIL: SIGTERM received, checkpoint saved; always retryable
 EXIT_CONFIG_ERROR: Final = 78  # EX_CONFIG: the resolved config cannot run; retrying cannot help
 EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the same layout cannot help
+# A collective did not complete within spec.runPolicy.collectiveTimeoutSeconds (a peer hung or is gone);
+# retryable: the rank logged the collective and the peers that did not answer first.
+EXIT_COLLECTIVE_TIMEOUT: Final = 79
 EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
 
 # A node's termination message (JSON, read by the operator from the pod's status): why the preflight gate

@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from tetrad.api.spec import (
+    COLLECTIVE_TIMEOUT_SECONDS,
     CamelModel,
     Checkpoint,
     Data,
@@ -102,6 +103,7 @@ class ResolvedConfig(CamelModel):
     cpus: float | None = Field(None, description="CPUs each node's pod requests (resources.cpu); the preflight gate checks they are there. None: no request.")
     preflight: Preflight = Field(default_factory=Preflight, description="The preflight gate's settings.")
     predicted_peak_bytes: float | None = Field(None, description="The planner's predicted peak memory per device, in bytes, quoted by the trainer when the device runs out of memory; None when not planned.")
+    collective_timeout_seconds: int = Field(COLLECTIVE_TIMEOUT_SECONDS, ge=1, description="The process groups' collective timeout (spec.runPolicy.collectiveTimeoutSeconds).")
 
     @property
     def world_size(self) -> int:

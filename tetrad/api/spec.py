@@ -20,6 +20,9 @@ Degree = Annotated[int | Auto, Field(json_schema_extra={"x-kubernetes-int-or-str
 
 
 MAX_NODES: Final = 100000
+# The default of runPolicy.collectiveTimeoutSeconds: below the stall detector's 300 s floor, so a hung
+# collective ends as CollectiveTimeout, naming the peers, before the operator restarts the gang as Stalled.
+COLLECTIVE_TIMEOUT_SECONDS: Final = 240
 # Kubernetes limits (k8s.io/apimachinery/pkg/util/validation).
 DNS1123_LABEL_MAX: Final = 63
 DNS1035_LABEL: Final = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -270,7 +273,13 @@ class RunPolicy(CamelModel):
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, strict=False, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
     stall_timeout_seconds: int | None = Field(None, ge=0, description="Restart the gang (a disruption, reason Stalled) "
                                               "when rank 0 completes no step for this long while the job is Running. "
-                                              "Default: 10 x the measured step time, at least 300 s; 0 disables it.")
+                                              "Default: 10 x the measured step time, at least 300 s and at least "
+                                              "collectiveTimeoutSeconds + 60 s; 0 disables it.")
+    collective_timeout_seconds: int = Field(COLLECTIVE_TIMEOUT_SECONDS, ge=5, description=(
+        "A collective (all-reduce, all-gather, ...) that waits this long for its peers fails: every waiting rank "
+        "logs the collective and the peers that did not answer, and exits 79 (reason CollectiveTimeout, "
+        "retryable). Keep it below stallTimeoutSeconds, or the operator restarts a hung gang as Stalled first, "
+        "without naming the peers."))
     suspend: bool = Field(False, description="Suspend the job: its pods are deleted and the job kept; set false to resume. Kueue admits jobs this way.")
     termination_grace_period_seconds: int = Field(120, ge=0, description="Time a pod has after SIGTERM to save a checkpoint and exit.")
 

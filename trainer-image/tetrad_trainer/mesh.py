@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tetrad.api.resolved import MESH_DIMS, Layout
+from tetrad_trainer import collective
 from tetrad_trainer.config import ConfigError
 
 
@@ -25,9 +26,12 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed() -> torch.device:
-    """Join the process group torchrun describes in the environment; return this rank's device."""
+def init_distributed(collective_timeout_s: int | None = None) -> torch.device:
+    """Join the process group torchrun describes in the environment; return this rank's device.
+    With `collective_timeout_s`, every process group gets it as its collective timeout
+    (tetrad_trainer.collective); without, torch's defaults apply."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    timeout = collective.configure(collective_timeout_s) if collective_timeout_s is not None else None
     if device_type() == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise ConfigError(f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible;"
@@ -35,10 +39,10 @@ def init_distributed() -> torch.device:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         # gloo for the few CPU-side collectives (object gathers), NCCL for everything else.
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
     return device
 
 

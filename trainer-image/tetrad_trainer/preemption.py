@@ -12,7 +12,9 @@ workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
   which it reports with `report_exit`.
 - `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM,
   SIGINT and SIGHUP, and exits with the workers' own code: 75 when every local worker reported
-  75, 78 (EXIT_CONFIG_ERROR) or else 77 (EXIT_OOM) when any reported it, torchrun's code otherwise.
+  75, 78 (EXIT_CONFIG_ERROR) or else 77 (EXIT_OOM) when any reported it, 79 (EXIT_COLLECTIVE_TIMEOUT)
+  when one reported it or left an NCCL flight-recorder dump (tetrad_trainer.collective), torchrun's
+  code otherwise.
 
 Orphans: the supervisor gets SIGTERM when its parent dies (`tetrad run` SIGKILLed), torchrun
 gets SIGTERM when the supervisor dies, and a worker gets SIGKILL when torchrun dies
@@ -40,6 +42,7 @@ import torch.distributed as dist
 from tetrad.api.contract import (
     ENV_EXIT_DIR,
     ENV_TERMINATION_LOG,
+    EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
@@ -48,7 +51,7 @@ from tetrad.api.contract import (
     TERMINATION_CHECKPOINT_TIME,
     TERMINATION_LOG,
 )
-from tetrad_trainer import preflight
+from tetrad_trainer import collective, preflight
 
 # torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
 ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
@@ -151,8 +154,9 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
     """The exit code of a node from torchrun's and its workers' reported codes."""
     if torchrun_code == 0:
         return 0
-    # A cause reported by any worker is the node's: a config error, out of memory, a failed preflight gate.
-    for permanent in (EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREFLIGHT):
+    # A cause reported by any worker is the node's: a config error, out of memory, a failed preflight gate,
+    # a collective timeout (its peers on the node were stopped because of it).
+    for permanent in (EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREFLIGHT, EXIT_COLLECTIVE_TIMEOUT):
         if permanent in worker_codes:
             return permanent
     if worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes) and (nproc is None or len(worker_codes) == nproc):
@@ -188,6 +192,8 @@ def supervise(command: list[str]) -> int:
         code = child.wait()
         reported = [int(p.read_text()) for p in Path(exit_dir).glob("rank-*")]
         preflight_failures = preflight.reported_failures(exit_dir)
+        if (timed_out := collective.node_summary(exit_dir)) is not None:  # NCCL aborts without reporting
+            reported.append(EXIT_COLLECTIVE_TIMEOUT)
     nproc = os.environ.get("PET_NPROC_PER_NODE")
     final = node_exit_code(code, reported, int(nproc) if nproc and nproc.isdigit() else None)
     if final != code:
@@ -195,6 +201,8 @@ def supervise(command: list[str]) -> int:
               file=sys.stderr, flush=True)
     if final == EXIT_PREFLIGHT:
         preflight.write_termination_message(preflight_failures)
+    if final == EXIT_COLLECTIVE_TIMEOUT and timed_out is not None:
+        collective.write_termination_message(timed_out)
     return final
 
 

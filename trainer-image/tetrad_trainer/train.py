@@ -9,7 +9,9 @@ end. Exit codes: 78 (EXIT_CONFIG_ERROR) for a config the trainer cannot run, whi
 never retries; 75 (EXIT_PREEMPTED) after SIGTERM at any moment: during start-up (nothing new to
 save), or after the step in progress, with a new checkpoint, or without one when the last save's
 duration says it cannot finish in the grace period left (the next run resumes from the last
-committed checkpoint). The log says which. --init-from starts a run that resumes nothing from
+committed checkpoint). The log says which. 79 (EXIT_COLLECTIVE_TIMEOUT) when a collective waited
+runPolicy.collectiveTimeoutSeconds for a peer: the rank logs the collective and the peers that did
+not answer first (tetrad_trainer.collective). --init-from starts a run that resumes nothing from
 Hugging Face Llama weights (tetrad_trainer.export) instead of the seed's.
 """
 
@@ -33,12 +35,14 @@ from tetrad.api.contract import (
     ENV_CONFIG,
     ENV_JSONL,
     ENV_METRICS_PORT,
+    EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
 )
 from tetrad.api.resolved import ResolvedConfig
+from tetrad_trainer import collective, faults
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.checkpoint.store import writable_problem
 from tetrad_trainer.checkpoint_request import CheckpointRequests
@@ -95,6 +99,7 @@ class Trainer:
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
+        self.fault = faults.configured()  # tests only
         self.startup_s: float | None = None  # process start to the end of this run's first step
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
@@ -231,6 +236,7 @@ class Trainer:
         """One optimizer step, then whatever is due: stopping on SIGTERM, a checkpoint, a log line."""
         self.step += 1
         try:
+            faults.inject(self.fault, dist.get_rank(), self.step)
             inject_oom_for_tests(self.step)
             loss, grad_norm, lr = self.train_step()
         except torch.OutOfMemoryError as e:
@@ -315,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, steps=args.steps)
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
-        device = init_distributed()
+        device = init_distributed(cfg.collective_timeout_seconds)
     except ConfigError as e:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
@@ -349,6 +355,11 @@ def run(args: argparse.Namespace) -> int:
     except DeviceOutOfMemory as e:  # permanent by default: the same layout would run out again
         log(str(e))
         return EXIT_OOM
+    except Exception as e:  # a peer hung or died in a collective (gloo; NCCL's watchdog aborts instead)
+        if not collective.is_timeout(e):
+            raise
+        collective.log_report(collective.report(e, dist.get_rank(), cfg.collective_timeout_seconds))
+        return EXIT_COLLECTIVE_TIMEOUT
     finally:
         dist.destroy_process_group()
     return 0

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tetrad.api.contract import EXIT_OOM, EXIT_PREEMPTED
+from tetrad.api import collective
+from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED
 from tetrad.api.spec import Phase, RunPolicy
 from tetrad_operator.lifecycle import gang
 from tetrad_operator.lifecycle.actions import DeletePod
@@ -42,7 +43,7 @@ def backoff_seconds(policy: RunPolicy, restart: int) -> float:
 class Failure:
     rank: int
     pod: PodState | None  # None: the rank's pod is missing
-    reason: str  # PodFailed, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
+    reason: str  # PodFailed, CollectiveTimeout, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
     detail: str
     infrastructure: bool  # the cluster took the pod away: always retryable
     force: bool = False  # delete the pod with grace period 0
@@ -69,7 +70,13 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
             else:
                 code = "unknown" if p.exit_code is None else str(p.exit_code)
                 where = f" in container {p.container}" if p.container else ""
-                out.append(Failure(rank, p, "PodFailed", f"pod {p.name} failed with exit code {code}{where}", False))
+                failed = f"pod {p.name} failed with exit code {code}{where}"
+                if p.exit_code == EXIT_COLLECTIVE_TIMEOUT:  # retryable, like any code not listed as permanent
+                    said = collective.parse_termination_message(p.message)
+                    out.append(Failure(rank, p, "CollectiveTimeout", f"{failed}: a collective timed out"
+                                       f"{f' ({said})' if said else ''}", False))
+                else:
+                    out.append(Failure(rank, p, "PodFailed", failed, False))
             continue
         if p.phase == "Succeeded":
             continue
@@ -91,7 +98,14 @@ def stall_timeout(m: JobPass, policy: RunPolicy, training: dict[str, object]) ->
         return float(policy.stall_timeout_seconds) or None
     step_time = training.get("stepTimeSeconds")
     measured = m.settings.stall_step_factor * step_time if isinstance(step_time, (int, float)) else 0.0
-    return max(measured, m.settings.stall_floor_seconds)
+    return max(measured, stall_floor(m, policy))
+
+
+def stall_floor(m: JobPass, policy: RunPolicy) -> float:
+    """The default stall timeout's floor: past the collective timeout too, so that a hung collective
+    ends as CollectiveTimeout, its peers named, before the gang is restarted as Stalled."""
+    return max(m.settings.stall_floor_seconds,
+               policy.collective_timeout_seconds + m.settings.stall_collective_margin_seconds)
 
 
 def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
@@ -121,7 +135,7 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
         return None
     what = f"no step since {training['lastStepTime']}" if started else "no step"
     source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
-              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {m.settings.stall_floor_seconds:g}s")
+              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
                    f"timeout of {timeout:g}s ({source})", True)
 

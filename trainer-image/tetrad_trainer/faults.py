@@ -1,0 +1,54 @@
+"""Faults the trainer injects for tests, and only for tests.
+
+$TETRAD_TEST_FAULT names one fault:
+
+  hang-rank:R:step:S   rank R blocks forever at the start of step S (its peers wait in their next
+                       collective until the collective timeout)
+
+It is read here and nowhere else, and it acts only when $TETRAD_TEST_FAULTS_ALLOWED=1 is set as
+well; without that, the trainer logs that it ignores it. A pod's template cannot set either
+variable (TETRAD_* is reserved), so a real job never runs with a fault.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED
+from tetrad_trainer.config import ConfigError
+
+HANG = re.compile(r"hang-rank:(\d+):step:(\d+)")
+
+
+@dataclass(frozen=True)
+class Hang:
+    rank: int
+    step: int
+
+
+def configured() -> Hang | None:
+    """The fault $TETRAD_TEST_FAULT asks for, when tests allow faults; None otherwise."""
+    spec = os.environ.get(ENV_TEST_FAULT)
+    if not spec:
+        return None
+    if os.environ.get(ENV_TEST_FAULTS_ALLOWED) != "1":
+        print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with {ENV_TEST_FAULTS_ALLOWED}=1",
+              file=sys.stderr, flush=True)
+        return None
+    if not (m := HANG.fullmatch(spec)):
+        raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP")
+    return Hang(rank=int(m[1]), step=int(m[2]))
+
+
+def inject(fault: Hang | None, rank: int, step: int) -> None:
+    """Block forever when `fault` is this rank's at this step; signals are still handled, only SIGKILL ends it."""
+    if fault is None or (fault.rank, fault.step) != (rank, step):
+        return
+    print(f"[tetrad rank {rank}] {ENV_TEST_FAULT}: hanging at the start of step {step} (test fault)",
+          file=sys.stderr, flush=True)
+    while True:
+        time.sleep(3600)
