@@ -167,6 +167,10 @@ def test_topology_key_keeps_each_pipeline_stage_in_one_domain():
         assert stage_terms(p) == [own, {"labelSelector": {"matchLabels": {
             "tetrad.dev/job-name": "t", "tetrad.dev/restart": "1", "tetrad.dev/pipeline-stage": stage}},
             "topologyKey": "tetrad.dev/rack"}]
+        # and it prefers a domain without the other stages' pods
+        (apart,) = p["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert apart["podAffinityTerm"]["labelSelector"]["matchExpressions"] == [
+            {"key": "tetrad.dev/pipeline-stage", "operator": "NotIn", "values": [stage]}]
     preferred = render(job_of(manifest(nodes=4, parallelism={"pp": 2, "dpShard": 4, "tp": 2},
                                        gang={"topologyKey": "tetrad.dev/rack", "topologyMode": "Preferred"})))
     (term,) = stage_terms(preferred.pods[3], "preferredDuringSchedulingIgnoredDuringExecution")
@@ -202,6 +206,7 @@ def test_topology_of_a_single_stage_goes_to_the_schedulers_own_field():
                                                      "topologyMode": "Preferred"})))
     assert "schedulingConstraints" not in soft.pod_group["spec"]
     assert stage_terms(soft.pods[0], "preferredDuringSchedulingIgnoredDuringExecution")
+    assert "podAntiAffinity" not in soft.pods[0]["spec"]["affinity"]  # one stage: no other stage to avoid
 
 
 def test_kueue_pipeline_stages_are_podset_slices():

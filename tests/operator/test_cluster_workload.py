@@ -107,6 +107,21 @@ def test_each_pipeline_stage_lands_in_one_rack(api, operator, namespace, pool):
     assert racks["0"] != racks["1"]  # a rack of two nodes holds one stage's two pods
 
 
+def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, namespace, pool):
+    """The default backend: the operator releases the gang on capacity, then the kube-scheduler
+    follows the stages' pod affinity (and their preference for a rack of their own)."""
+    ns = namespace
+    for r in range(3):
+        pool(2, labels={RACK: f"{ns}-rack-{r}"})
+    spec = {"parallelism": {"pp": 2, "dpShard": "auto"}, "gang": {"scheduler": "builtin", "topologyKey": RACK}}
+    api.create_job(ns, pool_job("bi", pool, nodes=4, **spec))
+    wait_running(api, ns, "bi", 4, timeout=60)
+    racks = stage_racks(api, ns, "bi")
+    assert set(racks) == {"0", "1"} and all(len(r) == 1 for r in racks.values()) and racks["0"] != racks["1"], racks
+    assert api.status(ns, "bi")["restarts"] == 0
+    assert not [e for e in api.events(ns, "bi") if e["reason"] == "GangTimeout"]
+
+
 def test_a_single_stage_uses_the_pod_groups_topology_constraint(api, operator, namespace, pool):
     """pp=1: the whole gang in one rack through the PodGroup's schedulingConstraints (the scheduler's
     TopologyAwareWorkloadScheduling), with no pod affinity."""

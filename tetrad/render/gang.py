@@ -149,12 +149,17 @@ def _apply_topology(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str
         meta["annotations"][KUEUE_SLICE_TOPOLOGY_ANNOTATION] = g.topology_key
         meta["annotations"][KUEUE_SLICE_SIZE_ANNOTATION] = str(spec.nodes // cfg.layout.pp)
     # The stage's pods of this incarnation attract each other within one domain of the key; the
-    # first one placed picks the domain.
-    term = {"labelSelector": {"matchLabels": {contract.LABEL_JOB: job, contract.LABEL_RESTART: str(restart),
-                                              STAGE_LABEL: str(stage)}},
-            "topologyKey": g.topology_key}
-    affinity = pod["spec"].setdefault("affinity", {}).setdefault("podAffinity", {})
+    # first one placed picks the domain, and prefers one without the other stages' pods, so a
+    # stage placed later does not take room an earlier one still needs.
+    gang_pods = {contract.LABEL_JOB: job, contract.LABEL_RESTART: str(restart)}
+    term = {"labelSelector": {"matchLabels": {**gang_pods, STAGE_LABEL: str(stage)}}, "topologyKey": g.topology_key}
+    affinity = pod["spec"].setdefault("affinity", {})
+    together = affinity.setdefault("podAffinity", {})
     if g.topology_mode == TopologyMode.REQUIRED:
-        affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+        together.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
     else:
-        affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append({"weight": 100, "podAffinityTerm": term})
+        together.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append({"weight": 100, "podAffinityTerm": term})
+    if cfg.layout.pp > 1:
+        others = {"matchLabels": gang_pods, "matchExpressions": [{"key": STAGE_LABEL, "operator": "NotIn", "values": [str(stage)]}]}
+        affinity.setdefault("podAntiAffinity", {}).setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"weight": 50, "podAffinityTerm": {"labelSelector": others, "topologyKey": g.topology_key}})
