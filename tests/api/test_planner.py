@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.api.helpers import manifest
@@ -201,3 +203,22 @@ def test_offload_fits_a_model_whose_sharded_state_does_not_and_the_pod_must_hold
     assert "GiB of sharded parameters, gradients and AdamW state in host memory per pod (8 processes x" in problems[0].message
     job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "2Ti"}}))
     assert check_spec(job.spec).ok
+
+
+def test_the_guide_quotes_the_plan_for_zero2_and_offload():
+    """docs/parallelism.md's figures for training.fsdp are what the planner says."""
+    text = (Path(__file__).parents[2] / "docs" / "parallelism.md").read_text()
+
+    def planned(nodes: int, preset: str, training: dict[str, object], **model: object) -> tuple[float, float, float]:
+        job, _ = parse(manifest(nodes=nodes, nprocPerNode=8, parallelism={"pp": 1, "tp": 1, "dpShard": 8 * nodes},
+                                model={"preset": preset, **model}, resources={"gpu": 8}, training=training))
+        solution = check_spec(job.spec).solution
+        return solution.estimate.peak_bytes / GiB, solution.time.total_s, solution.time.exposed_comm_s
+
+    eight = {"globalBatch": 128, "activationCheckpointing": "full"}
+    peak, step, exposed = planned(4, "llama3-8b", eight, seqLen=4096)
+    assert f"predicted at {step:.2f} s per step, {exposed:.2f} s of it FSDP traffic" in text and f"{peak:.1f} GiB per" in text
+    peak, step, _ = planned(4, "llama3-8b", {**eight, "fsdp": {"reshardAfterForward": False}}, seqLen=4096)
+    assert f"`reshardAfterForward: false` at {step:.2f} s and {peak:.1f} GiB" in text
+    peak, step, _ = planned(1, "llama3-70b", {"globalBatch": 8, "activationCheckpointing": "full", "fsdp": {"offload": "cpu"}})
+    assert f"pure FSDP fits at {peak:.1f} GiB per GPU" in text and f"at {step:.1f} s, two thirds" in text
