@@ -422,9 +422,11 @@ class Controller:
         if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
-        figures, checkpoint = read
+        figures, checkpoint, measured = read
         figures["updated"] = format_time(datetime.now(UTC))
         status: dict[str, Any] = {"training": figures}
+        if measured:  # the preflight gate's bandwidth, of this incarnation
+            status["preflight"] = {**measured, "restart": restart, "updated": figures["updated"]}
         if checkpoint := scrape.checkpoint(checkpoint, checkpoint_path, restart):
             status["checkpoint"] = checkpoint  # a merge patch: what this incarnation has not set yet stays
         try:

@@ -9,6 +9,7 @@ last committed checkpoint.
 from __future__ import annotations
 
 import math
+import statistics
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from tetrad.api.contract import (
+    METRIC_PREFLIGHT_BUS_BANDWIDTH,
     SCRAPED,
     SCRAPED_CHECKPOINT,
     SCRAPED_INTEGERS,
@@ -37,6 +39,21 @@ def parse_each(text: str, *field_maps: dict[str, str]) -> list[dict[str, Any]]:
     """`parse` for each of `field_maps`, reading the exposition once."""
     samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
     return [_pick(samples, fields) for fields in field_maps]
+
+
+def preflight(samples: list[Sample]) -> dict[str, Any]:
+    """status.preflight from rank 0's preflight gauges (every node's bus bandwidth, labelled node and
+    node_rank, and their median); empty while the gate has not reported."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for sample in samples:
+        rank = sample.labels.get("node_rank", "")
+        if sample.name == METRIC_PREFLIGHT_BUS_BANDWIDTH and rank.isdigit() and math.isfinite(sample.value):
+            nodes[int(rank)] = {"node": sample.labels.get("node") or f"node-rank-{rank}", "nodeRank": int(rank),
+                                "busBandwidthGBps": sample.value / 1e9}
+    if not nodes:
+        return {}
+    listed = [nodes[r] for r in sorted(nodes)]
+    return {"busBandwidthGBps": statistics.median(n["busBandwidthGBps"] for n in listed), "nodes": listed}
 
 
 def _pick(samples: list[Sample], fields: dict[str, str]) -> dict[str, Any]:
@@ -75,15 +92,15 @@ def checkpoint(figures: dict[str, Any], checkpoint_path: str | None, restart: in
 
 
 async def fetch(session: aiohttp.ClientSession, host: str, port: int,
-                timeout: float) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(training figures, checkpoint figures), or None when the endpoint cannot be read in time
-    (never raises)."""
+                timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+    """(training figures, checkpoint figures, the preflight gate's figures), or None when the endpoint
+    cannot be read in time (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
             if rsp.status != 200:
                 return None
-            training, checkpoint_figures = parse_each(await rsp.text(), SCRAPED, SCRAPED_CHECKPOINT)
-            return training, checkpoint_figures
+            samples = [sample for family in text_string_to_metric_families(await rsp.text()) for sample in family.samples]
+            return _pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT), preflight(samples)
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None

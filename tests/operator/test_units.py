@@ -141,7 +141,7 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     finally:
         server.shutdown()
         server.server_close()
-    assert ok == ({"peakMemoryBytes": 2**40}, {}) and closed is None and unroutable is None
+    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}) and closed is None and unroutable is None
 
 
 def test_settings_from_env():

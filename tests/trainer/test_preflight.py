@@ -1,7 +1,7 @@
 """The preflight gate with real processes: `tetrad run` on two local nodes of two gloo processes
 each passes it and reports the bus bandwidth of every node; a node with fewer CPUs than the job
 requests, or whose rendezvous name does not resolve, exits EXIT_PREFLIGHT naming itself and the
-reason in its termination message."""
+reason in its termination message (the CPU check applies in a pod, where TETRAD_NODE_NAME is set)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
+from tetrad_trainer.metrics import RankMetrics
+from tetrad_trainer.preflight import NodeFigures
 
 from tests.trainer.harness import free_port_block
 from tetrad.api import parse
-from tetrad.api.contract import ENV_CONFIG, ENV_NODE_NAME, ENV_TERMINATION_LOG, EXIT_PREFLIGHT
+from tetrad.api.contract import (
+    ENV_CONFIG,
+    ENV_NODE_NAME,
+    ENV_TERMINATION_LOG,
+    EXIT_PREFLIGHT,
+    METRIC_PREFLIGHT_BUS_BANDWIDTH,
+    METRIC_PREFLIGHT_SECONDS,
+)
 from tetrad.api.preflight import parse_termination_message
 from tetrad.resolve import resolve
 
@@ -60,6 +70,7 @@ def test_two_nodes_pass_the_gate_and_report_each_nodes_bus_bandwidth(tmp_path: P
     assert preflight_lines(tmp_path / "w" / "node-1.log") == [], "only rank 0 prints the report"
 
 
+@pytest.mark.slow
 def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reason(tmp_path: Path) -> None:
     log = tmp_path / "termination-log"
     r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0},
@@ -70,6 +81,9 @@ def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reaso
     assert failure.reason == "cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their CPU affinity)"
     node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
     assert "preflight failed on node gpu-node-7" in node_log and "torch.distributed.run" not in node_log
+    outside_a_pod = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}, training={"steps": 1, "globalBatch": 4},
+                                                 preflight={"allReduceMiB": 1}), cpus={0})
+    assert outside_a_pod.returncode == 0, "`tetrad run`'s nodes share the machine: a pod's CPU request is not checked"
 
 
 def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp_path: Path) -> None:
@@ -87,3 +101,12 @@ def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp
     (failure,) = parse_termination_message(log.read_text())
     assert (failure.node, failure.node_rank) == ("node-b", 1)
     assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not resolve within 2 s")
+
+
+def test_rank_0_exports_every_nodes_figures_as_labelled_gauges() -> None:
+    metrics = RankMetrics(port=None, rank=0, labels={}, jsonl=None)
+    metrics.preflight([NodeFigures("n0", 0, 2.5e9, 0.4), NodeFigures("n1", 1, 1.25e9, 0.5)])
+    text = generate_latest(metrics.registry).decode()
+    assert f'{METRIC_PREFLIGHT_BUS_BANDWIDTH}{{node="n0",node_rank="0"}} 2.5e+09' in text
+    assert f'{METRIC_PREFLIGHT_BUS_BANDWIDTH}{{node="n1",node_rank="1"}} 1.25e+09' in text
+    assert f'{METRIC_PREFLIGHT_SECONDS}{{node="n1",node_rank="1"}} 0.5' in text

@@ -399,9 +399,9 @@ class PreflightStatus(CamelModel):
     restart: int | None = Field(None, description="The incarnation these figures are from.")
     bus_bandwidth_g_bps: float | None = Field(None, alias="busBandwidthGBps", description="The median of the "
                                               "nodes' bus bandwidth, GB/s.")
-    nodes: list[PreflightNode] = Field(default_factory=list, description="Each node's figure, read from rank 0.")
-    slow_nodes: list[str] = Field(default_factory=list, description="Nodes below spec.preflight.slowNodeFraction "
-                                  "of the median.")
+    nodes: list[PreflightNode] = Field(default_factory=list, description="Each node's figure, read from rank 0; "
+                                       "nodes below spec.preflight.slowNodeFraction of the median make the condition "
+                                       "SlowNodes.")
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 

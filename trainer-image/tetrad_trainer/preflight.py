@@ -2,8 +2,8 @@
 all-reduces once within a bound, measuring each node's bus bandwidth.
 
 - `node_checks` runs in the node's supervisor (tetrad_trainer.preemption) before torchrun starts:
-  the devices (a CUDA job needs nprocPerNode visible GPUs), the CPUs resources.cpu requests (this
-  process's CPU affinity: what a static CPU manager or `taskset` leaves it), and pod 0's
+  the devices (a CUDA job needs nprocPerNode visible GPUs), the CPUs resources.cpu requests (in a
+  pod: this process's CPU affinity, what a static CPU manager or `taskset` leaves it), and pod 0's
   rendezvous name (PET_MASTER_ADDR) resolving within timeoutSeconds. A node that fails exits
   EXIT_PREFLIGHT (69) without starting torchrun.
 - `gang_check` runs in every worker once the process group is up, before the model is built: an
@@ -114,7 +114,8 @@ def node_problems(cfg: ResolvedConfig) -> list[str]:
     if cfg.use_gpu and (have := torch.cuda.device_count()) < cfg.nproc_per_node:
         problems.append(f"devices: {have} CUDA devices visible, the job runs nprocPerNode={cfg.nproc_per_node} "
                         f"processes, one per GPU")
-    if cfg.cpus is not None and (have := available_cpus()) < math.ceil(cfg.cpus):
+    in_pod = bool(os.environ.get(ENV_NODE_NAME))  # `tetrad run`'s nodes share one machine: no CPU request to check
+    if in_pod and cfg.cpus is not None and (have := available_cpus()) < math.ceil(cfg.cpus):
         problems.append(f"cpu: resources.cpu requests {cfg.cpus:g} CPUs, this node's processes may run on {have} "
                         f"(their CPU affinity)")
     master = os.environ.get("PET_MASTER_ADDR")

@@ -13,7 +13,7 @@ from tetrad.api.spec import Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import gang, policy
+from tetrad_operator.lifecycle import gang, policy, preflight
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
@@ -124,6 +124,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
     # 1. Any failure in the current gang: fail the job, or restart the whole gang.
     failures = policy.failures(m, current, spec.nodes, expect_deleting)
     if failures:
+        preflight.record(m, [n for f in failures for n in f.nodes], restart, spec.preflight)
         policy.on_failure(m, failures, list(current.values()), restart, run_policy)
         return
 
@@ -145,13 +146,15 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
         if m.phase == Phase.RESTARTING:
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
         if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
-            rendered = render(job, restart=restart, config=cfg)
+            rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, *rendered.gang_objects()))
             if spec.gang.scheduler == Scheduler.WORKLOAD and restart > 0:
                 m.decision.actions.append(DeleteStaleGang(keep=restart))
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
         else:  # only the missing pods (rendering a 1024-pod gang takes a while)
-            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart)) for r in missing)
+            avoid = preflight.excluded(m.status)
+            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
+                                      for r in missing)
         if builtin:
             gang.creating(m, spec.nodes, restart)
         return
@@ -170,6 +173,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
 
     # 6. Running once every pod runs (or already succeeded); GangWaiting before.
     if all(p.phase in ("Running", "Succeeded") for p in pods):
+        preflight.report_slow(m, restart, spec.preflight.slow_node_fraction)  # the SlowNodes condition
         if m.phase != Phase.RUNNING:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
         elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0])) is not None:

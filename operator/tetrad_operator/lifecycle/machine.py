@@ -52,7 +52,7 @@ def get_condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | Non
 
 
 # Status fields only the scraper writes: a pass never writes them, so a restart keeps them.
-SCRAPER_OWNED = ("training", "checkpoint")
+SCRAPER_OWNED = ("training", "checkpoint", "preflight")
 
 
 class JobPass:

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tetrad.api import collective
-from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tetrad.api.spec import Phase, RunPolicy
-from tetrad_operator.lifecycle import gang
+from tetrad_operator.lifecycle import gang, preflight
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState, parse_time
@@ -43,10 +43,11 @@ def backoff_seconds(policy: RunPolicy, restart: int) -> float:
 class Failure:
     rank: int
     pod: PodState | None  # None: the rank's pod is missing
-    reason: str  # PodFailed, CollectiveTimeout, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
+    reason: str  # PodFailed, PreflightFailed, CollectiveTimeout, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
     detail: str
     infrastructure: bool  # the cluster took the pod away: always retryable
     force: bool = False  # delete the pod with grace period 0
+    nodes: tuple[tuple[str, str], ...] = ()  # PreflightFailed: (node, reason) of each node the pod named
 
     @property
     def exit_code(self) -> int | None:
@@ -67,6 +68,8 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
             why = p.disrupted or p.reason
             if infra:
                 out.append(Failure(rank, p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))
+            elif p.exit_code == EXIT_PREFLIGHT:
+                out.append(preflight_failure(rank, p, current))
             else:
                 code = "unknown" if p.exit_code is None else str(p.exit_code)
                 where = f" in container {p.container}" if p.container else ""
@@ -90,6 +93,14 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
                 out.append(Failure(rank, None, "PodMissing", f"the pod of rank {rank} disappeared", True))
                 m.decision.verify = True
     return out
+
+
+def preflight_failure(rank: int, pod: PodState, current: dict[int, PodState]) -> Failure:
+    """A pod that failed the preflight gate: a disruption (a node's fault, not the job's) naming the nodes."""
+    nodes, gang_reasons = preflight.named_nodes(pod, current)
+    said = "; ".join([f"node {node}: {reason}" for node, reason in nodes] + gang_reasons) or "no reason given"
+    return Failure(rank, pod, "PreflightFailed", f"pod {pod.name} failed the preflight gate: {said}", True,
+                   nodes=tuple(nodes))
 
 
 def stall_timeout(m: JobPass, policy: RunPolicy, training: dict[str, object]) -> float | None:
