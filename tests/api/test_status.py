@@ -81,6 +81,20 @@ def test_summary_shows_the_last_checkpoint_and_where_the_restart_resumed():
     assert "Checkpoint" not in format_summary(summarize(stored(status), NOW))  # checkpointing off: no line
 
 
+def test_summary_shows_the_preflight_bandwidth_the_slow_and_the_failed_nodes():
+    status = RUNNING | {
+        "preflight": {"restart": 2, "busBandwidthGBps": 38.0, "nodes": [
+            {"node": "a", "nodeRank": 0, "busBandwidthGBps": 40.0}, {"node": "b", "nodeRank": 1, "busBandwidthGBps": 38.0},
+            {"node": "c", "nodeRank": 2, "busBandwidthGBps": 9.0}]},
+        "failedNodes": [{"node": "bad", "reason": "devices: 7 CUDA devices visible", "restart": 1, "excluded": True}]}
+    text = format_summary(summarize(stored(status), NOW))
+    assert "Preflight:    38 GB/s median bus bandwidth over 3 nodes (restart 2); slow: c 9 GB/s\n" in text
+    assert "Failed nodes: bad in restart 1 (excluded): devices: 7 CUDA devices visible\n" in text
+    relaxed = format_summary(summarize(stored(status, preflight={"slowNodeFraction": 0.2}), NOW))
+    assert "(restart 2)\n" in relaxed, "no node below 0.2 of the median"
+    assert "Preflight" not in format_summary(summarize(stored(RUNNING), NOW)) and "Failed nodes" not in text.split("Preflight")[0]
+
+
 def test_eta_uses_the_presets_sequence_length():
     s = summarize(stored(RUNNING, training={"steps": 100, "globalBatch": 16}), NOW)
     assert s["stepSeconds"] == 16 * 256 / 512 and s["etaSeconds"] == 70 * 8.0  # debug: seqLen 256

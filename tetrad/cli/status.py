@@ -14,7 +14,9 @@ from typing import Any
 
 from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
 from tetrad.api.manifest import shorten
+from tetrad.api.preflight import slow_nodes
 from tetrad.api.presets import PRESETS, model_name
+from tetrad.api.spec import Preflight
 
 GiB = 2**30
 
@@ -95,6 +97,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
     }
     if _get(spec, "checkpoint", "enabled"):
         out["checkpoint"] = _checkpoint(status.get("checkpoint") or {}, now)
+    if (preflight := _preflight(spec, status)) is not None:
+        out["preflight"] = preflight
     tokens_per_step = global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int) else None
     if tokens_per_step and tokens_per_second:
         out["stepSeconds"] = tokens_per_step / tokens_per_second
@@ -117,6 +121,43 @@ def _checkpoint(ckpt: dict[str, Any], now: datetime) -> dict[str, Any]:
     return {"step": integer(ckpt.get("step")), "path": ckpt.get("path") if isinstance(ckpt.get("path"), str) else None,
             "secondsAgo": max((now - committed).total_seconds(), 0.0) if committed is not None else None,
             "resumedFrom": integer(ckpt.get("resumedFrom")), "resumedAtRestart": integer(ckpt.get("resumedAtRestart"))}
+
+
+def _preflight(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+    """status.preflight's bandwidth (with the slow nodes, judged by the spec's fraction) and
+    status.failedNodes; None when the job has neither."""
+    raw = status.get("preflight")
+    measured: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    nodes: dict[str, float] = {}
+    for n in measured.get("nodes") or []:
+        if isinstance(n, dict) and isinstance(n.get("node"), str) and (bw := _number(n.get("busBandwidthGBps"))) is not None:
+            nodes[n["node"]] = min(bw, nodes.get(n["node"], bw))
+    failed = [{"node": f["node"], "reason": str(f.get("reason") or ""), "restart": f.get("restart"),
+               "excluded": f.get("excluded") is True}
+              for f in status.get("failedNodes") or [] if isinstance(f, dict) and isinstance(f.get("node"), str)]
+    if not nodes and not failed:
+        return None
+    fraction = _number(_get(spec, "preflight", "slowNodeFraction"))
+    slow = slow_nodes(nodes, Preflight().slow_node_fraction if fraction is None else fraction)
+    return {"busBandwidthGBps": _number(measured.get("busBandwidthGBps")), "restart": measured.get("restart"),
+            "nodes": nodes, "slowNodes": {node: nodes[node] for node in slow}, "failedNodes": failed}
+
+
+def _preflight_lines(p: dict[str, Any]) -> list[tuple[str, str]]:
+    """`Preflight: 38 GB/s median bus bandwidth over 3 nodes (restart 0); slow: n2 9 GB/s` and
+    `Failed nodes: n0 in restart 0 (excluded): devices: ...`."""
+    rows = []
+    if p["nodes"]:
+        median = f"{p['busBandwidthGBps']:.3g} GB/s" if p["busBandwidthGBps"] is not None else "?"
+        line = f"{median} median bus bandwidth over {len(p['nodes'])} nodes (restart {p['restart']})"
+        if p["slowNodes"]:
+            line += "; slow: " + ", ".join(f"{node} {bw:.3g} GB/s" for node, bw in p["slowNodes"].items())
+        rows.append(("Preflight", line))
+    if p["failedNodes"]:
+        rows.append(("Failed nodes", "; ".join(
+            f"{f['node']} in restart {f['restart']}{' (excluded)' if f['excluded'] else ''}: {f['reason']}"
+            for f in p["failedNodes"])))
+    return rows
 
 
 def _checkpoint_line(c: dict[str, Any]) -> str:
@@ -161,6 +202,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Peak memory", f"{s['peakMemoryBytes'] / GiB:.2f} GiB (rank 0)"))
     if s.get("checkpoint") is not None:
         rows.append(("Checkpoint", _checkpoint_line(s["checkpoint"])))
+    if s.get("preflight") is not None:
+        rows += _preflight_lines(s["preflight"])
     disruptions = f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)" if s["disruptions"] else ""
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
     if s["runningSeconds"] is not None:
