@@ -32,6 +32,7 @@ from tetrad_operator.admission import GangAdmitter, ungate
 from tetrad_operator.kube import ApiError, Kube, object_path, path
 from tetrad_operator.lifecycle import (
     SCRAPER_OWNED,
+    AnnotatePod,
     CreatePod,
     DeleteJob,
     DeletePod,
@@ -243,7 +244,7 @@ class Controller:
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
                                         rejection=loop.rejection)
         old = body.get("status") or {}
-        if not await self._write_status(job_path, body, old, decision.status):
+        if not await self._write_status(job_path, body, old, decision.status, decision.checkpoint):
             return 0.05  # the job changed under us: read it again
         self._count(old, decision.status)
         loop.phase = decision.status.get("phase") or ""
@@ -266,14 +267,18 @@ class Controller:
     # ------------------------------------------------------------------ writes
 
     async def _write_status(self, job_path: str, body: dict[str, Any], old: dict[str, Any],
-                            new: dict[str, Any]) -> bool:
+                            new: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> bool:
         current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
-        if new == current:
+        recorded = old.get("checkpoint") or {}
+        checkpoint = {k: v for k, v in (checkpoint or {}).items() if recorded.get(k) != v}
+        if new == current and not checkpoint:
             return True
         patch: dict[str, Any] = dict(new)
         for k in current:
             if k not in new:
                 patch[k] = None  # merge patch: null removes the field
+        if checkpoint:
+            patch["checkpoint"] = checkpoint  # merged into the scraper's fields
         rv = body["metadata"]["resourceVersion"]
         rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
                                     ok=(404, 409))
@@ -337,6 +342,7 @@ class Controller:
                 expected.pop(a.name, None)
                 calls.append(self._delete_pod(loop, a))
         calls += [self._delete_stale_gang(namespace, job, a.keep) for a in actions if isinstance(a, DeleteStaleGang)]
+        calls += [self._annotate_pod(namespace, a) for a in actions if isinstance(a, AnnotatePod)]
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
@@ -376,6 +382,12 @@ class Controller:
         for kind in ("PodGroup", "Workload"):
             await self.kube.request("DELETE", path(WORKLOAD_API_VERSION, kind, namespace),
                                     query={"labelSelector": selector}, ok=(404,))
+
+    async def _annotate_pod(self, namespace: str, action: AnnotatePod) -> None:
+        """A merge patch of the pod's annotations, if it is still the pod (uid) the decision saw."""
+        body = {"metadata": {"uid": action.uid, "annotations": action.annotations}}
+        async with self.limit:
+            await self.kube.patch(path("v1", "pods", namespace, action.name), body, ok=(404, 409))
 
     async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:
@@ -422,13 +434,15 @@ class Controller:
         if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
-        figures, checkpoint, measured = read
+        figures, checkpoint, request, measured = read
         figures["updated"] = format_time(datetime.now(UTC))
         status: dict[str, Any] = {"training": figures}
         if measured:  # the preflight gate's bandwidth, of this incarnation
             status["preflight"] = {**measured, "restart": restart, "updated": figures["updated"]}
         if checkpoint := scrape.checkpoint(checkpoint, checkpoint_path, restart):
             status["checkpoint"] = checkpoint  # a merge patch: what this incarnation has not set yet stays
+        if request:
+            status.setdefault("checkpoint", {})["requestCommitted"] = request
         try:
             await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
             self.metrics.scrapes.labels("ok").inc()

@@ -73,8 +73,12 @@ def node_changed(name: str, type: str | None, body: kopf.Body, memo: Any, **_: A
 
 @kopf.on.event(*JOBS)
 def job_changed(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
-    # Our own status writes come back here too; only a new spec generation needs a reconcile.
-    if body.meta.get("generation") != body.get("status", {}).get("observedGeneration"):
+    # Our own status writes come back here too; only a new spec generation or a new checkpoint-now
+    # token (an annotation: no new generation) needs a reconcile.
+    status = body.get("status", {})
+    token = body.meta.annotations.get(contract.ANNOTATION_CHECKPOINT_NOW)
+    if body.meta.get("generation") != status.get("observedGeneration") or \
+            (token and token != (status.get("checkpoint") or {}).get("requested")):
         memo.controller.wake((namespace, name))
 
 

@@ -18,13 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from tetrad.api.contract import (
+    LABEL_REQUEST_TOKEN,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
     SCRAPED,
     SCRAPED_CHECKPOINT,
     SCRAPED_INTEGERS,
+    SCRAPED_REQUEST,
     SCRAPED_TIMES,
     SCRAPED_UNSET_AT_ZERO,
-    step_dir_name,
+    step_path,
 )
 from tetrad_operator.state import format_time
 
@@ -37,8 +39,25 @@ def parse(text: str, fields: dict[str, str] = SCRAPED) -> dict[str, Any]:
 
 def parse_each(text: str, *field_maps: dict[str, str]) -> list[dict[str, Any]]:
     """`parse` for each of `field_maps`, reading the exposition once."""
-    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    samples = _samples(text)
     return [_pick(samples, fields) for fields in field_maps]
+
+
+def _samples(text: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def request_committed(samples: list[Sample]) -> dict[str, Any]:
+    """status.checkpoint.requestCommitted: the checkpoint-now token rank 0 served, with the step and
+    time of the checkpoint that committed it; empty before the first."""
+    out: dict[str, Any] = {}
+    for sample in samples:
+        key = SCRAPED_REQUEST.get(sample.name)
+        token = sample.labels.get(LABEL_REQUEST_TOKEN)
+        if key is not None and token and math.isfinite(sample.value):
+            out["token"] = token
+            out[key] = _value(key, sample.value)
+    return out
 
 
 def preflight(samples: list[Sample]) -> dict[str, Any]:
@@ -85,22 +104,23 @@ def checkpoint(figures: dict[str, Any], checkpoint_path: str | None, restart: in
     committed step's directory named as the trainer's store names it, and which restart resumed."""
     out = dict(figures)
     if "step" in out and checkpoint_path:
-        out["path"] = f"{checkpoint_path.rstrip('/')}/{step_dir_name(out['step'])}"
+        out["path"] = step_path(checkpoint_path, out["step"])
     if "resumedFrom" in out:
         out["resumedAtRestart"] = restart
     return out
 
 
 async def fetch(session: aiohttp.ClientSession, host: str, port: int,
-                timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
-    """(training figures, checkpoint figures, the preflight gate's figures), or None when the endpoint
-    cannot be read in time (never raises)."""
+                timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+    """(training figures, checkpoint figures, the checkpoint-now request committed, the preflight
+    gate's figures), or None when the endpoint cannot be read in time (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
             if rsp.status != 200:
                 return None
-            samples = [sample for family in text_string_to_metric_families(await rsp.text()) for sample in family.samples]
-            return _pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT), preflight(samples)
+            samples = _samples(await rsp.text())
+            return (_pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT), request_committed(samples),
+                    preflight(samples))
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None

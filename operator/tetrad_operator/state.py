@@ -51,6 +51,7 @@ class PodState:
     container: str | None = None  # the container that exited with exit_code
     message: str | None = None  # that container's termination message (the trainer's supervisor writes it)
     reason: str | None = None  # pod.status.reason, e.g. Evicted
+    checkpoint_request: str | None = None  # the checkpoint-now token the operator copied onto this pod
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
     requests: Resources = field(default_factory=Resources)
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -99,6 +100,7 @@ class PodState:
             container=container,
             message=message,
             reason=status.get("reason") or None,
+            checkpoint_request=(meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW),
             disrupted=disrupted,
             requests=pod_requests(spec),
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),

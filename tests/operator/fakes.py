@@ -113,6 +113,9 @@ class FakeCluster:
         # the controller's write leaves the scraper's fields as they are
         scraped = {k: self.status[k] for k in lifecycle.SCRAPER_OWNED if self.status.get(k)}
         self.job["status"] = copy.deepcopy(d.status) | scraped
+        if d.checkpoint:  # a merge patch into the scraper's status.checkpoint
+            merged = {**self.status.get("checkpoint", {}), **d.checkpoint}
+            self.job["status"]["checkpoint"] = {k: v for k, v in merged.items() if v is not None}
         self.events += d.events
         creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
         if creates and self.refuse is not None:
@@ -142,6 +145,10 @@ class FakeCluster:
             elif isinstance(a, lifecycle.Ungate):
                 for name, _ in a.pods:
                     self._ungate(name)
+            elif isinstance(a, lifecycle.AnnotatePod):
+                pod = self.pods.get(a.name)
+                if pod is not None and pod["metadata"]["uid"] == a.uid:
+                    pod["metadata"].setdefault("annotations", {}).update(a.annotations)
             elif isinstance(a, lifecycle.DeleteStaleGang):
                 for key, obj in list(self.objects.items()):
                     labels = obj["metadata"].get("labels") or {}

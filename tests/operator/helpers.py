@@ -108,11 +108,12 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def terminate(api: Api, ns: str, pod: str, exit_code: int) -> None:
-    """What a kubelet reports when the trainer exits (kwok leaves non-Pending pods alone)."""
+def terminate(api: Api, ns: str, pod: str, exit_code: int, message: str | None = None) -> None:
+    """What a kubelet reports when the trainer exits (kwok leaves non-Pending pods alone), with the
+    container's termination message."""
     t = now()
     state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
-                            "startedAt": t, "finishedAt": t}}
+                            "startedAt": t, "finishedAt": t, **({"message": message} if message else {})}}
     api.patch(f"/api/v1/namespaces/{ns}/pods/{pod}/status", {"status": {
         "phase": "Succeeded" if exit_code == 0 else "Failed",
         "containerStatuses": [{"name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "", "ready": False,

@@ -23,7 +23,7 @@ class Rank0:
     """A metrics endpoint with the checkpoint gauges of one trainer process at a time."""
 
     def __init__(self) -> None:
-        registry = CollectorRegistry()
+        self.registry = registry = CollectorRegistry()
         self.gauges = {name: Gauge(name, "", registry=registry) for name in contract.SCRAPED_CHECKPOINT}
         self.new_process()
         self.port = free_port()

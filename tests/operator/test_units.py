@@ -141,7 +141,40 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     finally:
         server.shutdown()
         server.server_close()
-    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}) and closed is None and unroutable is None
+    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}) and closed is None and unroutable is None
+
+
+def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
+    r = CollectorRegistry()
+    step = Gauge(contract.METRIC_REQUEST_STEP, "", [contract.LABEL_REQUEST_TOKEN], registry=r)
+    at = Gauge(contract.METRIC_REQUEST_TIME, "", [contract.LABEL_REQUEST_TOKEN], registry=r)
+    samples = scrape._samples(generate_latest(r).decode())
+    assert scrape.request_committed(samples) == {}  # no request served yet: no sample
+    step.labels("2030-01-01T00:00:00Z").set(140)
+    at.labels("2030-01-01T00:00:00Z").set(1_900_000_000)
+    samples = scrape._samples(generate_latest(r).decode())
+    assert scrape.request_committed(samples) == {"token": "2030-01-01T00:00:00Z", "step": 140,
+                                                 "time": "2030-03-17T17:46:40Z"}
+
+
+def test_the_status_write_merges_what_the_pass_learned_into_status_checkpoint():
+    class RecordingKube:
+        def __init__(self):
+            self.on_error, self.patches = None, []
+
+        async def patch(self, url, body, ok=()):
+            self.patches.append(body)
+            return {}
+
+    kube = RecordingKube()
+    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}}
+    body = {"metadata": {"resourceVersion": "7"}, "status": old}
+    new = {"phase": "Suspended"}
+    assert asyncio.run(ctl._write_status("/job", body, old, new, {"step": 50, "resumedFrom": None}))
+    assert asyncio.run(ctl._write_status("/job", body, old, new, {"step": 50}))  # nothing new: no write
+    assert kube.patches == [{"metadata": {"resourceVersion": "7"},
+                             "status": {"phase": "Suspended", "checkpoint": {"resumedFrom": None}}}]
 
 
 def test_settings_from_env():

@@ -215,10 +215,17 @@ def spec_schema() -> dict[str, Any]:
     return s
 
 
+def _without_object_defaults(s: dict[str, Any]) -> None:
+    """The status is written whole by the operator: no object of it is defaulted (an empty object
+    would also miss the fields it requires)."""
+    for prop in s.get("properties", {}).values():
+        prop.pop("default", None)
+        _without_object_defaults(prop)
+
+
 def status_schema() -> dict[str, Any]:
     s = schema_of(ParallelTrainingJobStatus)
-    for prop in s["properties"].values():
-        prop.pop("default", None)
+    _without_object_defaults(s)
     s["description"] = "The observed state, written by the Tetrad operator."
     return s
 

@@ -370,6 +370,12 @@ class TrainingStatus(CamelModel):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
+class CheckpointRequestStatus(CamelModel):
+    token: str = Field(description="The tetrad.dev/checkpoint-now token.")
+    step: int | None = Field(None, description="The step whose checkpoint served it.")
+    time: str | None = Field(None, description="When that checkpoint was committed (RFC 3339, the pod's clock).")
+
+
 class CheckpointStatus(CamelModel):
     step: int | None = Field(None, description="Step of the last checkpoint rank 0 committed; kept across restarts "
                              "until a later incarnation commits its own.")
@@ -379,6 +385,10 @@ class CheckpointStatus(CamelModel):
                                      "from; 0: it started fresh.")
     resumed_at_restart: int | None = Field(None, description="The restart (status.restarts) whose incarnation "
                                            "resumed from resumedFrom.")
+    requested: str | None = Field(None, description="The last tetrad.dev/checkpoint-now token the operator passed "
+                                  "to rank 0.")
+    request_committed: CheckpointRequestStatus | None = Field(None, description="The last checkpoint-now request "
+                                                              "rank 0 served, once its checkpoint committed.")
 
 
 class FailedNode(CamelModel):

@@ -15,12 +15,14 @@ condition of the same type; exactly the current phase's condition is True.
 - machine.py: one pass (`JobPass`): transitions, lost nodes, deletions, the job's end; the tunables;
 - policy.py: the failure and restart policy (what fails the job, what restarts the gang, backoff);
 - gang.py: the built-in gang's gates, release and timeout;
+- checkpoint.py: a suspend that lets the trainer save first, and checkpoint-now requests;
 - core.py: `decide`, the phases in order.
 """
 
 from tetrad.api.spec import RunPolicy
 from tetrad_operator.lifecycle.actions import (
     Action,
+    AnnotatePod,
     CreatePod,
     Decision,
     DeleteJob,
@@ -35,6 +37,6 @@ from tetrad_operator.lifecycle.machine import SCRAPER_OWNED, Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
-    "Action", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
+    "Action", "AnnotatePod", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
     "SCRAPER_OWNED", "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

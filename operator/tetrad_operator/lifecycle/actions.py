@@ -50,6 +50,15 @@ class DeleteStaleGang:
 
 
 @dataclass(frozen=True)
+class AnnotatePod:
+    """Merge these annotations into the pod (name, uid)."""
+
+    name: str
+    uid: str
+    annotations: dict[str, str]
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """The TTL after finishing ran out."""
 
@@ -61,7 +70,7 @@ class Event:
     message: str
 
 
-Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | DeleteJob
+Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | AnnotatePod | DeleteJob
 
 
 @dataclass
@@ -74,6 +83,9 @@ class Decision:
     # watch cache can lag (e.g. right after a paused replica resumes).
     verify: bool = False
     gang: GangRequest | None = None  # a complete, gated gang asking the built-in admission to go
+    # Fields of status.checkpoint this pass learned (None removes one), merge-patched into what the
+    # scraper writes there: `status` never carries status.checkpoint (SCRAPER_OWNED).
+    checkpoint: dict[str, Any] | None = None
 
     def after(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)

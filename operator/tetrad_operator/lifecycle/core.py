@@ -13,7 +13,7 @@ from tetrad.api.spec import Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import gang, policy, preflight
+from tetrad_operator.lifecycle import checkpoint, gang, policy, preflight
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
@@ -72,12 +72,11 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
     if m.phase in TERMINAL:
         m.finished(run_policy)
         return m.decision
-    if run_policy.suspend:
-        _suspended(m)
+    if run_policy.suspend or (m.phase == Phase.SUSPENDED and m.pods):  # a resume waits for the suspend's pods
+        checkpoint.suspend(m, job)
         return m.decision
     if m.phase == Phase.SUSPENDED:
-        m.transition(Phase.PENDING, "Resumed", "the job was resumed")
-        m.status.pop("startTime", None)
+        checkpoint.resumed(m, job)
     if not m.phase:
         m.transition(Phase.PENDING, "Created", "creating the job's objects")
     m.status.setdefault("startTime", format_time(now))
@@ -98,14 +97,6 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
 
     _active(m, job, cfg)
     return m.decision
-
-
-def _suspended(m: JobPass) -> None:
-    if m.phase != Phase.SUSPENDED:
-        m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
-        m.status.pop("startTime", None)
-        gang.withdraw_release(m, "Suspended", "the job is suspended")
-    m.delete(m.pods)
 
 
 def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
@@ -178,6 +169,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
         elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0])) is not None:
             policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
+        else:
+            checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0
     elif m.phase != Phase.GANG_WAITING:
         m.transition(Phase.GANG_WAITING, "WaitingForScheduler",
                      f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them")

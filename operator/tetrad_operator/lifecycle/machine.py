@@ -95,6 +95,10 @@ class JobPass:
     def set_condition(self, type_: str, status: str, reason: str, message: str) -> None:
         set_condition(self.status["conditions"], type_, status, reason, message, self.now)
 
+    def checkpoint(self, fields: dict[str, Any]) -> None:
+        """Merge `fields` into status.checkpoint (the Decision carries them: see Decision.checkpoint)."""
+        self.decision.checkpoint = {**(self.decision.checkpoint or {}), **fields}
+
     def condition(self, type_: str) -> dict[str, Any] | None:
         return get_condition(self.status, type_)
 
