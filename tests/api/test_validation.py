@@ -56,6 +56,8 @@ RULES = [
      "spec.training.fsdp.offload", ["none", "cpu"]),
     ("collective timeout floor", manifest(runPolicy={"collectiveTimeoutSeconds": 1}),
      manifest(runPolicy={"collectiveTimeoutSeconds": 5}), "spec.runPolicy.collectiveTimeoutSeconds", ["5"]),
+    ("initFrom absolute", manifest(training={"initFrom": "models/hf"}), manifest(training={"initFrom": "/models/hf"}),
+     "spec.training.initFrom", ["absolute, normalized path", "/models/llama-hf"]),
     ("unknown field", manifest(paralelism={"tp": 2}), manifest(), "spec.paralelism", ["unknown field"]),
     ("bad type", manifest(nodes="two"), manifest(nodes=2), "spec.nodes", ["integer"]),
     ("bad enum", manifest(parallelism={"ppSchedule": "1F2B"}), manifest(parallelism={"ppSchedule": "GPipe"}), "spec.parallelism.ppSchedule", ["1F1B"]),

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import transformers
 from tetrad_trainer import export as hf
 from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.model import Transformer, init_weights, initial_value
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -169,3 +170,41 @@ def test_a_checkpoint_of_sharded_ranks_exports_whole(tmp_path: Path) -> None:
     assert back.keys() == trained.keys()
     for name, want in trained.items():
         assert torch.equal(back[name], want), name
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_job_started_from_an_exported_checkpoint_has_the_exporting_models_loss(tmp_path: Path) -> None:
+    """Job A trains 2 steps (dpShard=2) and checkpoints; its export is job B's spec.training.initFrom
+    (through the resolved config, no flag). B's first loss is the loss of A's final weights on B's
+    first batch, computed here in one process; it is not the loss of the seed's weights."""
+    training = {"globalBatch": 4, "precision": "fp32", "lr": 1e-2, "warmupSteps": 0, "seed": 5}
+    a = job({"dpShard": 2}, nproc=2, model={"seqLen": 32}, training={**training, "steps": 2},
+            checkpoint={"enabled": True, "path": str(tmp_path / "ckpt"), "interval": 100})
+    run_a = run_trainer(a, tmp_path / "a", args=("--save-full-parameters", str(tmp_path / "a.pt")))
+    assert run_a.codes == [0, 0], run_a.logs()
+    assert hf.main([str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+
+    b = job({"dpShard": 2}, nproc=2, model={"seqLen": 32},
+            training={**training, "steps": 1, "initFrom": str(tmp_path / "hf")})
+    assert b.training.init_from == str(tmp_path / "hf")
+    run_b = run_trainer(b, tmp_path / "b")
+    assert run_b.codes == [0, 0], run_b.logs()
+    assert f"initial weights from the Hugging Face model {tmp_path / 'hf'}" in run_b.log(0)
+    (first,) = [r["loss"] for r in run_b.records if "step" in r]
+
+    with torch.device("meta"):
+        model = Transformer(b.model)
+    init_weights(model, torch.device("cpu"), seed=b.training.seed)
+    seeded = {n: p.detach().clone() for n, p in model.named_parameters()}
+    inputs, labels = BatchLoader(build_source(b), b.training.global_batch, dp_rank=0, dp_size=1).next_batch()
+
+    def loss_with(params: dict[str, torch.Tensor]) -> float:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+            return F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten()).item()
+
+    exporting = loss_with(torch.load(tmp_path / "a.pt"))
+    assert first == pytest.approx(exporting, rel=1e-5)
+    assert abs(loss_with(seeded) - exporting) > 1e-3 * exporting, "A's two steps must have moved the loss"

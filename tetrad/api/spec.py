@@ -71,6 +71,13 @@ def _checkpoint_path(path: str) -> str:
     return path
 
 
+def _init_from(path: str | None) -> str | None:
+    if path is not None and (not re.search(_ABSOLUTE_NORMAL, path) or re.search(_DOT_COMPONENT, path)):
+        raise ValueError("training.initFrom must be the absolute, normalized path inside the pod of a Hugging Face"
+                         " model directory (no '//', '.', '..' or trailing '/'), e.g. /models/llama-hf")
+    return path
+
+
 def _image(image: str) -> str:
     if not image or image != image.strip() or any(c.isspace() for c in image):
         raise ValueError("image must be a non-empty container image reference without whitespace")
@@ -162,6 +169,12 @@ class Training(CamelModel):
     compile: bool = Field(False, description="torch.compile each transformer block.")
     fsdp: Fsdp = Field(default_factory=Fsdp, description="How FSDP (dpShard*cp > 1) holds parameters: resharding after forward (ZeRO-3 or ZeRO-2 behaviour) and CPU offload.")
     loss_chunks: int = Field(1, ge=1, le=1024, description="Apply the output projection and the loss to this many slices of the sequence, recomputing each slice's logits in the backward: the batch x seq x vocab logits and their fp32 copies exist one slice at a time (less memory, one more output-layer forward). 1: the plain loss.")
+    init_from: Annotated[str | None, AfterValidator(_init_from)] = Field(
+        None, json_schema_extra={"pattern": _ABSOLUTE_NORMAL}, description=(
+            "Initial weights instead of the seed's: the absolute path inside the pod of a Hugging Face Llama "
+            "directory (config.json, *.safetensors) of this model, e.g. one written by python -m "
+            "tetrad_trainer.export, mounted through template.volumes. A resumed checkpoint's weights win; a "
+            "directory of another model stops every rank with exit 78."))
 
 
 class DataSource(StrEnum):

@@ -12,7 +12,8 @@ duration says it cannot finish in the grace period left (the next run resumes fr
 committed checkpoint). The log says which. 79 (EXIT_COLLECTIVE_TIMEOUT) when a collective waited
 runPolicy.collectiveTimeoutSeconds for a peer: the rank logs the collective and the peers that did
 not answer first (tetrad_trainer.collective). --init-from starts a run that resumes nothing from
-Hugging Face Llama weights (tetrad_trainer.export) instead of the seed's.
+Hugging Face Llama weights (tetrad_trainer.export) instead of the seed's; spec.training.initFrom
+passes it through the config.
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="after training, save the gathered parameters to PATH (torch.save of a dict)")
     p.add_argument("--init-from", type=Path, default=None, metavar="HF_DIR",
                    help="initial weights from a Hugging Face Llama directory (config.json, *.safetensors) of this "
-                        "model, e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed")
+                        "model, e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed "
+                        "(default: training.initFrom of the config)")
     return p.parse_args(argv)
 
 
@@ -327,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_CONFIG_ERROR
     try:
         report = gang_check(cfg, device)  # before the model is built: a bad node costs seconds, not a start-up
-        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=args.init_from)
+        init_from = args.init_from or (Path(cfg.training.init_from) if cfg.training.init_from else None)
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=init_from)
         if report is not None:
             trainer.metrics.preflight(report.exported())
         try:
