@@ -2,8 +2,9 @@
 
 Pure functions over observed nodes and pods. The fit is a first-fit-decreasing bin packing
 of the gang's pods onto the free allocatable resources of schedulable nodes, honouring
-taints/tolerations, nodeSelector and required node affinity, after subtracting the pods
-already bound and the gangs already released but not yet bound.
+taints/tolerations, nodeSelector, required node affinity and the gang's own co-location (pods
+that require each other in one domain of a node label, e.g. a pipeline stage in one rack), after
+subtracting the pods already bound and the gangs already released but not yet bound.
 
 The other schedulers (volcano, coscheduling, kueue) enforce the gang themselves; for them the
 operator only creates the PodGroup or the labels the renderer puts on the pods.
@@ -94,10 +95,33 @@ def _signature(pod: PodState) -> tuple[Any, ...]:
 def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, Resources]) -> dict[str, str] | None:
     """First-fit-decreasing placement of every pod, or None when some pod fits nowhere.
 
-    On success `free` is updated with the placed requests; on failure it is left unchanged.
-    Nodes are tried in name order, so the outcome is deterministic.
+    Pods co-located by a topology key go first, each group into the first domain (by label
+    value) that holds all of it. On success `free` is updated with the placed requests; on
+    failure it is left unchanged. Nodes are tried in name order, so the outcome is deterministic.
     """
     order = sorted(nodes, key=lambda n: n.name)
+    trial = dict(free)
+    placement: dict[str, str] = {}
+    groups: dict[tuple[str, str], list[PodState]] = {}
+    for pod in pods:
+        if pod.colocated:
+            groups.setdefault(pod.colocated, []).append(pod)
+    for (key, _), members in sorted(groups.items()):
+        domains = sorted({n.label_map.get(key) for n in order} - {None}, key=str)
+        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], trial) for d in domains)
+        got = next((f for f in fits if f is not None), None)
+        if got is None:
+            return None
+        placement.update(got)
+    got = _first_fit([p for p in pods if not p.colocated], order, trial)
+    if got is None:
+        return None
+    free.update(trial)
+    return placement | got
+
+
+def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str, Resources]) -> dict[str, str] | None:
+    """place() over nodes in this order, ignoring co-location; `free` changes only on success."""
     trial = dict(free)
     placement: dict[str, str] = {}
     # Pods of one gang are usually identical: remember, per shape, the first node that may

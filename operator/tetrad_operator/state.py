@@ -57,6 +57,7 @@ class PodState:
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity_terms: tuple[Mapping[str, Any], ...] = ()  # required node-affinity selector terms
+    colocated: tuple[str, str] | None = None  # see _colocation
 
     @property
     def terminal(self) -> bool:
@@ -106,7 +107,21 @@ class PodState:
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
             tolerations=tuple(spec.get("tolerations") or ()),
             affinity_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
+            colocated=_colocation(labels, spec),
         )
+
+
+def _colocation(labels: Mapping[str, str], spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(topologyKey, selector) of the first required pod-affinity term the pod itself matches by
+    matchLabels: the pods sharing it must land in one domain of the key (a pipeline stage in one rack)."""
+    terms = ((spec.get("affinity") or {}).get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    for term in terms or ():
+        selector = term.get("labelSelector") or {}
+        match = selector.get("matchLabels") or {}
+        if (term.get("topologyKey") and match and not selector.get("matchExpressions")
+                and all(labels.get(k) == v for k, v in match.items())):
+            return term["topologyKey"], ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+    return None
 
 
 def _int(value: str | None) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from tetrad.api import contract
 
-from .helpers import Api, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import Api, condition, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -108,13 +108,21 @@ def test_each_pipeline_stage_lands_in_one_rack(api, operator, namespace, pool):
 
 
 def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, namespace, pool):
-    """The default backend: the operator releases the gang on capacity, then the kube-scheduler
-    follows the stages' pod affinity (and their preference for a rack of their own)."""
+    """The default backend: the operator's fit keeps the gang behind its gate while no rack holds a
+    stage (no release, so no gang timeout), then the kube-scheduler follows the stages' pod
+    affinity (and their preference for a rack of their own)."""
     ns = namespace
-    for r in range(3):
-        pool(2, labels={RACK: f"{ns}-rack-{r}"})
-    spec = {"parallelism": {"pp": 2, "dpShard": "auto"}, "gang": {"scheduler": "builtin", "topologyKey": RACK}}
+    for r in range(4):  # room for four pods, one per rack
+        pool(1, labels={RACK: f"{ns}-rack-{r}"})
+    spec = {"parallelism": {"pp": 2, "dpShard": "auto"},
+            "gang": {"scheduler": "builtin", "topologyKey": RACK, "timeoutSeconds": 2}}
     api.create_job(ns, pool_job("bi", pool, nodes=4, **spec))
+    st = wait_phase(api, ns, "bi", "GangWaiting")
+    assert condition(st, "GangReleased")["reason"] == "WaitingForCapacity"
+    stays_unbound(api, ns, "bi", 4)
+    assert all(p["spec"].get("schedulingGates") for p in api.pods(ns, "bi"))
+    for r in range(2):
+        pool(1, labels={RACK: f"{ns}-rack-{r}"})
     wait_running(api, ns, "bi", 4, timeout=60)
     racks = stage_racks(api, ns, "bi")
     assert set(racks) == {"0", "1"} and all(len(r) == 1 for r in racks.values()) and racks["0"] != racks["1"], racks

@@ -68,6 +68,33 @@ def test_gpus_pods_slots_and_bound_pods_count():
     assert gang.place([pod(str(i), cpu="1") for i in range(3)], ns, gang.free_capacity(ns, [])) is None
 
 
+def test_pipeline_stages_are_placed_one_rack_each():
+    """The renderer's stage affinity (gang.topologyKey) is read back from the pods: each stage's
+    pods go into one rack, or the gang does not fit."""
+    from tetrad.api import parse
+    from tetrad.render import render
+
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "j", "namespace": "ns"},
+           "spec": {"nodes": 4, "parallelism": {"pp": 2, "dpShard": 2}, "training": {"globalBatch": 8},
+                    "resources": {"cpu": "6"}, "gang": {"topologyKey": "rack"}}}
+    job, problems = parse(doc)
+    assert job is not None, problems
+    pods = [PodState.from_body(p) for p in render(job).pods]
+    assert [p.colocated is not None and p.colocated[0] for p in pods] == ["rack"] * 4
+    # Six 8-cpu nodes, one per rack: four fit by capacity, but no rack holds a stage's two pods.
+    ns = nodes(*(node_body(f"n{i}", cpu="8", labels={"rack": f"r{i}"}) for i in range(6)))
+    free = gang.free_capacity(ns, [])
+    assert gang.place(pods, ns, free) is None and free == gang.free_capacity(ns, [])
+    # Racks r0 (one node), r1 and r2 (two each), and an unlabelled node.
+    ns = nodes(node_body("a", cpu="8", labels={"rack": "r0"}), node_body("b", cpu="8", labels={"rack": "r1"}),
+               node_body("c", cpu="8", labels={"rack": "r1"}), node_body("d", cpu="8", labels={"rack": "r2"}),
+               node_body("e", cpu="8", labels={"rack": "r2"}), node_body("f", cpu="8"))
+    placement = gang.place(pods, ns, gang.free_capacity(ns, []))
+    assert placement is not None
+    assert {placement["j-r0-0"], placement["j-r0-1"]} == {"b", "c"}  # stage 0: the first rack that holds it
+    assert {placement["j-r0-2"], placement["j-r0-3"]} == {"d", "e"}  # stage 1: the next
+
+
 def test_taints_selectors_affinity_and_readiness():
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     ns = nodes(node_body("tainted", taints=[taint], labels={"pool": "gpu"}), node_body("down", ready=False),
