@@ -93,8 +93,9 @@ class Run:
 
     @property
     def records(self) -> list[dict[str, Any]]:
-        """Rank 0's JSON lines."""
-        return [json.loads(line) for line in (self.out / "rank-0.log").read_text().splitlines() if line.startswith("{")]
+        """Rank 0's step records among its JSON lines (the preflight gate's line is not one)."""
+        lines = (self.out / "rank-0.log").read_text().splitlines()
+        return [r for r in (json.loads(line) for line in lines if line.startswith("{")) if "step" in r]
 
     def log(self, rank: int = 0) -> str:
         path = self.out / f"rank-{rank}.log"
