@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit e2e lint crds cluster cluster-down cluster-status kubeconfig tools host-packages venv clean
+.PHONY: demo test test-unit e2e test-e2e lint crds cluster cluster-down cluster-status kubeconfig tools host-packages venv clean
 
 venv: $(STAMP)
 
@@ -30,8 +30,14 @@ host-packages:
 test: venv tools host-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
-# The real-node tests alone (tests/e2e: kubelets, containerd, CNI, CoreDNS; root): see docs/e2e.md.
+# A real job on real nodes, as a user would watch it (root; no Docker): the control plane, two
+# kubelet nodes, both images, the chart, then the quickstart streamed by `kubectl get ptj -w`
+# until it succeeds. The cluster stays up; `hack/e2e.sh down` removes it. See docs/e2e.md.
 e2e: venv tools host-packages
+	bash hack/e2e.sh
+
+# The real-node tests alone (tests/e2e; root).
+test-e2e: venv tools host-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 test-unit: venv

@@ -46,13 +46,11 @@ GANG_GATE: Final = "tetrad.dev/gang"
 # into CHECKPOINT_REQUEST_FILE (ENV_CHECKPOINT_REQUEST_FILE names the path).
 ANNOTATION_CHECKPOINT_NOW: Final = "tetrad.dev/checkpoint-now"
 
-
 # Where a pod finds its resolved config, and its own annotations the trainer reads (downward API).
 CONFIG_DIR: Final = "/etc/tetrad"
 CONFIG_FILE: Final = "config.json"
 POD_INFO_DIR: Final = "/etc/tetrad-pod"
 CHECKPOINT_REQUEST_FILE: Final = "checkpoint-now"
-
 
 # The volumes every trainer pod gets (name -> mount path): the config and the writable scratch
 # paths under a read-only root filesystem; CHECKPOINT_VOLUME is mounted at checkpoint.path when
@@ -88,7 +86,6 @@ TERMINATION_MESSAGE_MAX: Final = 4096
 # (when this process committed it) under these keys, which a suspend records in the job's status.
 TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
 TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
-
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).

@@ -168,8 +168,8 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
     )
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    env_list.append({"name": contract.ENV_CHECKPOINT_REQUEST_FILE, "value": CHECKPOINT_REQUEST_PATH})  # rank 0 reads it
     env_list.append({"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    env_list.append({"name": contract.ENV_CHECKPOINT_REQUEST_FILE, "value": CHECKPOINT_REQUEST_PATH})  # rank 0 reads it
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)
     ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []

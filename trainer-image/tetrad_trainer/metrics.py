@@ -196,7 +196,6 @@ class RankMetrics:
             gauge.clear()
             gauge.labels(request[0]).set(value)
 
-
     def preflight(self, nodes: Sequence[NodeFigures]) -> None:
         """The preflight gate's figures of `nodes`, labelled node and node_rank."""
         gauges = {name: Gauge(name, PREFLIGHT_GAUGES[name], ["node", "node_rank"], registry=self.registry)

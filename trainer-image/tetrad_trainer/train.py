@@ -269,7 +269,6 @@ class Trainer:
             log_rank0(f"checkpoint-now {token!r}: saving step {self.step}")
         self.checkpointer.save(self.step)  # nothing new when this step's save is under way already
 
-
     def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
         """Metrics over the steps since the last log: Prometheus on every rank, a JSON line from rank 0."""
         global_loss = self.global_loss(loss)
