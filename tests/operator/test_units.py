@@ -101,15 +101,18 @@ def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
     assert scrape.parse(text) == {"step": 57}  # status.training's step is the training step, not the checkpoint's
 
 
+class RecordingKube:
+    """A Kube that records the status patches the controller sends."""
+
+    def __init__(self):
+        self.on_error, self.patches = None, []
+
+    async def patch(self, url, body, ok=()):
+        self.patches.append(body)
+        return {}
+
+
 def test_the_status_write_leaves_the_scrapers_fields_alone():
-    class RecordingKube:
-        def __init__(self):
-            self.on_error, self.patches = None, []
-
-        async def patch(self, url, body, ok=()):
-            self.patches.append(body)
-            return {}
-
     kube = RecordingKube()
     ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
     checkpoint = {"step": 50, "path": "/ckpt/step-00000050"}
@@ -158,14 +161,6 @@ def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
 
 
 def test_the_status_write_merges_what_the_pass_learned_into_status_checkpoint():
-    class RecordingKube:
-        def __init__(self):
-            self.on_error, self.patches = None, []
-
-        async def patch(self, url, body, ok=()):
-            self.patches.append(body)
-            return {}
-
     kube = RecordingKube()
     ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
     old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}}
