@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl, helm, coredns, actionlint) from Go
+# kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl, helm, coredns, prometheus,
+# actionlint) from Go
 # modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
@@ -35,9 +36,14 @@ declare -A SPEC=(
   [kubelet]=". k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes"
   [kube-proxy]=". k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes"
   [coredns]="coredns tetrad.dev/hack/tools/coredns github.com/coredns/coredns"
+  [prometheus]="prometheus github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus"
   [actionlint]="actionlint github.com/rhysd/actionlint/cmd/actionlint github.com/rhysd/actionlint"
 )
-ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet kube-proxy coredns actionlint"
+ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet kube-proxy coredns prometheus actionlint"
+# Build tags per tool: Prometheus with its Kubernetes service discovery only (the others need cloud SDKs).
+declare -A TAGS=(
+  [prometheus]="remove_all_sd,enable_kubernetes_sd"
+)
 
 # Pinned version of module $2 in the wrapper module at $1 (plain go.mod read,
 # so the warm path does not need the Go toolchain to load the module graph).
@@ -52,14 +58,14 @@ pinned_version() {
 # changed: deps= hashes every module (path@version) its main package uses,
 # and the Go version.
 stamp_for() {
-  local dir=$1 version=$2 sum
-  sum=$(cat "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
+  local dir=$1 version=$2 tags=${3:-} sum
+  sum=$(cat "$dir/go.mod" "$dir/go.sum" <(echo -n "${tags:+tags=$tags}") | sha256sum | cut -c1-16)
   echo "$version modsum=$sum"
 }
 
 deps_of() {
   local t=$1
-  (cd "$(tool_dir "$t")" && { go env GOVERSION; go list -deps -f \
+  (cd "$(tool_dir "$t")" && { go env GOVERSION; go list -tags "${TAGS[$t]:-}" -deps -f \
     '{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}={{.Path}}@{{.Version}}{{end}}{{end}}' \
     "$(tool_field "$t" 1)"; } | sort -u | sha256sum | cut -c1-16)
 }
@@ -70,7 +76,7 @@ stamped_deps() {
 
 # Written to a temp name and renamed, so a concurrent reader never sees half a stamp.
 write_stamp() {
-  echo "$(stamp_for "$(tool_dir "$1")" "$(tool_version "$1")") deps=$(deps_of "$1")" > "$BIN/.stamp-$1.tmp"
+  echo "$(stamp_for "$(tool_dir "$1")" "$(tool_version "$1")" "${TAGS[$1]:-}") deps=$(deps_of "$1")" > "$BIN/.stamp-$1.tmp"
   mv -f "$BIN/.stamp-$1.tmp" "$BIN/.stamp-$1"
 }
 
@@ -82,7 +88,7 @@ is_fresh() {
   local t=$1 stamp
   [[ -x $BIN/$t && -f $BIN/.stamp-$t ]] || return 1
   stamp=$(cat "$BIN/.stamp-$t")
-  [[ ${stamp% deps=*} == "$(stamp_for "$(tool_dir "$t")" "$(tool_version "$t")")" ]]
+  [[ ${stamp% deps=*} == "$(stamp_for "$(tool_dir "$t")" "$(tool_version "$t")" "${TAGS[$t]:-}")" ]]
 }
 
 ldflags_for() {
@@ -108,6 +114,10 @@ ldflags_for() {
       echo "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${kv#v}" ;;
     helm) echo "-s -w -X helm.sh/helm/v4/internal/version.version=$v -X helm.sh/helm/v4/internal/version.gitTreeState=clean" ;;
     coredns) echo "-s -w -X github.com/coredns/coredns/coremain.GitCommit=module-$v" ;;
+    prometheus)
+      # Module v0.316.0 is Prometheus 3.16.0.
+      local release=${v#v0.}
+      echo "-s -w -X github.com/prometheus/common/version.Version=${release:0:1}.${release:1}" ;;
     actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=$v" ;;
   esac
 }
@@ -158,7 +168,7 @@ build() {
     echo "k8s-tools: building $t $(tool_version "$t") ..."
     rm -f "$BIN/.stamp-$t"
     # Build to a temp name and rename, so an interrupted build never looks done.
-    (cd "$dir" && go build -p "$jobs" -trimpath -ldflags "$(ldflags_for "$t")" -o "$BIN/.$t.tmp" "$pkg")
+    (cd "$dir" && go build -p "$jobs" -trimpath -tags "${TAGS[$t]:-}" -ldflags "$(ldflags_for "$t")" -o "$BIN/.$t.tmp" "$pkg")
     mv -f "$BIN/.$t.tmp" "$BIN/$t"
     write_stamp "$t"
     echo "k8s-tools: built $t in $((SECONDS - t0))s"
