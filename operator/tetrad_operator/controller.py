@@ -244,7 +244,7 @@ class Controller:
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
                                         rejection=loop.rejection)
         old = body.get("status") or {}
-        if not await self._write_status(job_path, body, old, decision.status, decision.checkpoint):
+        if not await self._write_status(job_path, body, old, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
         self._count(old, decision.status)
         loop.phase = decision.status.get("phase") or ""
@@ -267,18 +267,17 @@ class Controller:
     # ------------------------------------------------------------------ writes
 
     async def _write_status(self, job_path: str, body: dict[str, Any], old: dict[str, Any],
-                            new: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> bool:
+                            new: dict[str, Any], merged: dict[str, dict[str, Any]] | None = None) -> bool:
         current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
-        recorded = old.get("checkpoint") or {}
-        checkpoint = {k: v for k, v in (checkpoint or {}).items() if recorded.get(k) != v}
-        if new == current and not checkpoint:
+        learned = {key: changed for key, fields in (merged or {}).items()
+                   if (changed := {k: v for k, v in fields.items() if (old.get(key) or {}).get(k) != v})}
+        if new == current and not learned:
             return True
         patch: dict[str, Any] = dict(new)
         for k in current:
             if k not in new:
                 patch[k] = None  # merge patch: null removes the field
-        if checkpoint:
-            patch["checkpoint"] = checkpoint  # merged into the scraper's fields
+        patch.update(learned)  # merged into the scraper's fields
         rv = body["metadata"]["resourceVersion"]
         rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
                                     ok=(404, 409))

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tetrad_operator import scrape
 from tetrad_trainer.checkpoint.store import read_manifest
 
 from tests.checkpoint.test_torchrun import TRAINING, wait_for_steps
@@ -84,6 +85,9 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
     left = json.loads(termination.read_text())
     assert left[contract.TERMINATION_CHECKPOINT_STEP] == stopped
     assert abs(left[contract.TERMINATION_CHECKPOINT_TIME] - time.time()) < 120
+    # ... with its last figures, which the operator reads as it reads a scrape
+    training, saved = scrape.parse_each(left[contract.TERMINATION_FIGURES], contract.SCRAPED, contract.SCRAPED_CHECKPOINT)
+    assert training["step"] == steps_of(jsonl)[-1] and saved["step"] == stopped
 
     request.write_text("")
     proc, jsonl, log = node("resumed", "--steps", str(stopped + 2))
@@ -94,3 +98,11 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
             os.killpg(proc.pid, signal.SIGKILL)
     assert f"resumed step {stopped} from" in log.read_text()
     assert steps_of(jsonl) == [stopped + 1, stopped + 2]
+    # A finished run leaves its last step's figures, the final save's among them.
+    finished = json.loads(termination.read_text())
+    assert contract.TERMINATION_CHECKPOINT_STEP not in finished and len(termination.read_bytes()) <= 4096
+    training, saved = scrape.parse_each(finished[contract.TERMINATION_FIGURES], contract.SCRAPED,
+                                        contract.SCRAPED_CHECKPOINT)
+    last = json.loads(jsonl.read_text().splitlines()[-1])
+    assert training["step"] == stopped + 2 and training["loss"] == last["loss"]
+    assert saved["step"] == stopped + 2 and saved["resumedFrom"] == stopped

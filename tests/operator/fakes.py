@@ -113,9 +113,9 @@ class FakeCluster:
         # the controller's write leaves the scraper's fields as they are
         scraped = {k: self.status[k] for k in lifecycle.SCRAPER_OWNED if self.status.get(k)}
         self.job["status"] = copy.deepcopy(d.status) | scraped
-        if d.checkpoint:  # a merge patch into the scraper's status.checkpoint
-            merged = {**self.status.get("checkpoint", {}), **d.checkpoint}
-            self.job["status"]["checkpoint"] = {k: v for k, v in merged.items() if v is not None}
+        for key, fields in d.merged.items():  # a merge patch into the scraper's status objects
+            merged = {**self.status.get(key, {}), **fields}
+            self.job["status"][key] = {k: v for k, v in merged.items() if v is not None}
         self.events += d.events
         creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
         if creates and self.refuse is not None:
@@ -179,7 +179,7 @@ class FakeCluster:
                 st["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": format_time(self.now)}]
             elif run and spec.get("nodeName") and st["phase"] == "Pending":
                 st["phase"] = "Running"
-                st["podIP"] = f"10.0.0.{int(meta['labels'][contract.LABEL_RANK]) + 1}"
+                st["podIP"] = f"198.18.64.{int(meta['labels'][contract.LABEL_RANK]) + 1}"
 
     def settle(self, steps: int = 20, seconds: float = 1.0) -> None:
         for _ in range(steps):

@@ -86,6 +86,10 @@ TERMINATION_MESSAGE_MAX: Final = 4096
 # (when this process committed it) under these keys, which a suspend records in the job's status.
 TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
 TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
+# ... and when rank 0 finishes or stops on SIGTERM, its last figures: the SCRAPED and SCRAPED_CHECKPOINT
+# gauges as exposition text, which the operator reads as it reads a scrape (a finished job's status
+# shows its last step, not the last one a scrape happened to catch).
+TERMINATION_FIGURES: Final = "figures"
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 import torch
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, generate_latest, start_http_server
 
 from tetrad.api import contract as c
 from tetrad.api.accelerators import find_accelerator
@@ -204,6 +204,12 @@ class RankMetrics:
             labels = {"node": n.node, "node_rank": str(n.node_rank)}
             gauges[METRIC_PREFLIGHT_BUS_BANDWIDTH].labels(**labels).set(n.bus_bandwidth_bytes_per_second)
             gauges[METRIC_PREFLIGHT_SECONDS].labels(**labels).set(n.seconds)
+
+    def final_figures(self) -> str:
+        """The gauges the operator scrapes into the job's status, as exposition text without help lines
+        (short enough for a termination message)."""
+        text = generate_latest(self.registry.restricted_registry([*c.SCRAPED, *c.SCRAPED_CHECKPOINT])).decode()
+        return "".join(line + "\n" for line in text.splitlines() if not line.startswith("# HELP"))
 
     def resumed(self, step: int) -> None:
         """This process resumed from the checkpoint of `step`; 0: it started fresh."""

@@ -49,7 +49,9 @@ from tetrad.api.contract import (
     EXIT_PREFLIGHT,
     TERMINATION_CHECKPOINT_STEP,
     TERMINATION_CHECKPOINT_TIME,
+    TERMINATION_FIGURES,
     TERMINATION_LOG,
+    TERMINATION_MESSAGE_MAX,
 )
 from tetrad_trainer import collective, preflight
 
@@ -135,16 +137,22 @@ def report_exit(code: int) -> None:
         tmp.replace(Path(directory) / f"rank-{rank}")
 
 
-def leave_committed_step(step: int | None, committed_at: float | None) -> None:
-    """Rank 0 stopping on SIGTERM: the last committed step (and its Unix commit time, when this process
-    committed it) into the pod's termination message, where the operator reads what a suspend saved
-    ($TETRAD_TERMINATION_LOG, else Kubernetes' file when it exists)."""
+def leave_termination_message(figures: str, stopped: tuple[int | None, float | None] | None = None) -> None:
+    """Rank 0 finishing: its last figures (exposition text) into the pod's termination message, where the
+    operator reads them into the job's status ($TETRAD_TERMINATION_LOG, else Kubernetes' file when it
+    exists). Stopping on SIGTERM, `stopped` adds the last committed step and its Unix commit time (when
+    this process committed it): what a suspend saved."""
     if os.environ.get("RANK", "0") != "0":
         return
     path = Path(os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG)
-    message: dict[str, int | float | None] = {TERMINATION_CHECKPOINT_STEP: step}
-    if committed_at is not None:
-        message[TERMINATION_CHECKPOINT_TIME] = committed_at
+    message: dict[str, int | float | str | None] = {}
+    if stopped is not None:
+        step, committed_at = stopped
+        message[TERMINATION_CHECKPOINT_STEP] = step
+        if committed_at is not None:
+            message[TERMINATION_CHECKPOINT_TIME] = committed_at
+    if len(json.dumps({**message, TERMINATION_FIGURES: figures})) <= TERMINATION_MESSAGE_MAX:
+        message[TERMINATION_FIGURES] = figures  # else the figures go: a cut message would say nothing
     if ENV_TERMINATION_LOG in os.environ or path.exists():
         with contextlib.suppress(OSError):
             path.write_text(json.dumps(message))

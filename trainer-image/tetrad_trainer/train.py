@@ -62,7 +62,7 @@ from tetrad_trainer.metrics import (
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
-from tetrad_trainer.preemption import Preemption, die_with_parent, leave_committed_step, report_exit
+from tetrad_trainer.preemption import Preemption, die_with_parent, leave_termination_message, report_exit
 from tetrad_trainer.preflight import PreflightFailed, gang_check, report_failures
 
 # A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
@@ -337,8 +337,9 @@ def run(args: argparse.Namespace) -> int:
             if args.save_full_parameters is not None:
                 trainer.save_full_parameters(args.save_full_parameters)
         finally:
-            trainer.checkpointer.close()
+            trainer.checkpointer.close()  # the last save committed (or failed) before the figures are left
             trainer.metrics.close()
+        leave_termination_message(trainer.metrics.final_figures())
     except (ConfigError, CheckpointMismatch, NoGoodCheckpoint, ConversionError) as e:
         log(f"config error: {e}")
         return EXIT_CONFIG_ERROR
@@ -348,7 +349,8 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as e:
         log(str(e))
         step, committed = trainer.committed_step(), trainer.metrics.committed
-        leave_committed_step(step, committed[1] if committed is not None and committed[0] == step else None)
+        leave_termination_message(trainer.metrics.final_figures(),
+                                  stopped=(step, committed[1] if committed is not None and committed[0] == step else None))
         return EXIT_PREEMPTED
     except PreflightFailed as e:  # the operator restarts the gang, away from a node it names
         log(str(e))

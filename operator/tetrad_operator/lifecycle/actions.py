@@ -83,9 +83,9 @@ class Decision:
     # watch cache can lag (e.g. right after a paused replica resumes).
     verify: bool = False
     gang: GangRequest | None = None  # a complete, gated gang asking the built-in admission to go
-    # Fields of status.checkpoint this pass learned (None removes one), merge-patched into what the
-    # scraper writes there: `status` never carries status.checkpoint (SCRAPER_OWNED).
-    checkpoint: dict[str, Any] | None = None
+    # Fields this pass learned of the status objects the scraper writes (SCRAPER_OWNED: training,
+    # checkpoint), by object; merge-patched into them (None removes a field): `status` never carries them.
+    merged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def after(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)

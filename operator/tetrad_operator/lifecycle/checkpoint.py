@@ -15,13 +15,12 @@ reports the commit in status.checkpoint.requestCommitted.
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.api import contract
 from tetrad.api.spec import ParallelTrainingJob, Phase
-from tetrad_operator.lifecycle import gang
+from tetrad_operator.lifecycle import figures, gang
 from tetrad_operator.lifecycle.actions import AnnotatePod, Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState, format_time
@@ -45,8 +44,11 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
             m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
         m.status.pop("startTime", None)
         gang.withdraw_release(m, "Suspended", "the job is suspended")
+    restart = int(m.status.get("restarts") or 0)
+    rank0 = next((p for p in m.pods if p.rank == 0 and p.restart == restart and p.message), None)
+    figures.record_left(m, job, rank0)
     if spec.checkpoint.enabled:
-        _record_saved(m, job)
+        _record_saved(m, job, rank0)
     if m.pods:
         m.delete(m.pods)
         return
@@ -54,11 +56,9 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
         m.transition(Phase.SUSPENDED, "Suspended", f"the pods are gone; {_saved_note(m, job)}")
 
 
-def _record_saved(m: JobPass, job: ParallelTrainingJob) -> None:
+def _record_saved(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:
     """Rank 0's termination message says which step it committed last: into status.checkpoint."""
-    restart = int(m.status.get("restarts") or 0)
-    rank0 = next((p for p in m.pods if p.rank == 0 and p.restart == restart and p.message), None)
-    left = _termination_message(rank0)
+    left = figures.termination_message(rank0)
     step = left.get(contract.TERMINATION_CHECKPOINT_STEP)
     if not isinstance(step, int) or recorded(m).get("step") == step:
         return
@@ -66,21 +66,13 @@ def _record_saved(m: JobPass, job: ParallelTrainingJob) -> None:
     at = left.get(contract.TERMINATION_CHECKPOINT_TIME)
     # committed by an earlier process when absent: its time is unknown here
     saved["time"] = format_time(datetime.fromtimestamp(at, UTC)) if isinstance(at, (int, float)) else None
-    m.checkpoint(saved)
-
-
-def _termination_message(pod: PodState | None) -> dict[str, Any]:
-    try:
-        doc = json.loads(pod.message or "") if pod is not None else {}
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    m.merge("checkpoint", saved)
 
 
 def _saved_note(m: JobPass, job: ParallelTrainingJob) -> str:
     if not job.spec.checkpoint.enabled:
         return "checkpointing is off (spec.checkpoint.enabled=false): the training state is lost, a resume starts from step 0"
-    step = {**recorded(m), **(m.decision.checkpoint or {})}.get("step")
+    step = {**recorded(m), **m.decision.merged.get("checkpoint", {})}.get("step")
     if step is None:
         return "no checkpoint was committed: a resume starts from step 0"
     return f"the last committed checkpoint is step {step} (status.checkpoint); a resume continues from it"
@@ -93,7 +85,7 @@ def resumed(m: JobPass, job: ParallelTrainingJob) -> None:
     m.transition(Phase.PENDING, "Resumed", f"the job was resumed{where}")
     m.status.pop("startTime", None)
     # The resume of the gone incarnation no longer describes the job: the new one reports its own.
-    m.checkpoint({"resumedFrom": None, "resumedAtRestart": None})
+    m.merge("checkpoint", {"resumedFrom": None, "resumedAtRestart": None})
 
 
 def forward_request(m: JobPass, job: ParallelTrainingJob, rank0: PodState) -> None:
@@ -101,7 +93,7 @@ def forward_request(m: JobPass, job: ParallelTrainingJob, rank0: PodState) -> No
     token = (m.meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW)
     if not token or recorded(m).get("requested") == token or rank0.phase != "Running" or rank0.deleting:
         return
-    m.checkpoint({"requested": token})
+    m.merge("checkpoint", {"requested": token})
     if not job.spec.checkpoint.enabled:
         m.decision.events.append(Event("Warning", "CheckpointNotConfigured", f"checkpoint-now {token!r} ignored: "
                                        "checkpointing is off (spec.checkpoint.enabled=false)"))

@@ -13,7 +13,7 @@ from tetrad.api.spec import Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, gang, policy, preflight
+from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
@@ -153,6 +153,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
     pods = [current[r] for r in range(spec.nodes)]
     # 4. Every pod finished: success.
     if all(p.phase == "Succeeded" for p in pods):
+        figures.record_left(m, job, pods[0])  # the last step and loss, which no scrape may have caught
         m.transition(Phase.SUCCEEDED, "Succeeded", f"all {spec.nodes} pods succeeded")
         m.status["completionTime"] = format_time(m.now)
         m.finished(run_policy)

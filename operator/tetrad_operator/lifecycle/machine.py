@@ -95,9 +95,10 @@ class JobPass:
     def set_condition(self, type_: str, status: str, reason: str, message: str) -> None:
         set_condition(self.status["conditions"], type_, status, reason, message, self.now)
 
-    def checkpoint(self, fields: dict[str, Any]) -> None:
-        """Merge `fields` into status.checkpoint (the Decision carries them: see Decision.checkpoint)."""
-        self.decision.checkpoint = {**(self.decision.checkpoint or {}), **fields}
+    def merge(self, key: str, fields: dict[str, Any]) -> None:
+        """Merge `fields` into status.<key>, one of SCRAPER_OWNED (the Decision carries them: see Decision.merged)."""
+        assert key in SCRAPER_OWNED, key
+        self.decision.merged[key] = {**self.decision.merged.get(key, {}), **fields}
 
     def condition(self, type_: str) -> dict[str, Any] | None:
         return get_condition(self.status, type_)

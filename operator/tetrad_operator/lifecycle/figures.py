@@ -1,0 +1,40 @@
+"""What rank 0 left in its termination message when it finished or stopped on SIGTERM: its last
+figures (the gauges the scraper reads, as exposition text), read into status.training and
+status.checkpoint as a scrape would read them. A job that ends between two scrapes still shows its
+last step and loss."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tetrad.api import contract
+from tetrad.api.spec import ParallelTrainingJob
+from tetrad_operator import scrape
+from tetrad_operator.lifecycle.machine import JobPass
+from tetrad_operator.state import PodState, format_time
+
+
+def termination_message(pod: PodState | None) -> dict[str, Any]:
+    """The pod's termination message as a JSON object; empty when there is none or it is not one."""
+    try:
+        doc = json.loads(pod.message or "") if pod is not None else {}
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def record_left(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:
+    """Rank 0's last figures into status.training and status.checkpoint, once."""
+    text = termination_message(rank0).get(contract.TERMINATION_FIGURES)
+    if rank0 is None or not isinstance(text, str):
+        return
+    try:
+        training, saved = scrape.parse_each(text, contract.SCRAPED, contract.SCRAPED_CHECKPOINT)
+    except ValueError:  # not an exposition: a message cut short, say
+        return
+    status = m.body.get("status") or {}
+    if training and any((status.get("training") or {}).get(k) != v for k, v in training.items()):
+        m.merge("training", {**training, "updated": format_time(m.now)})
+    if saved:
+        m.merge("checkpoint", scrape.checkpoint(saved, job.spec.checkpoint.path, rank0.restart))
