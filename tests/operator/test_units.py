@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import math
+import socket
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
@@ -129,6 +130,7 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     Gauge("tetrad_peak_memory_bytes", "", registry=r).set(2**40)
     port = free_port()
     server, _ = start_http_server(port, addr="127.0.0.1", registry=r)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
 
     async def go():
         import aiohttp
@@ -136,15 +138,16 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
         async with aiohttp.ClientSession() as s:
             ok = await scrape.fetch(s, "127.0.0.1", port, 2.0)
             closed = await scrape.fetch(s, "127.0.0.1", free_port(), 0.5)
-            unroutable = await scrape.fetch(s, "10.255.255.1", 9, 0.2)
-            return ok, closed, unroutable
+            hung = await scrape.fetch(s, "127.0.0.1", silent.getsockname()[1], 0.2)
+            return ok, closed, hung
 
     try:
-        ok, closed, unroutable = asyncio.run(go())
+        ok, closed, hung = asyncio.run(go())
     finally:
         server.shutdown()
         server.server_close()
-    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}) and closed is None and unroutable is None
+        silent.close()
+    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}) and closed is None and hung is None
 
 
 def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
@@ -160,16 +163,18 @@ def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
                                                  "time": "2030-03-17T17:46:40Z"}
 
 
-def test_the_status_write_merges_what_the_pass_learned_into_status_checkpoint():
+def test_the_status_write_merges_what_the_pass_learned_into_the_scrapers_objects():
     kube = RecordingKube()
     ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
-    old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}}
+    old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}, "training": {"step": 49}}
     body = {"metadata": {"resourceVersion": "7"}, "status": old}
     new = {"phase": "Suspended"}
-    assert asyncio.run(ctl._write_status("/job", body, old, new, {"step": 50, "resumedFrom": None}))
-    assert asyncio.run(ctl._write_status("/job", body, old, new, {"step": 50}))  # nothing new: no write
-    assert kube.patches == [{"metadata": {"resourceVersion": "7"},
-                             "status": {"phase": "Suspended", "checkpoint": {"resumedFrom": None}}}]
+    learned = {"checkpoint": {"step": 50, "resumedFrom": None}, "training": {"step": 50}}
+    assert asyncio.run(ctl._write_status("/job", body, old, new, learned))
+    nothing_new = {"checkpoint": {"step": 50}, "training": {"step": 49}}
+    assert asyncio.run(ctl._write_status("/job", body, old, new, nothing_new))  # no write
+    assert kube.patches == [{"metadata": {"resourceVersion": "7"}, "status": {
+        "phase": "Suspended", "checkpoint": {"resumedFrom": None}, "training": {"step": 50}}}]
 
 
 def test_settings_from_env():
