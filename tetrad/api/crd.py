@@ -235,7 +235,7 @@ PRINTER_COLUMNS = [
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Pods in the gang"},
     {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
-    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput"},
+    {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput (whole tokens)"},
     {"name": "Last-Ckpt", "type": "integer", "jsonPath": ".status.checkpoint.step", "description": "Step of the last committed checkpoint"},
     # `kubectl get ptj -o wide` adds the progress `tetrad status` shows (priority 1).
     {"name": "Step", "type": "integer", "jsonPath": ".status.training.step", "priority": 1, "description": "Last step reported by rank 0"},
