@@ -551,9 +551,11 @@ def test_a_missing_pod_is_rendered_exactly_like_the_whole_gang():
 
 
 def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | None = None,
-            startup: float | None = None) -> None:
+            startup: float | None = None, step: int | None = None) -> None:
     """What the controller's scraper writes into status.training: rank 0's figures, read now."""
     training: dict = {"updated": format_time(c.now)}
+    if step is not None:
+        training["step"] = step
     if startup is not None:
         training["startupSeconds"] = startup
     if last_step_ago is not None:
@@ -684,6 +686,23 @@ def test_an_explicit_stall_timeout_and_the_disruption_budget():
     quiet_for(c, 50)
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
     assert "Stalled" not in c.status["message"] and "completed no step" in c.status["message"]
+
+
+def test_after_the_last_step_a_long_save_and_exit_is_no_stall():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30},
+                             training={"globalBatch": 24, "steps": 100}))
+    running(c)
+    scraped(c, last_step_ago=0, step=99)
+    quiet_for(c, 30)
+    assert cond(c, "Restarting")["reason"] == "Stalled", "a step was still due"
+    c.settle(60)
+    running(c)
+    scraped(c, last_step_ago=0, step=100)  # the last step: the trainer saves and exits, no step is due
+    quiet_for(c, 3600)
+    assert c.phase == "Running" and c.status["disruptions"] == 1
+    c.finish(0)
+    c.reconcile()
+    assert c.phase == "Succeeded"
 
 
 def test_before_the_first_step_a_start_up_like_the_last_one_is_no_stall():

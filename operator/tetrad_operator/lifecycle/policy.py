@@ -119,20 +119,22 @@ def stall_floor(m: JobPass, policy: RunPolicy) -> float:
                policy.collective_timeout_seconds + m.settings.stall_collective_margin_seconds)
 
 
-def stalled(m: JobPass, policy: RunPolicy, rank0: PodState) -> Failure | None:
+def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failure | None:
     """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
     heartbeat or, before the first one of this incarnation, from when the gang started Running
     (then the timeout is at least `stall_startup_factor` x the last measured start-up).
 
     Only what the scraper saw of this incarnation is judged: until one scrape of it succeeded
     (`training.updated` after Running began) nothing is, so an unreachable metrics endpoint alone
-    never restarts a job.
+    never restarts a job. Once rank 0 reported the last of the job's `steps`, no step is due: the
+    trainer saves and exits, and a collective that hangs meanwhile ends at the collective timeout.
     """
     training = dict((m.body.get("status") or {}).get("training") or {})
     timeout = stall_timeout(m, policy, training)
     running = m.since(Phase.RUNNING)
     read = parse_time(training.get("updated"))
-    if timeout is None or read is None or read < running:
+    finishing = isinstance(training.get("step"), int) and training["step"] >= steps
+    if timeout is None or read is None or read < running or finishing:
         return None
     beat = parse_time(training.get("lastStepTime"))
     started = beat is not None and beat >= running
