@@ -74,6 +74,8 @@ def test_scrape_reads_the_heartbeat_as_a_time_and_leaves_out_one_never_set():
     r = CollectorRegistry()
     beat = Gauge(contract.METRIC_LAST_STEP_TIME, "", registry=r)
     Gauge(contract.METRIC_STARTUP, "", registry=r)
+    Gauge(contract.METRIC_TOKENS_PER_SECOND, "", registry=r)  # no step yet: no throughput, not 0 tokens/s
+    Gauge(contract.METRIC_MFU, "", registry=r)
     Gauge(contract.METRIC_STEP_TIME, "", registry=r).set(1.25)
     assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25}  # a gauge never set reads 0
     beat.set(T0.timestamp() + 61.7)

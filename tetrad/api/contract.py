@@ -166,7 +166,7 @@ SCRAPED_CHECKPOINT: Final[dict[str, str]] = {
 SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes", "resumedFrom"})
 SCRAPED_TIMES: Final = frozenset({"lastStepTime", "time"})  # Unix seconds, stored as RFC 3339
 # 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
-SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds"})
+SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds", "tokensPerSecond", "mfu"})
 
 
 # status.checkpoint.requestCommitted: the checkpoint-now request rank 0 served (token, step, time).
