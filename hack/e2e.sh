@@ -46,8 +46,8 @@ demo() {
   kctl delete ptj quickstart --ignore-not-found --wait >/dev/null
   kctl apply -f "$REPO/examples/quickstart.yaml"
   kctl get ptj quickstart -w &
-  local watcher=$!
-  trap 'kill $watcher 2>/dev/null || true' EXIT
+  WATCHER=$!  # global: the EXIT trap runs after demo's locals are gone
+  trap 'kill "$WATCHER" 2>/dev/null || true' EXIT
   if ! kctl wait ptj/quickstart --for=jsonpath='{.status.phase}'=Succeeded --timeout "${TIMEOUT}s" >/dev/null; then
     kctl get ptj,pods -o wide >&2 || true
     kctl describe ptj quickstart >&2 || true
