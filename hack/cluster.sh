@@ -553,8 +553,15 @@ cmd_down() {
 cmd_load() {
   ((${#ARCHIVES[@]} > 0)) || die "load: name at least one OCI archive"
   load_state && ((REAL_NODES_UP > 0)) || die "load: cluster $NAME has no real nodes running"
-  local i
-  for ((i = 0; i < REAL_NODES_UP; i++)); do load_images "$i" "${ARCHIVES[@]}"; done
+  local i failed=0
+  local -a imports=()
+  # Every node at once: an import is mostly one core decompressing and the disk writing.
+  for ((i = 0; i < REAL_NODES_UP; i++)); do
+    load_images "$i" "${ARCHIVES[@]}" &
+    imports+=($!)
+  done
+  for i in "${imports[@]}"; do wait "$i" || failed=1; done
+  ((failed == 0)) || die "load: an import failed (see above)"
 }
 
 cmd_status() {
