@@ -688,6 +688,21 @@ def test_an_explicit_stall_timeout_and_the_disruption_budget():
     assert "Stalled" not in c.status["message"] and "completed no step" in c.status["message"]
 
 
+def test_an_explicit_short_stall_timeout_spares_the_start_up_up_to_the_default_floor():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30}))
+    running(c)
+    running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
+    scraped(c, last_step_ago=None)  # reachable, no step yet: importing torch, building, loading
+    c.now = running_since + timedelta(seconds=299)
+    c.reconcile()
+    assert c.phase == "Running", "30 s is the timeout between steps, not for the start-up"
+    c.now = running_since + timedelta(seconds=300)
+    c.reconcile()
+    assert cond(c, "Restarting")["reason"] == "Stalled"
+    assert ("completed no step for 300s, over the stall timeout of 300s (before the first step: at least 300s and "
+            "2 x the last start-up)") in c.status["message"]
+
+
 def test_after_the_last_step_a_long_save_and_exit_is_no_stall():
     c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30},
                              training={"globalBatch": 24, "steps": 100}))

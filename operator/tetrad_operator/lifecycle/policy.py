@@ -122,7 +122,8 @@ def stall_floor(m: JobPass, policy: RunPolicy) -> float:
 def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failure | None:
     """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
     heartbeat or, before the first one of this incarnation, from when the gang started Running
-    (then the timeout is at least `stall_startup_factor` x the last measured start-up).
+    (then the timeout is at least the default's floor, even below an explicit stallTimeoutSeconds,
+    and `stall_startup_factor` x the last measured start-up: a start-up is no stall).
 
     Only what the scraper saw of this incarnation is judged: until one scrape of it succeeded
     (`training.updated` after Running began) nothing is, so an unreachable metrics endpoint alone
@@ -139,16 +140,20 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failu
     beat = parse_time(training.get("lastStepTime"))
     started = beat is not None and beat >= running
     since = beat if started and beat is not None else running
+    source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
+              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
     startup = training.get("startupSeconds")
-    if not started and isinstance(startup, (int, float)):  # a start-up like the last one is no stall
-        timeout = max(timeout, m.settings.stall_startup_factor * startup)
+    if not started:
+        measured = m.settings.stall_startup_factor * startup if isinstance(startup, (int, float)) else 0.0
+        if (longest := max(stall_floor(m, policy), measured)) > timeout:
+            timeout = longest
+            source = (f"before the first step: at least {stall_floor(m, policy):g}s and "
+                      f"{m.settings.stall_startup_factor:g} x the last start-up")
     quiet = (m.now - since).total_seconds()
     if quiet < timeout:
         m.decision.after(timeout - quiet)
         return None
     what = f"no step since {training['lastStepTime']}" if started else "no step"
-    source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
-              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
                    f"timeout of {timeout:g}s ({source})", True)
 
