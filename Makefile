@@ -46,6 +46,7 @@ test-unit: venv
 lint: venv
 	$(VENV)/bin/ruff check tetrad operator trainer-image tests bench hack
 	$(VENV)/bin/mypy
+	$(VENV)/bin/shellcheck --external-sources hack/*.sh hack/cluster/*.sh .ci/run
 
 crds: venv
 	$(VENV)/bin/tetrad crd > crds/tetrad.dev_paralleltrainingjobs.yaml

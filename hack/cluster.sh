@@ -57,6 +57,7 @@ COMPONENTS="etcd kube-apiserver kube-controller-manager kube-scheduler kwok"
 # Alpha in 1.36; they only act on pods that name a PodGroup (spec.schedulingGroup).
 WORKLOAD_GATES=() WORKLOAD_API=()
 if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
+  # shellcheck disable=SC2054  # one flag value, commas and all
   WORKLOAD_GATES=(--feature-gates GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true)
   WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
 fi
@@ -552,7 +553,7 @@ cmd_down() {
 
 cmd_load() {
   ((${#ARCHIVES[@]} > 0)) || die "load: name at least one OCI archive"
-  load_state && ((REAL_NODES_UP > 0)) || die "load: cluster $NAME has no real nodes running"
+  if ! load_state || ((REAL_NODES_UP == 0)); then die "load: cluster $NAME has no real nodes running"; fi
   local i failed=0
   local -a imports=()
   # Every node at once: an import is mostly one core decompressing and the disk writing.

@@ -1,5 +1,6 @@
 """The linters the Makefile's `lint` target runs are part of the suite: ruff over every Python tree,
-and mypy in strict mode over the core (`tetrad`) and the operator (pyproject.toml [tool.mypy])."""
+mypy in strict mode over the core (`tetrad`) and the operator (pyproject.toml [tool.mypy]), and
+shellcheck over every shell script (hack/, .ci/run)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,19 @@ def test_mypy_strict_is_clean_for_the_core_and_the_operator() -> None:
     assert "Success: no issues found in" in proc.stdout
     files = int(proc.stdout.split("found in ")[1].split()[0])
     assert files >= 50, proc.stdout
+
+
+SHELL_SCRIPTS = sorted([*REPO.glob("hack/*.sh"), *REPO.glob("hack/cluster/*.sh"), REPO / ".ci" / "run"])
+
+
+def test_shellcheck_is_clean_for_every_script() -> None:
+    assert len(SHELL_SCRIPTS) >= 8
+    proc = run(str(BIN / "shellcheck"), "--external-sources", *map(str, SHELL_SCRIPTS))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_reports_a_bad_script(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sh"
+    bad.write_text('#!/usr/bin/env bash\nrm -rf $1/*\n')  # unquoted: SC2086
+    proc = run(str(BIN / "shellcheck"), str(bad))
+    assert proc.returncode != 0 and "SC2086" in proc.stdout, proc.stdout
