@@ -34,8 +34,14 @@ install() {
   "$HACK/cluster.sh" load "${operator#* }" "${trainer#* }"
   log "images imported into every real node in $((SECONDS - t0))s"
   # One replica: two cores run the whole cluster (the chart's default is 2, with peering).
-  "$BIN/helm" upgrade --install tetrad "$REPO/charts/tetrad" --kubeconfig "$("$HACK/cluster.sh" kubeconfig)" \
-    -n "$NS" --create-namespace --set replicas=1 --wait --timeout 300s >&2
+  if ! "$BIN/helm" upgrade --install tetrad "$REPO/charts/tetrad" --kubeconfig "$("$HACK/cluster.sh" kubeconfig)" \
+      -n "$NS" --create-namespace --set replicas=1 --wait --timeout 600s >&2; then
+    kctl get pods -n "$NS" -o wide >&2 || true
+    kctl describe pods -n "$NS" >&2 || true
+    kctl logs -n "$NS" deploy/tetrad --tail 50 >&2 || true
+    log "the operator did not become Available"
+    exit 1
+  fi
   log "operator Available: $(kctl get deploy -n "$NS" -o jsonpath='{.items[0].metadata.name}')"
 }
 

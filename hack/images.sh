@@ -91,6 +91,9 @@ build_target() {
     "${B[@]}" push --quiet --compression-format zstd "$name" "oci-archive:$archive.tmp:$name"
     mv -f "$archive.tmp" "$archive"
     find "$OUT" -maxdepth 1 -name "$target-*.tar" ! -path "$archive" -delete  # the last build's only
+    # Earlier builds' images go (the current ones' layers, the next build's cache, stay): each
+    # trainer build that changed its dependencies would otherwise keep another 6 GB.
+    "${B[@]}" rmi --prune >/dev/null 2>&1 || true
     log "$target built in $((SECONDS - t0))s"
   fi
   echo "$name $archive"

@@ -13,9 +13,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -394,12 +396,44 @@ def node_processes(pod_uid: str) -> list[int]:
     return pids
 
 
-def terminated(c: RealCluster, ns: str, pod: str) -> dict[str, Any] | None:
-    status = c.kubectl_json("get", "pod", pod, "-n", ns)["status"]
-    for s in status.get("containerStatuses", []):
-        if "terminated" in s["state"]:
-            return dict(s["state"]["terminated"])
-    return None
+class ExitWatch:
+    """A pod's container exit, seen through a watch started before the fault: a pod deleted with its
+    grace period, or deleted by the operator's restart, can be gone before a poll sees it terminated."""
+
+    def __init__(self, c: RealCluster, ns: str, pod: str):
+        self.proc = subprocess.Popen(
+            [str(c.kubectl_path), "--kubeconfig", str(c.kubeconfig), "get", "pod", pod, "-n", ns, "-w", "-o", "json"],
+            stdout=subprocess.PIPE, text=True)
+        self.seen: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        text, decoder = "", json.JSONDecoder()
+        for line in self.proc.stdout:  # kubectl writes one indented JSON object per change
+            text += line
+            try:
+                pod, end = decoder.raw_decode(text.lstrip())
+            except ValueError:
+                continue
+            text = text.lstrip()[end:]
+            self.seen.put(pod)
+
+    def terminated(self, timeout: float = 120) -> dict[str, Any]:
+        """The container's terminated state (exit code, reason, message) once the watch shows it."""
+        deadline = time.monotonic() + timeout
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    pod = self.seen.get(timeout=left)
+                except queue.Empty:
+                    break
+                for s in pod["status"].get("containerStatuses", []):
+                    if "terminated" in s["state"]:
+                        return dict(s["state"]["terminated"])
+            raise TimeoutError(f"no container exit seen within {timeout}s")
+        finally:
+            self.proc.kill()
 
 
 def signal_pod(c: RealCluster, ns: str, job: str, restart: int, sig: signal.Signals) -> None:
@@ -452,16 +486,16 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
 
     # A preemption: the pod is deleted, its trainer saves on SIGTERM and exits 75.
     wait_until(lambda: saved_since_start(0), timeout=JOB_TIMEOUT, interval=2, what="a checkpoint in incarnation 0")
+    watch = ExitWatch(c, ns, "resume-r0-1")
     c.kubectl("delete", "pod", "resume-r0-1", "-n", ns, "--wait=false")
-    preempted = wait_until(lambda: terminated(c, ns, "resume-r0-1"), timeout=120, interval=0.5,
-                           what="the deleted pod's exit")
+    preempted = watch.terminated()
     # A SIGKILL from the node to every process of one trainer container, as the OOM killer would.
     wait_until(lambda: saved_since_start(1), timeout=JOB_TIMEOUT, interval=2,
                what="a new checkpoint in incarnation 1")
     after_preemption = job_status(c, ns, "resume")
+    watch = ExitWatch(c, ns, "resume-r1-1")
     signal_pod(c, ns, "resume", 1, signal.SIGKILL)
-    killed = wait_until(lambda: terminated(c, ns, "resume-r1-1"), timeout=120, interval=0.5,
-                        what="the killed pod's exit")
+    killed = watch.terminated()
     # A hang: every process of one trainer container stopped (SIGSTOP), so its peers wait in a
     # collective and rank 0 completes no step; the operator restarts the gang as Stalled.
     wait_until(lambda: saved_since_start(2), timeout=JOB_TIMEOUT, interval=2,
