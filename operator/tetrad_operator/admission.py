@@ -5,6 +5,10 @@ Job reconciles register complete, gated gangs here. A single task, woken by capa
 pod in the cluster, asks `gang.plan_admission` which gangs fit, and removes their gates. Because
 decisions are serialized and gangs released but not yet bound are counted from that LIST, two
 gangs that fit only one at a time can never both be released.
+
+A new incarnation asks first (`reserve`), before its pods exist: if it fits now, by the same
+decision, its pods are created already released, one write each instead of a create and an
+ungating patch, and count as a released gang until they are all created (`unreserve`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from tetrad.api import contract
 from tetrad_operator import gang
@@ -34,6 +39,15 @@ def ungate_patch(now: datetime) -> dict[str, object]:
     """Remove only the tetrad gate (strategic merge on the list's `name` key) and stamp the release."""
     return {"metadata": {"annotations": {RELEASED_ANNOTATION: format_time(now)}},
             "spec": {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}}
+
+
+def created_released(pod: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """A rendered pod as the release would leave it: without the tetrad gate, stamped released."""
+    meta, spec = pod["metadata"], pod["spec"]
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != contract.GANG_GATE]
+    spec = {k: v for k, v in spec.items() if k != "schedulingGates"} | ({"schedulingGates": gates} if gates else {})
+    annotations = {**(meta.get("annotations") or {}), RELEASED_ANNOTATION: format_time(now)}
+    return {**pod, "metadata": {**meta, "annotations": annotations}, "spec": spec}
 
 
 async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:
@@ -61,6 +75,7 @@ class GangAdmitter:
         self.retry_seconds = retry_seconds
         self.batch_seconds = batch_seconds
         self.waiting: dict[Key, gang.GangRequest] = {}
+        self.reserved: dict[Key, tuple[PodState, ...]] = {}  # released at creation, not all created yet
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
@@ -112,24 +127,52 @@ class GangAdmitter:
             out += [PodState.from_body(b) for b in await self.kube.list(path("v1", "pods", ns), fieldSelector=UNFINISHED)]
         return out
 
+    async def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest], int]:
+        """From one LIST: the bound pods, the gangs released and not all bound (reservations
+        included), the waiting gangs whose pods are all still gated as requested, and the pod count."""
+        pods = await self._unfinished_pods()
+        by_name = {(p.namespace, p.name): p for p in pods}
+        bound = [p for p in pods if p.node]
+        groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
+        for p in pods:
+            if p.job:
+                groups[(p.namespace, p.job, p.restart)].append(p)
+        in_flight: list[Sequence[PodState]] = [
+            g for g in groups.values() if any(p.released for p in g) and any(p.node is None for p in g)]
+        in_flight += self.reserved.values()  # pods being created: counted twice once listed, never missed
+        waiting = []
+        for req in list(self.waiting.values()):
+            fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
+            if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
+                waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
+                                                tuple(f for f in fresh if f is not None)))
+        return bound, in_flight, waiting, len(pods)
+
+    async def reserve(self, req: gang.GangRequest) -> bool:
+        """Whether a new incarnation's gang (its rendered pods, none created yet) fits now beside the
+        waiting gangs, decided as a release is; if so it counts as released until `unreserve`."""
+        async with self.lock:
+            bound, in_flight, waiting, _ = await self._snapshot()
+            plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, req])
+            if not any(a.request is req for a in plan):
+                return False
+            self.reserved[req.key] = req.pods
+            self.metrics.gangs_admitted.inc()
+            self.metrics.gang_wait.observe(0.0)
+            log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
+                     req.namespace, req.name, req.restart, len(req.pods))
+            return True
+
+    def unreserve(self, key: Key) -> None:
+        """The reserved gang's creations are over: its pods (those that were created) are listed now."""
+        self.reserved.pop(key, None)
+        self.kick()
+
     async def admit_once(self) -> list[gang.GangRelease]:
         async with self.lock:
             started = time.monotonic()
-            pods = await self._unfinished_pods()
+            bound, in_flight, waiting, listed_pods = await self._snapshot()
             listed = time.monotonic()
-            by_name = {(p.namespace, p.name): p for p in pods}
-            bound = [p for p in pods if p.node]
-            groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
-            for p in pods:
-                if p.job:
-                    groups[(p.namespace, p.job, p.restart)].append(p)
-            in_flight = [g for g in groups.values() if any(p.released for p in g) and any(p.node is None for p in g)]
-            waiting = []
-            for req in list(self.waiting.values()):
-                fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
-                if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
-                    waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
-                                                    tuple(f for f in fresh if f is not None)))
             plan = gang.plan_admission(self.nodes(), bound, in_flight, waiting)
             planned = time.monotonic()
             for a in plan:
@@ -143,7 +186,7 @@ class GangAdmitter:
                     self.metrics.gang_wait.observe(time.monotonic() - asked)
                 self.metrics.gangs_admitted.inc()
                 log.info("released the gang of %s/%s (restart %d, %d pods; list %.2fs of %d pods, plan %.2fs, ungate %.2fs)",
-                         req.namespace, req.name, req.restart, len(req.pods), listed - started, len(pods),
+                         req.namespace, req.name, req.restart, len(req.pods), listed - started, listed_pods,
                          planned - listed, time.monotonic() - t)
                 self.wake(req.key)
             return plan

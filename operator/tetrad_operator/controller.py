@@ -28,7 +28,8 @@ from tetrad.api.spec import Checkpoint
 from tetrad.render import names
 from tetrad.render.gang import WORKLOAD_API_VERSION
 from tetrad_operator import lifecycle, scrape
-from tetrad_operator.admission import GangAdmitter, ungate
+from tetrad_operator.admission import GangAdmitter, created_released, ungate
+from tetrad_operator.gang import GangRequest
 from tetrad_operator.kube import ApiError, Kube, object_path, path
 from tetrad_operator.lifecycle import (
     SCRAPER_OWNED,
@@ -250,7 +251,7 @@ class Controller:
         loop.phase = decision.status.get("phase") or ""
         if decision.events:
             await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events))
-        await self._apply(body, loop, pods, decision.actions)
+        await self._apply(body, loop, pods, decision.actions, decision.release_at_creation)
         if decision.gang is not None:
             self.admission.request(decision.gang)
         else:
@@ -326,7 +327,7 @@ class Controller:
         return exp
 
     async def _apply(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
-                     actions: list[lifecycle.Action]) -> None:
+                     actions: list[lifecycle.Action], release: GangRequest | None = None) -> None:
         namespace = loop.key[0]
         expected = self._expected(loop, pods)
         if not expected:  # objects of an incarnation whose creation is under way are ensured already
@@ -335,6 +336,12 @@ class Controller:
             for group in ([o for o in ensures if o["kind"] != "PodGroup"], [o for o in ensures if o["kind"] == "PodGroup"]):
                 await asyncio.gather(*(self._ensure(job, o) for o in group))
         creates = [a for a in actions if isinstance(a, CreatePod) and a.name not in expected]
+        # A whole new built-in gang that fits now goes without its gates (none of it created yet).
+        reserved = (release is not None and len(creates) == len(release.pods) and not expected
+                    and await self.admission.reserve(release))
+        if reserved:
+            now = datetime.now(UTC)
+            creates = [CreatePod(created_released(a.obj, now)) for a in creates]
         calls: list[Awaitable[None]] = [self._create_pod(loop, a) for a in creates]
         for a in actions:
             if isinstance(a, DeletePod):
@@ -345,7 +352,11 @@ class Controller:
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
-        results = await asyncio.gather(*calls, return_exceptions=True)
+        try:
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            if reserved:
+                self.admission.unreserve(loop.key)
         if creates:
             await self._count_refusals(job, loop, results[:len(creates)])
         if any(isinstance(a, DeleteJob) for a in actions):

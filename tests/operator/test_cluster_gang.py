@@ -36,6 +36,19 @@ def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
 
 
+def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api, operator, namespace, pool):
+    ns = namespace
+    pool(2)
+    api.create_job(ns, pool_job("fits", pool, nodes=2))
+    pods = wait_running(api, ns, "fits", 2)
+    st = api.status(ns, "fits")
+    assert condition(st, "GangReleased")["status"] == "True" and condition(st, "GangReleased")["reason"] == "Admitted"
+    for p in pods:
+        assert not p["spec"].get("schedulingGates") and "tetrad.dev/gang-released" in p["metadata"]["annotations"]
+        assert p["metadata"]["generation"] == 1, "the pod's spec was written once: created without its gate"
+    assert "WaitingForCapacity" not in [e["reason"] for e in api.events(ns, "fits")]
+
+
 def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, namespace, pool):
     ns = namespace
     pool(2)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tetrad_operator import lifecycle
+from tetrad_operator.admission import created_released
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
-from tetrad_operator.state import format_time, parse_time
+from tetrad_operator.state import PodState, format_time, parse_time
 
 from tetrad.api import collective, contract
 from tetrad.render import names
@@ -447,6 +448,44 @@ def test_gang_timeout_recreates_the_gang_behind_its_gate():
     assert set(c.pods) == {"job-r0-0", "job-r0-1"} and c.status["restarts"] == 0
     assert all(p["spec"]["schedulingGates"] for p in c.pods.values())
     running(c)
+
+
+def test_a_new_incarnation_offers_itself_for_release_at_creation():
+    c = FakeCluster(job_body(nodes=2))
+    d = c.reconcile(admit=False)
+    offer = d.release_at_creation
+    assert offer is not None and offer.restart == 0 and offer.key == ("ns", "job")
+    assert [p.name for p in offer.pods] == ["job-r0-0", "job-r0-1"] and all(p.gated for p in offer.pods)
+    # The admission found it fits: the controller creates the pods released, with no gate.
+    now = datetime.now(UTC)
+    for name in list(c.pods):
+        c.pods[name] = created_released(c.pods[name], now)
+    d = c.reconcile(admit=False)
+    assert d.gang is None and not [a for a in d.actions if isinstance(a, Ungate)]
+    assert cond(c, "GangReleased")["status"] == "True" and cond(c, "GangReleased")["reason"] == "Admitted"
+    assert all(PodState.from_body(p).released and not PodState.from_body(p).gated for p in c.pods.values())
+    running(c)
+    assert "WaitingForCapacity" not in [e.reason for e in c.events]
+
+
+def test_no_release_at_creation_for_missing_pods_a_gang_timeout_or_other_schedulers():
+    c = FakeCluster(job_body(nodes=2, gang={"timeoutSeconds": 60}, runPolicy=FAST))
+    c.reconcile(admit=False)
+    del c.pods["job-r0-1"]  # a pod of a gated incarnation deleted before its release
+    d = c.reconcile(admit=False)
+    assert [a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-1"] and d.release_at_creation is None
+    c.reconcile()  # admitted and ungated
+    c.tick(schedule=False)
+    c.reconcile()
+    c.tick(61, schedule=False)
+    c.reconcile()
+    assert cond(c, "GangReleased")["reason"] == "GangTimeout" and not c.pods
+    c.tick(10)
+    d = c.reconcile(admit=False)
+    assert set(c.pods) == {"job-r0-0", "job-r0-1"} and d.release_at_creation is None
+    for scheduler in ("volcano", "coscheduling", "workload"):
+        d = FakeCluster(job_body(nodes=2, gang={"scheduler": scheduler})).reconcile(admit=False)
+        assert d.release_at_creation is None, scheduler
 
 
 def test_volcano_gets_a_pod_group_and_no_gate():

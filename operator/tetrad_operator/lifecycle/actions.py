@@ -83,6 +83,9 @@ class Decision:
     # watch cache can lag (e.g. right after a paused replica resumes).
     verify: bool = False
     gang: GangRequest | None = None  # a complete, gated gang asking the built-in admission to go
+    # The whole new incarnation this pass creates (built-in gang): it may be created released if
+    # the admission finds it fits now; otherwise its pods are created gated, as rendered.
+    release_at_creation: GangRequest | None = None
     # Fields this pass learned of the status objects the scraper writes (SCRAPER_OWNED: training,
     # checkpoint), by object; merge-patched into them (None removes a field): `status` never carries them.
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -136,18 +136,20 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             return
         if m.phase == Phase.RESTARTING:
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
+        new: list[dict[str, Any]] = []
         if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
             rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, *rendered.gang_objects()))
             if spec.gang.scheduler == Scheduler.WORKLOAD and restart > 0:
                 m.decision.actions.append(DeleteStaleGang(keep=restart))
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
+            new = rendered.pods
         else:  # only the missing pods (rendering a 1024-pod gang takes a while)
             avoid = preflight.excluded(m.status)
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
                                       for r in missing)
         if builtin:
-            gang.creating(m, spec.nodes, restart)
+            gang.creating(m, spec.nodes, restart, new)
         return
 
     pods = [current[r] for r in range(spec.nodes)]

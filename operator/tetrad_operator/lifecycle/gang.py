@@ -9,6 +9,9 @@ operator's one admission loop as `Decision.gang` (see tetrad_operator.admission)
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from tetrad.api.spec import ParallelTrainingJob, Phase
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.lifecycle.actions import Ungate
@@ -24,11 +27,17 @@ def timed_out(m: JobPass) -> bool:
     return c.get("status") == "False" and c.get("reason") == "GangTimeout"
 
 
-def creating(m: JobPass, nodes: int, restart: int) -> None:
-    """The incarnation's pods are being created (gated)."""
+def creating(m: JobPass, nodes: int, restart: int, new: Sequence[Mapping[str, Any]] = ()) -> None:
+    """The incarnation's pods are being created (gated). `new`: every pod of a new incarnation, which
+    the admission may create released if the gang fits at once; never right after a gang timeout,
+    when the scheduler could not place what the fit had released (the gang waits gated instead)."""
     released = m.condition(RELEASED)
     if released is None or released.get("status") == "True":
         m.set_condition(RELEASED, "False", "Creating", f"creating the {nodes} pods of restart {restart}")
+    if new and not timed_out(m):
+        created = parse_time(m.meta.get("creationTimestamp"))
+        m.decision.release_at_creation = GangRequest(m.namespace, m.name, created, restart,
+                                                     tuple(PodState.from_body(p) for p in new))
 
 
 def withdraw_release(m: JobPass, reason: str, message: str) -> None:
