@@ -65,6 +65,8 @@ def test_sigterm_to_the_node_saves_and_exits_75(tmp_path, supervised):
     step = int(stopped[0].split("stopped after step ")[1].split()[0])
     assert (ckpt / "latest").read_text() == f"step-{step:08d}\n"
     assert f"committed step {step}" in text
+    logged = [r["step"] for r in map(json.loads, jsonl.read_text().splitlines()) if "loss" in r]
+    assert logged[-1] == step, "the step it stopped at has its record: the next run resumes after it"
 
 
 def test_tetrad_run_resumes_from_the_manifests_checkpoint(tmp_path):

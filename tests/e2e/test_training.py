@@ -140,6 +140,12 @@ class PodLogs:
                     [str(self.c.kubectl_path), "--kubeconfig", str(self.c.kubeconfig), "logs", "-f", "-n", self.ns,
                      pod, "-c", "trainer"], stdout=out, stderr=subprocess.STDOUT))
 
+    def last_step(self, restart: int) -> int:
+        """The last step record of rank 0 that its stream has brought in so far (0: none)."""
+        path = self.into / f"{self.name}-r{restart}-0.log"
+        text = path.read_text() if path.exists() else ""
+        return max((r["step"] for r in json_lines(text.rpartition("\n")[0])), default=0)
+
     def rank0(self) -> dict[int, str]:
         """Rank 0's whole log of each followed incarnation, once every stream has ended with its container."""
         for procs in self.streams.values():
@@ -476,8 +482,11 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
         if len(running) == 2:
             logs.follow(restart)
         ckpt = status.get("checkpoint") or {}
+        # ... and the committed step's record has reached our copy of rank 0's log: a fault right
+        # after it deletes the pod, and the log with it, before a stream lagging behind catches up.
         return (len(running) == 2 and (ckpt.get("resumedAtRestart") or 0) == restart
-                and ckpt.get("step", 0) >= (ckpt.get("resumedFrom") or 0) + 4)
+                and ckpt.get("step", 0) >= (ckpt.get("resumedFrom") or 0) + 4
+                and logs.last_step(restart) >= ckpt["step"])
 
     def restarted(restart: int) -> dict[str, Any] | None:
         status = job_status(c, ns, "resume")

@@ -253,12 +253,15 @@ class Trainer:
         if self.checkpointer.due(self.step) or last:
             self.checkpointer.save(self.step)
         token = self.checkpoint_requests.poll()
-        if self.preemption.requested(checkpoint_asked=token is not None):
+        stopping = self.preemption.requested(checkpoint_asked=token is not None)
+        if self.step % self.cfg.metrics.log_interval == 0 or last or stopping:
+            # Logged before a stop too: the next incarnation resumes after this step, so its record
+            # (the loss, the figures rank 0 leaves in its termination message) is made now or never.
+            self.log_step(loss, grad_norm, lr)
+        if stopping:
             self.stop_on_preemption()
         if self.preemption.checkpoint_asked:
             self.checkpoint_now(token)
-        if self.step % self.cfg.metrics.log_interval == 0 or last:
-            self.log_step(loss, grad_norm, lr)
 
     def checkpoint_now(self, token: str | None) -> None:
         """A checkpoint-now request reached some rank (rank 0 holds its token): every rank saves this step."""
