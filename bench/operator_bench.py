@@ -206,6 +206,7 @@ def main() -> int:
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         api = Api(cluster.kubeconfig)
         port = free_port()
+        (REPO / ".cache").mkdir(exist_ok=True)
         log = open(REPO / ".cache" / "bench-operator.log", "wb")  # noqa: SIM115
         # On a starved machine kwok can be late renewing a thousand node leases; a node that flaps
         # NotReady must not restart the gang being measured (restarts are reported below).

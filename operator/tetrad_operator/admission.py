@@ -76,6 +76,7 @@ class GangAdmitter:
         self.batch_seconds = batch_seconds
         self.waiting: dict[Key, gang.GangRequest] = {}
         self.reserved: dict[Key, tuple[PodState, ...]] = {}  # released at creation, not all created yet
+        self._asking: list[tuple[gang.GangRequest, asyncio.Future[bool]]] = []  # reserve() calls not decided yet
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
@@ -150,18 +151,37 @@ class GangAdmitter:
 
     async def reserve(self, req: gang.GangRequest) -> bool:
         """Whether a new incarnation's gang (its rendered pods, none created yet) fits now beside the
-        waiting gangs, decided as a release is; if so it counts as released until `unreserve`."""
+        waiting gangs, decided as a release is; if so it counts as released until `unreserve`.
+        Gangs that ask while another decision runs are decided together, from one LIST."""
+        asked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._asking.append((req, asked))
         async with self.lock:
-            bound, in_flight, waiting, _ = await self._snapshot()
-            plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, req])
-            if not any(a.request is req for a in plan):
-                return False
-            self.reserved[req.key] = req.pods
-            self.metrics.gangs_admitted.inc()
-            self.metrics.gang_wait.observe(0.0)
-            log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
-                     req.namespace, req.name, req.restart, len(req.pods))
-            return True
+            if not asked.done():
+                asking, self._asking = self._asking, []
+                try:
+                    snapshot = await self._snapshot()
+                except BaseException as e:  # the LIST failed, or this pass was cancelled: every asker is told
+                    for _, f in asking:
+                        f.set_exception(e if isinstance(e, Exception) else RuntimeError("gang admission cancelled"))
+                    if not isinstance(e, Exception):
+                        raise
+                else:
+                    self._decide_reservations(asking, *snapshot)
+        return await asked
+
+    def _decide_reservations(self, asking: list[tuple[gang.GangRequest, asyncio.Future[bool]]],
+                             bound: list[PodState], in_flight: list[Sequence[PodState]],
+                             waiting: list[gang.GangRequest], _listed: int) -> None:
+        plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asking)])
+        fits = {id(a.request) for a in plan}
+        for req, answer in asking:
+            if id(req) in fits:
+                self.reserved[req.key] = req.pods
+                self.metrics.gangs_admitted.inc()
+                self.metrics.gang_wait.observe(0.0)
+                log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
+                         req.namespace, req.name, req.restart, len(req.pods))
+            answer.set_result(id(req) in fits)
 
     def unreserve(self, key: Key) -> None:
         """The reserved gang's creations are over: its pods (those that were created) are listed now."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from tetrad_operator import gang
+from tetrad_operator.admission import GangAdmitter
+from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.quantity import Resources, pod_requests, to_units
 from tetrad_operator.state import NodeState, PodState
 
@@ -147,3 +150,34 @@ def test_an_in_flight_gang_we_cannot_place_blocks_admission():
 def test_a_gang_bigger_than_the_cluster_never_goes():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     assert gang.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
+
+
+class ListingKube:
+    """The one call the admission makes to reserve: a LIST of the unfinished pods (none here)."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+
+    async def list(self, url: str, **query: str) -> list[dict]:
+        self.lists += 1
+        await asyncio.sleep(0.01)  # while it lists, other gangs ask
+        return []
+
+
+def test_gangs_that_ask_at_creation_together_are_decided_from_one_list_and_never_overcommit():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    kube = ListingKube()
+    admitter = GangAdmitter(kube, lambda: ns, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
+    gangs = [request(f"g{i}", [pod(f"g{i}-0", cpu="6"), pod(f"g{i}-1", cpu="6")], age=i) for i in range(3)]
+
+    async def ask_all() -> list[bool]:
+        return list(await asyncio.gather(*(admitter.reserve(g) for g in gangs)))
+
+    # Each fits alone, only one at a time: the oldest goes, released; the others are created gated.
+    assert asyncio.run(ask_all()) == [True, False, False]
+    # The first asked alone; the two that asked during its LIST were decided by one more.
+    assert kube.lists == 2 and set(admitter.reserved) == {("ns", "g0")}
+    # While its pods are being created it holds the room: a gang asking now is refused.
+    assert asyncio.run(admitter.reserve(request("late", [pod("l0", cpu="6")], age=9))) is False
+    admitter.unreserve(("ns", "g0"))
+    assert asyncio.run(admitter.reserve(request("later", [pod("l1", cpu="6")], age=10))) is True
