@@ -13,6 +13,9 @@
 #   hack/cluster.sh env [--name N]          print the cluster's env file path
 #   hack/cluster.sh load [--name N] ARCHIVE...  import OCI image archives into every
 #                                           real node's containerd (as `kind load`)
+#   hack/cluster.sh scheduler [--name N] coscheduling
+#                                           start a gang scheduler beside the cluster
+#                                           (hack/cluster/gang-schedulers.sh); down stops it
 #
 # Environment (flags win):
 #   TETRAD_CLUSTER_NAME    instance name (default: tetrad); one state dir each
@@ -62,7 +65,7 @@ if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
   WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
 fi
 
-usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
 ARCHIVES=()
@@ -74,7 +77,7 @@ while (($#)); do
     --real-nodes) REAL_NODES=$2; shift 2 ;;
     -h|--help) usage ;;
     -*) echo "unknown argument: $1" >&2; usage ;;
-    *) [[ $CMD == load ]] || { echo "unknown argument: $1" >&2; usage; }; ARCHIVES+=("$1"); shift ;;
+    *) [[ $CMD == load || $CMD == scheduler ]] || { echo "unknown argument: $1" >&2; usage; }; ARCHIVES+=("$1"); shift ;;
   esac
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
@@ -93,6 +96,8 @@ die() { log "error: $*"; exit 1; }
 
 # shellcheck source=hack/cluster/real-nodes.sh
 source "$HACK/cluster/real-nodes.sh"
+# shellcheck source=hack/cluster/gang-schedulers.sh
+source "$HACK/cluster/gang-schedulers.sh"
 
 # The control plane listens on loopback; with real nodes the apiserver listens
 # where their pods reach it instead (the services bridge, see real-nodes.sh) and
@@ -534,6 +539,7 @@ cmd_down() {
     log "known clusters:$(known_clusters)"
     exit 1
   fi
+  down_gang_schedulers
   down_real_nodes
   local c ports leftover=""
   ports=$(grep '_PORTS\{0,1\}=' "$STATE/cluster.env" | cut -d= -f2 | tr ',\n' '  ')
@@ -573,7 +579,7 @@ cmd_status() {
   local c rc=0 pid
   echo "cluster $NAME ($STATE)"
   local real=""
-  for c in "$RUN"/kubelet-*.pid "$RUN"/containerd-*.pid "$RUN"/coredns.pid; do
+  for c in "$RUN"/kubelet-*.pid "$RUN"/containerd-*.pid "$RUN"/coredns.pid "$RUN"/scheduler-plugins-*.pid; do
     [[ -f $c ]] && real+=" $(basename "$c" .pid)"
   done
   for c in $COMPONENTS $real; do
@@ -596,6 +602,7 @@ case $CMD in
   status) cmd_status ;;
   kubeconfig) echo "$STATE/kubeconfig" ;;
   load) cmd_load ;;
+  scheduler) cmd_scheduler ;;
   env) echo "$STATE/cluster.env" ;;
   *) usage ;;
 esac

@@ -26,7 +26,6 @@ from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
 from tetrad.api.spec import Checkpoint
 from tetrad.render import names
-from tetrad.render.gang import WORKLOAD_API_VERSION
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.gang import GangRequest
@@ -347,7 +346,7 @@ class Controller:
             if isinstance(a, DeletePod):
                 expected.pop(a.name, None)
                 calls.append(self._delete_pod(loop, a))
-        calls += [self._delete_stale_gang(namespace, job, a.keep) for a in actions if isinstance(a, DeleteStaleGang)]
+        calls += [self._delete_stale_gang(namespace, job, a) for a in actions if isinstance(a, DeleteStaleGang)]
         calls += [self._annotate_pod(namespace, a) for a in actions if isinstance(a, AnnotatePod)]
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
@@ -385,12 +384,12 @@ class Controller:
                 raise ApiError(409, "PATCH", url, {"reason": "Conflict", "message": message})
         await self.kube.apply(url, obj, FIELD_MANAGER)
 
-    async def _delete_stale_gang(self, namespace: str, job: dict[str, Any], keep: int) -> None:
-        """The Workload and PodGroup of earlier incarnations: a PodGroup goes once its pods are gone
-        (the apiserver's PodGroupProtection finalizer holds it until then)."""
-        selector = f"{contract.LABEL_JOB}={job['metadata']['name']},{contract.LABEL_RESTART}!={keep}"
-        for kind in ("PodGroup", "Workload"):
-            await self.kube.request("DELETE", path(WORKLOAD_API_VERSION, kind, namespace),
+    async def _delete_stale_gang(self, namespace: str, job: dict[str, Any], action: DeleteStaleGang) -> None:
+        """The group objects of earlier incarnations. A Workload API PodGroup goes once its pods are
+        gone (the apiserver's PodGroupProtection finalizer holds it until then)."""
+        selector = f"{contract.LABEL_JOB}={job['metadata']['name']},{contract.LABEL_RESTART}!={action.keep}"
+        for api_version, kind in action.kinds:
+            await self.kube.request("DELETE", path(api_version, kind, namespace),
                                     query={"labelSelector": selector}, ok=(404,))
 
     async def _annotate_pod(self, namespace: str, action: AnnotatePod) -> None:

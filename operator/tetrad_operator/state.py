@@ -47,6 +47,7 @@ class PodState:
     grace_seconds: int = 0
     created: datetime | None = None
     scheduled_at: datetime | None = None
+    unschedulable: str | None = None  # the scheduler's last word on why it cannot place the pod
     exit_code: int | None = None
     container: str | None = None  # the container that exited with exit_code
     message: str | None = None  # that container's termination message (the trainer's supervisor writes it)
@@ -79,6 +80,8 @@ class PodState:
                           if c.get("type") == DISRUPTION_CONDITION and c.get("status") == "True"), None)
         scheduled = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
                           if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+        unschedulable = next((c.get("message") or c.get("reason") for c in status.get("conditions") or []
+                              if c.get("type") == "PodScheduled" and c.get("status") == "False"), None)
         affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
             "requiredDuringSchedulingIgnoredDuringExecution") or {}
         return cls(
@@ -97,6 +100,7 @@ class PodState:
             grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
             created=parse_time(meta.get("creationTimestamp")),
             scheduled_at=parse_time(scheduled),
+            unschedulable=None if spec.get("nodeName") else unschedulable,
             exit_code=exit_code,
             container=container,
             message=message,

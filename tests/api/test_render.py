@@ -109,11 +109,15 @@ def test_volcano_pod_group():
         assert "schedulingGates" not in p["spec"]
 
 
-def test_coscheduling_pod_group():
-    r = render(job_of(manifest(gang={"scheduler": "coscheduling", "timeoutSeconds": 60}, resources={"cpu": "500m"})))
-    assert r.pod_group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
-    assert r.pod_group["spec"] == {"minMember": 2, "minResources": {"cpu": "1000m"}, "scheduleTimeoutSeconds": 60}
-    assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "t" for p in r.pods)
+def test_coscheduling_pod_group_per_incarnation():
+    job = job_of(manifest(gang={"scheduler": "coscheduling", "timeoutSeconds": 60}, resources={"cpu": "500m"}))
+    for restart in (0, 3):
+        r = render(job, restart=restart)
+        assert r.pod_group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+        assert r.pod_group["metadata"]["name"] == f"t-r{restart}"
+        assert r.pod_group["metadata"]["labels"]["tetrad.dev/restart"] == str(restart)
+        assert r.pod_group["spec"] == {"minMember": 2, "minResources": {"cpu": "1000m"}, "scheduleTimeoutSeconds": 60}
+        assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == f"t-r{restart}" for p in r.pods)
 
 
 def test_kueue_labels():

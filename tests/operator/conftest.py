@@ -72,6 +72,18 @@ def operator_cluster(cluster: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def coscheduling(operator_cluster: Any) -> Any:
+    """The scheduler-plugins scheduler (Coscheduling) and its PodGroup controller, started beside the
+    cluster by `hack/cluster.sh scheduler coscheduling` (they stop with the cluster)."""
+    from tests.cluster_fixtures import cluster_script
+
+    up = cluster_script("scheduler", "coscheduling", name=operator_cluster.name, timeout=1800)
+    if up.returncode:
+        raise RuntimeError(f"hack/cluster.sh scheduler coscheduling failed ({up.returncode}):\n{up.stderr[-6000:]}")
+    return operator_cluster
+
+
+@pytest.fixture(scope="session")
 def api(operator_cluster: Any) -> Any:
     from tests.operator.helpers import Api
 

@@ -152,7 +152,7 @@ class FakeCluster:
             elif isinstance(a, lifecycle.DeleteStaleGang):
                 for key, obj in list(self.objects.items()):
                     labels = obj["metadata"].get("labels") or {}
-                    if key[0] in ("Workload", "PodGroup") and labels.get(contract.LABEL_RESTART) != str(a.keep):
+                    if (obj["apiVersion"], key[0]) in a.kinds and labels.get(contract.LABEL_RESTART) != str(a.keep):
                         del self.objects[key]
             elif isinstance(a, lifecycle.DeleteJob):
                 self.job = None

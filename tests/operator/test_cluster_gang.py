@@ -88,17 +88,6 @@ def test_volcano_pod_group(api, operator, namespace):
     assert condition(st, "GangWaiting")["reason"] == "WaitingForScheduler"
 
 
-def test_coscheduling_pod_group(api, operator, namespace):
-    ns = namespace
-    api.create_job(ns, ptj("cj", nodes=2, gang={"scheduler": "coscheduling", "timeoutSeconds": 120}))
-    pg = wait_for(lambda: api.get(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/cj"), what="PodGroup")
-    assert pg["spec"] == {"minMember": 2, "minResources": {"cpu": "2", "memory": "2Gi"}, "scheduleTimeoutSeconds": 120}
-    pods = wait_for(lambda: (lambda ps: ps if len(ps) == 2 else None)(api.pods(ns, "cj")), what="2 pods")
-    for p in pods:
-        assert p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "cj"
-        assert p["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
-
-
 def test_kueue_labels_and_admission_by_unsuspending(api, operator, namespace):
     ns = namespace
     api.create_job(ns, ptj("kj", nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}, runPolicy={"suspend": True}))

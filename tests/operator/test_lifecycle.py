@@ -500,6 +500,36 @@ def test_volcano_gets_a_pod_group_and_no_gate():
     running(c)
 
 
+def test_coscheduling_gets_a_pod_group_per_incarnation_and_deletes_the_old_one():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "coscheduling"}, runPolicy=FAST))
+    d = c.reconcile()
+    assert [(a.obj["kind"], a.obj["metadata"]["name"]) for a in d.actions if isinstance(a, Ensure)][-1] == ("PodGroup", "job-r0")
+    assert not any(isinstance(a, lifecycle.DeleteStaleGang) for a in d.actions)
+    c.reconcile()
+    assert c.phase == "GangWaiting" and cond(c, "GangWaiting")["reason"] == "WaitingForScheduler"
+    running(c)
+    c.finish(1, rank=0)
+    c.settle(12)
+    assert c.status["restarts"] == 1 and set(c.pods) == {"job-r1-0", "job-r1-1"}
+    assert {p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] for p in c.pods.values()} == {"job-r1"}
+    assert sorted(k for k in c.objects if k[0] == "PodGroup") == [("PodGroup", "job-r1")]
+
+
+def test_a_job_waiting_for_its_scheduler_says_why_in_status():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "coscheduling"}))
+    c.reconcile()
+    c.reconcile()
+    assert c.status["message"] == "all 2 pods exist; waiting for coscheduling to place and start them"
+    events = len(c.events)
+    for why in ("0/4 nodes are available: 4 Insufficient cpu.", "rejected due to timeout after waiting 10s at permit"):
+        c.pods["job-r0-1"].setdefault("status", {})["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}]
+        c.reconcile()
+        assert c.phase == "GangWaiting" and c.status["message"].endswith(f"place and start them: {why}")
+        assert cond(c, "GangWaiting")["message"] == c.status["message"]
+    assert len(c.events) == events, "a new reason from the scheduler updates status, not another event"
+
+
 def test_workload_gang_gets_a_workload_and_pod_group_per_incarnation():
     c = FakeCluster(job_body(nodes=2, gang={"scheduler": "workload"}, runPolicy=FAST))
     d = c.reconcile()

@@ -1,7 +1,9 @@
 """Gang-scheduling objects and pod fields for each scheduler.
 
 builtin: every pod starts behind a scheduling gate the operator removes when the whole gang fits.
-volcano / coscheduling: a PodGroup with minMember = nodes that the scheduler enforces.
+volcano: a PodGroup with minMember = nodes that the scheduler enforces.
+coscheduling: the same per incarnation (scheduling.x-k8s.io): scheduler-plugins counts a group's
+pods by label, terminating ones too, and its controller leaves a PodGroup Failed for good.
 kueue: the pod-group labels and annotations of Kueue's pod integration.
 workload: Kubernetes' own Workload (the policy) and, per incarnation, a PodGroup (gang minCount =
 nodes) that every pod names in spec.schedulingGroup (scheduling.k8s.io/v1alpha2, 1.36 alpha).
@@ -35,6 +37,8 @@ WORKLOAD_TEMPLATE = "workers"
 STAGE_LABEL = "tetrad.dev/pipeline-stage"
 
 DEFAULT_SCHEDULER_NAMES = {Scheduler.VOLCANO: "volcano", Scheduler.COSCHEDULING: "scheduler-plugins-scheduler"}
+# Schedulers whose group is one incarnation's: a restart's gang gets its own, the old one is deleted.
+GROUP_PER_INCARNATION = frozenset({Scheduler.COSCHEDULING, Scheduler.WORKLOAD})
 
 
 def gang_resources(spec: ParallelTrainingJobSpec) -> dict[str, str]:
@@ -71,7 +75,7 @@ def workload(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, names
     """The incarnation's Workload and its PodGroup (the gang the scheduler places), for gang.scheduler=workload."""
     if spec.gang.scheduler != Scheduler.WORKLOAD:
         return None
-    name = names.incarnation(job, restart)
+    name = group_name(spec, job, restart)
     labels = {contract.LABEL_RESTART: str(restart)}
     native = _native_topology(spec, cfg)
 
@@ -90,9 +94,16 @@ def workload(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, names
     return wl, pg
 
 
-def pod_group(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, namespace: str) -> dict[str, Any] | None:
+def group_name(spec: ParallelTrainingJobSpec, job: str, restart: int) -> str:
+    """The name of the gang's group: the PodGroup, or Kueue's pod group."""
+    return names.incarnation(job, restart) if spec.gang.scheduler in GROUP_PER_INCARNATION else names.pod_group(job)
+
+
+def pod_group(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, namespace: str,
+              restart: int) -> dict[str, Any] | None:
     g = spec.gang
-    meta = _pod_group_meta(job, names.pod_group(job), namespace)
+    labels = {contract.LABEL_RESTART: str(restart)} if g.scheduler in GROUP_PER_INCARNATION else None
+    meta = _pod_group_meta(job, group_name(spec, job, restart), namespace, labels)
     if g.scheduler == Scheduler.VOLCANO:
         vspec: dict[str, Any] = {"minMember": spec.nodes, "minResources": gang_resources(spec), "queue": g.queue or "default"}
         if spec.template.priority_class_name:
@@ -119,18 +130,18 @@ def apply_to_pod(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, p
     if g.scheduler == Scheduler.BUILTIN:
         pod_spec["schedulingGates"] = [{"name": contract.GANG_GATE}]
     elif g.scheduler == Scheduler.VOLCANO:
-        meta["annotations"][VOLCANO_GROUP_ANNOTATION] = names.pod_group(job)
+        meta["annotations"][VOLCANO_GROUP_ANNOTATION] = group_name(spec, job, restart)
         if g.queue:
             meta["annotations"]["volcano.sh/queue-name"] = g.queue
     elif g.scheduler == Scheduler.COSCHEDULING:
-        meta["labels"][COSCHEDULING_GROUP_LABEL] = names.pod_group(job)
+        meta["labels"][COSCHEDULING_GROUP_LABEL] = group_name(spec, job, restart)
     elif g.scheduler == Scheduler.KUEUE:
         assert g.queue, "validation requires gang.queue for kueue"
         meta["labels"][KUEUE_QUEUE_LABEL] = g.queue
-        meta["labels"][KUEUE_GROUP_LABEL] = names.pod_group(job)
+        meta["labels"][KUEUE_GROUP_LABEL] = group_name(spec, job, restart)
         meta["annotations"][KUEUE_COUNT_ANNOTATION] = str(spec.nodes)
     elif g.scheduler == Scheduler.WORKLOAD:
-        pod_spec["schedulingGroup"] = {"podGroupName": names.incarnation(job, restart)}
+        pod_spec["schedulingGroup"] = {"podGroupName": group_name(spec, job, restart)}
     if g.topology_key:
         _apply_topology(spec, cfg, job, pod, rank=rank, restart=restart)
 

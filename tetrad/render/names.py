@@ -24,8 +24,8 @@ def pod_group(job: str) -> str:
 
 
 def incarnation(job: str, restart: int) -> str:
-    """The Workload and PodGroup of one incarnation (scheduling.k8s.io/v1alpha2): pods name their
-    PodGroup immutably, so each restart's gang gets its own."""
+    """The PodGroup (and Workload) of one incarnation, for the schedulers that take each restart's
+    gang as a new group: pods name their group immutably, and the old gang may still be terminating."""
     return f"{job}-r{restart}"
 
 

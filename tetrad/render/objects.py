@@ -229,7 +229,7 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
     Raises InvalidJob for a bad spec."""
     cfg = config or resolve(job)
     name, namespace = job.metadata.name, job.metadata.namespace
-    wl, pg = gang.workload(job.spec, cfg, name, namespace, restart) or (None, gang.pod_group(job.spec, cfg, name, namespace))
+    wl, pg = gang.workload(job.spec, cfg, name, namespace, restart) or (None, gang.pod_group(job.spec, cfg, name, namespace, restart))
     for obj in (wl, pg):
         if obj is not None and (refs := owner_references(job)):
             obj["metadata"]["ownerReferences"] = refs

@@ -44,9 +44,11 @@ class Ungate:
 
 @dataclass(frozen=True)
 class DeleteStaleGang:
-    """Delete the job's Workload and PodGroup (gang.scheduler=workload) of every incarnation but `keep`."""
+    """Delete the job's group objects of these kinds (apiVersion, kind), in this order, of every
+    incarnation but `keep` (the schedulers that take a group per incarnation)."""
 
     keep: int
+    kinds: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
 from tetrad.api.spec import Phase, RunPolicy, Scheduler
 from tetrad.render import render
+from tetrad.render.gang import GROUP_PER_INCARNATION
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
 from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight
@@ -140,8 +141,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
         if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
             rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, *rendered.gang_objects()))
-            if spec.gang.scheduler == Scheduler.WORKLOAD and restart > 0:
-                m.decision.actions.append(DeleteStaleGang(keep=restart))
+            if spec.gang.scheduler in GROUP_PER_INCARNATION and restart > 0:  # a PodGroup before its Workload
+                kinds = tuple((o["apiVersion"], o["kind"]) for o in reversed(rendered.gang_objects()))
+                m.decision.actions.append(DeleteStaleGang(keep=restart, kinds=kinds))
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
             new = rendered.pods
         else:  # only the missing pods (rendering a 1024-pod gang takes a while)
@@ -174,6 +176,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
         else:
             checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0
-    elif m.phase != Phase.GANG_WAITING:
-        m.transition(Phase.GANG_WAITING, "WaitingForScheduler",
-                     f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them")
+    else:  # the scheduler's reason for a pod it cannot place, as it changes
+        why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
+        message = f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them{why}"
+        if m.phase != Phase.GANG_WAITING or (not builtin and m.status.get("message") != message):
+            m.transition(Phase.GANG_WAITING, "WaitingForScheduler", message)
