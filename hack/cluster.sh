@@ -579,14 +579,14 @@ cmd_status() {
   local c rc=0 pid
   echo "cluster $NAME ($STATE)"
   local real=""
-  for c in "$RUN"/kubelet-*.pid "$RUN"/containerd-*.pid "$RUN"/coredns.pid "$RUN"/scheduler-plugins-*.pid; do
+  for c in "$RUN"/kubelet-*.pid "$RUN"/containerd-*.pid "$RUN"/coredns.pid "$RUN"/scheduler-plugins-*.pid "$RUN"/kueue.pid; do
     [[ -f $c ]] && real+=" $(basename "$c" .pid)"
   done
   for c in $COMPONENTS $real; do
     if alive "$c"; then
-      read -r pid _ < "$RUN/$c.pid"; printf '  %-24s running (pid %s)\n' "$c" "$pid"
+      read -r pid _ < "$RUN/$c.pid"; printf '  %-30s running (pid %s)\n' "$c" "$pid"
     else
-      printf '  %-24s stopped\n' "$c"; rc=3
+      printf '  %-30s stopped\n' "$c"; rc=3
     fi
   done
   if ((rc == 0)); then

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install the Debian packages the real nodes and the image builds need (containerd, runc, the
-# CNI plugins, buildah, busybox-static, debootstrap, iptables), as root, when any is missing.
+# CNI plugins, buildah, busybox-static, debootstrap, iptables; jq for the Kueue webhooks'
+# configuration), as root, when any is missing.
 # A machine that has them all does nothing and needs no network. No package's service is
 # started: the tests start what they need themselves.
 #
 #   hack/host-packages.sh [check]   exit 0 iff every package is installed
 set -euo pipefail
 
-PACKAGES=(containerd runc containernetworking-plugins buildah busybox-static debootstrap iptables nftables iproute2 util-linux)
+PACKAGES=(containerd runc containernetworking-plugins buildah busybox-static debootstrap iptables nftables iproute2 util-linux
+  jq)
 
 missing() {
   local p

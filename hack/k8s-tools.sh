@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl, helm, coredns, prometheus,
-# actionlint, the scheduler-plugins scheduler and controller) from Go
+# actionlint, the scheduler-plugins scheduler and controller, kueue) from Go
 # modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
@@ -40,9 +40,10 @@ declare -A SPEC=(
   [actionlint]="actionlint github.com/rhysd/actionlint/cmd/actionlint github.com/rhysd/actionlint"
   [scheduler-plugins-scheduler]="scheduler-plugins sigs.k8s.io/scheduler-plugins/cmd/scheduler sigs.k8s.io/scheduler-plugins"
   [scheduler-plugins-controller]="scheduler-plugins sigs.k8s.io/scheduler-plugins/cmd/controller sigs.k8s.io/scheduler-plugins"
+  [kueue]="kueue sigs.k8s.io/kueue/cmd/kueue sigs.k8s.io/kueue"
 )
 ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet kube-proxy coredns prometheus actionlint
-  scheduler-plugins-scheduler scheduler-plugins-controller"
+  scheduler-plugins-scheduler scheduler-plugins-controller kueue"
 # Build tags per tool: Prometheus with its Kubernetes service discovery only (the others need cloud SDKs).
 declare -A TAGS=(
   [prometheus]="remove_all_sd,enable_kubernetes_sd"
@@ -123,6 +124,7 @@ ldflags_for() {
       echo "-s -w -X github.com/prometheus/common/version.Version=${release:0:1}.${release:1}" ;;
     actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=$v" ;;
     scheduler-plugins-*) echo "-s -w -X k8s.io/component-base/version.gitVersion=$v" ;;
+    kueue) echo "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" ;;
   esac
 }
 

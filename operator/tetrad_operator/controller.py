@@ -24,8 +24,10 @@ import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint
+from tetrad.api.spec import Checkpoint, Scheduler
 from tetrad.render import names
+from tetrad.render.gang import KUEUE_API_VERSION
+from tetrad.render.gang import group_name as gang_group_name
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.gang import GangRequest
@@ -238,11 +240,13 @@ class Controller:
         stale = time.monotonic() - loop.last_listed > self.settings.resync_seconds
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
-        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec, rejection=loop.rejection)
+        queued = await self._queued(loop, spec, pods)
+        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec, rejection=loop.rejection,
+                                    queued=queued)
         if decision.verify and not stale:
             pods = await self.listed_pods(loop)
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
-                                        rejection=loop.rejection)
+                                        rejection=loop.rejection, queued=queued)
         old = body.get("status") or {}
         if not await self._write_status(job_path, body, old, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
@@ -366,6 +370,22 @@ class Controller:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+
+    async def _queued(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> str | None:
+        """Why Kueue holds the job's pod group, while a pod waits: its Workload's QuotaReserved=False message."""
+        job = spec.job
+        if job is None or job.spec.gang.scheduler != Scheduler.KUEUE:
+            return None
+        waiting = [p for p in pods if p.phase == "Pending" and p.node is None and not p.deleting]
+        if not waiting:
+            return None
+        group = gang_group_name(job.spec, loop.key[1], max(p.restart for p in waiting))
+        workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
+        reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
+                         if c.get("type") == "QuotaReserved"), None)
+        if reserved is None or reserved.get("status") != "False":
+            return None
+        return str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
 
     async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
         """Server-side apply the object, unless an object of that name belongs to someone else.

@@ -14,8 +14,11 @@ from typing import Any
 from tetrad.api import contract
 from tetrad_operator.quantity import Resources, pod_requests
 
-# Pod conditions and reasons that mean "taken away by the cluster", not "the trainer failed".
+# Pod conditions that mean "taken away by the cluster", not "the trainer failed": Kubernetes' own,
+# and the one Kueue's pod integration sets on the pods of a group it stops (preempted, evicted).
 DISRUPTION_CONDITION = "DisruptionTarget"
+KUEUE_STOP_CONDITION = "TerminationTarget"
+DISRUPTION_CONDITIONS = frozenset({DISRUPTION_CONDITION, KUEUE_STOP_CONDITION})
 # Set on a pod when the built-in gang admission removes its gate (with the time).
 RELEASED_ANNOTATION = "tetrad.dev/gang-released"
 
@@ -76,8 +79,8 @@ class PodState:
         labels = meta.get("labels") or {}
         gates = [g.get("name") for g in spec.get("schedulingGates") or []]
         exit_code, container, message = _exit_code(status)
-        disrupted = next((c.get("reason") or "Disrupted" for c in status.get("conditions") or []
-                          if c.get("type") == DISRUPTION_CONDITION and c.get("status") == "True"), None)
+        disrupted = next((_disruption(c) for c in status.get("conditions") or []
+                          if c.get("type") in DISRUPTION_CONDITIONS and c.get("status") == "True"), None)
         scheduled = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
                           if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
         unschedulable = next((c.get("message") or c.get("reason") for c in status.get("conditions") or []
@@ -113,6 +116,13 @@ class PodState:
             affinity_terms=tuple(affinity.get("nodeSelectorTerms") or ()),
             colocated=_colocation(labels, spec),
         )
+
+
+def _disruption(condition: Mapping[str, Any]) -> str:
+    reason = condition.get("reason") or "Disrupted"
+    if condition.get("type") == KUEUE_STOP_CONDITION and condition.get("message"):
+        return f"{reason}: {condition['message']}"  # Kueue's reason alone says little (WorkloadEvicted)
+    return str(reason)
 
 
 def _colocation(labels: Mapping[str, str], spec: Mapping[str, Any]) -> tuple[str, str] | None:

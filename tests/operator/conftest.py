@@ -71,16 +71,26 @@ def operator_cluster(cluster: Any) -> Iterator[Any]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
-def coscheduling(operator_cluster: Any) -> Any:
-    """The scheduler-plugins scheduler (Coscheduling) and its PodGroup controller, started beside the
-    cluster by `hack/cluster.sh scheduler coscheduling` (they stop with the cluster)."""
+def gang_scheduler(cluster: Any, name: str) -> Any:
+    """`hack/cluster.sh scheduler NAME` beside the cluster (it stops with the cluster)."""
     from tests.cluster_fixtures import cluster_script
 
-    up = cluster_script("scheduler", "coscheduling", name=operator_cluster.name, timeout=1800)
+    up = cluster_script("scheduler", name, name=cluster.name, timeout=1800)
     if up.returncode:
-        raise RuntimeError(f"hack/cluster.sh scheduler coscheduling failed ({up.returncode}):\n{up.stderr[-6000:]}")
-    return operator_cluster
+        raise RuntimeError(f"hack/cluster.sh scheduler {name} failed ({up.returncode}):\n{up.stderr[-6000:]}")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def coscheduling(operator_cluster: Any) -> Any:
+    """The scheduler-plugins scheduler (Coscheduling) and its PodGroup controller."""
+    return gang_scheduler(operator_cluster, "coscheduling")
+
+
+@pytest.fixture(scope="session")
+def kueue(operator_cluster: Any) -> Any:
+    """The Kueue manager with its pod-group integration and webhooks."""
+    return gang_scheduler(operator_cluster, "kueue")
 
 
 @pytest.fixture(scope="session")

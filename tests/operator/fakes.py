@@ -70,6 +70,7 @@ class FakeCluster:
         self.placement: dict[str, str] = {}  # pod -> node, as the admission planned it
         self.refuse: str | None = None  # the API server's answer to every pod creation, when set
         self.rejection: lifecycle.PodRejection | None = None  # as the controller counts refused passes
+        self.queued: str | None = None  # what the controller reads from Kueue
 
     # ------------------------------------------------------------------ observation
 
@@ -96,7 +97,7 @@ class FakeCluster:
     def reconcile(self, admit: bool = True) -> lifecycle.Decision:
         assert self.job is not None
         d = lifecycle.decide(self.job, self.pod_states(), self.node_states(), self.now, self.settings,
-                             rejection=self.rejection)
+                             rejection=self.rejection, queued=self.queued)
         self.apply(d)
         if admit and d.gang is not None:
             nodes = list(self.node_states().values())
@@ -137,7 +138,7 @@ class FakeCluster:
                 pod = self.pods.get(a.name)
                 if pod is None or pod["metadata"]["uid"] != a.uid:
                     continue
-                if a.force or not pod["spec"].get("nodeName"):
+                if (a.force or not pod["spec"].get("nodeName")) and not pod["metadata"].get("finalizers"):
                     del self.pods[a.name]
                 else:
                     pod["metadata"].setdefault("deletionTimestamp", format_time(self.now))
@@ -171,7 +172,7 @@ class FakeCluster:
         for name, pod in list(self.pods.items()):
             meta, spec, st = pod["metadata"], pod["spec"], pod["status"]
             if meta.get("deletionTimestamp"):
-                if kubelet_deletes and spec.get("nodeName") in self.nodes:
+                if kubelet_deletes and spec.get("nodeName") in self.nodes and not meta.get("finalizers"):
                     del self.pods[name]
                 continue
             if schedule and not spec.get("nodeName") and not spec.get("schedulingGates"):

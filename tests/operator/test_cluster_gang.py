@@ -88,22 +88,6 @@ def test_volcano_pod_group(api, operator, namespace):
     assert condition(st, "GangWaiting")["reason"] == "WaitingForScheduler"
 
 
-def test_kueue_labels_and_admission_by_unsuspending(api, operator, namespace):
-    ns = namespace
-    api.create_job(ns, ptj("kj", nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}, runPolicy={"suspend": True}))
-    st = wait_phase(api, ns, "kj", "Suspended")
-    assert "startTime" not in st
-    assert not api.pods(ns, "kj"), "a suspended job creates no pods"
-    # Kueue admits a job by setting suspend to false.
-    api.patch(f"/apis/tetrad.dev/v1alpha1/namespaces/{ns}/paralleltrainingjobs/kj", {"spec": {"runPolicy": {"suspend": False}}})
-    pods = wait_running(api, ns, "kj", 2)
-    for p in pods:
-        labels, ann = p["metadata"]["labels"], p["metadata"]["annotations"]
-        assert labels["kueue.x-k8s.io/queue-name"] == "team-a"
-        assert labels["kueue.x-k8s.io/pod-group-name"] == "kj"
-        assert ann["kueue.x-k8s.io/pod-group-total-count"] == "2"
-
-
 def test_gang_timeout_regates_a_gang_the_scheduler_cannot_place(api, operator, namespace, pool):
     ns = namespace
     pool(1)

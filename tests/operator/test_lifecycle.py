@@ -530,6 +530,36 @@ def test_a_job_waiting_for_its_scheduler_says_why_in_status():
     assert len(c.events) == events, "a new reason from the scheduler updates status, not another event"
 
 
+def test_a_job_kueue_holds_says_why_and_tells_it_once():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}))
+    c.reconcile()
+    c.reconcile()
+    assert cond(c, "GangWaiting")["reason"] == "WaitingForScheduler"
+    for quota in ("insufficient unused quota for nvidia.com/gpu, 8 more needed", "... 16 more needed"):
+        c.queued = f"couldn't assign flavors to pod set main: {quota}"
+        c.reconcile()
+        assert cond(c, "GangWaiting")["reason"] == "WaitingForQueue"
+        assert c.status["message"] == f"all 2 pods exist; kueue has not admitted them: {c.queued}"
+    assert [e.reason for e in c.events].count("WaitingForQueue") == 1, "a changed reason updates status, not another event"
+    c.queued = None  # admitted
+    running(c)
+
+
+def test_a_finished_pod_held_by_a_finalizer_does_not_hold_up_the_next_incarnation():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    c.finish(1, rank=0)
+    c.reconcile()
+    for pod in c.pods.values():  # the finished pods stay, deleted but held (Kueue's finalizer)
+        pod["status"]["phase"] = "Failed"
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        pod["metadata"]["finalizers"] = ["kueue.x-k8s.io/managed"]
+    for _ in range(12):
+        c.tick()
+        c.reconcile()
+    assert {"job-r1-0", "job-r1-1"} <= set(c.pods), "restart 1 was created beside the held pods of restart 0"
+
+
 def test_workload_gang_gets_a_workload_and_pod_group_per_incarnation():
     c = FakeCluster(job_body(nodes=2, gang={"scheduler": "workload"}, runPolicy=FAST))
     d = c.reconcile()

@@ -43,6 +43,13 @@ def test_pod_state_reads_labels_gates_and_exit_codes():
     evicted = PodState.from_body(pod_body(phase="Failed", reason="Evicted", conditions=[
         {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]))
     assert evicted.exit_code is None and evicted.disrupted == "TerminationByKubelet"
+    stopped = PodState.from_body(pod_body(phase="Running", conditions=[  # Kueue stopping its pod group
+        {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted",
+         "message": "Preempted to accommodate a workload"}]))
+    assert stopped.disrupted == "WorkloadEvictedDueToPreempted: Preempted to accommodate a workload"
+    unplaced = PodState.from_body(pod_body(phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes are available"}]))
+    assert unplaced.unschedulable == "0/4 nodes are available"
 
 
 def test_node_state():

@@ -51,11 +51,12 @@ class PodRejection:
 
 def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str, NodeState], now: datetime,
            settings: Settings | None = None, *, spec: ResolvedJob | None = None,
-           rejection: PodRejection | None = None) -> Decision:
+           rejection: PodRejection | None = None, queued: str | None = None) -> Decision:
     """The next status and the actions that move the cluster toward it.
 
     `pods` are the job's pods (any restart), `nodes` every node by name. `spec` is
     `resolve_job(body)`, which a caller may keep per generation (it is computed when absent).
+    `queued` is the queue's reason for holding the job's pods (Kueue's word on its Workload).
     """
     m = JobPass(body, pods, nodes, now, settings or Settings())
     spec = spec or resolve_job(body)
@@ -96,11 +97,11 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
                f"{rejection.message}", run_policy)
         return m.decision
 
-    _active(m, job, cfg)
+    _active(m, job, cfg, queued)
     return m.decision
 
 
-def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
+def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: str | None) -> None:
     spec, run_policy = job.spec, job.spec.run_policy
     recorded = int(m.status.get("restarts") or 0)
     restart = max([recorded, *(p.restart for p in m.pods)])
@@ -120,10 +121,12 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
         policy.on_failure(m, failures, list(current.values()), restart, run_policy)
         return
 
-    # 2. Pods of earlier incarnations must be gone before a new one starts.
+    # 2. Pods of earlier incarnations must be gone before a new one starts. A finished pod held by a
+    #    finalizer is gone in all that matters (Kueue holds its pod group's until new pods replace them).
     if old:
         m.delete(old)
-        return
+        if any(not (p.terminal and p.deleting) for p in old):
+            return
 
     # 3. Create the incarnation's missing pods, after the restart backoff.
     missing = [r for r in range(spec.nodes) if r not in current]
@@ -176,8 +179,12 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig) -> None:
             policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
         else:
             checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0
-    else:  # the scheduler's reason for a pod it cannot place, as it changes
-        why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
-        message = f"all {spec.nodes} pods exist; waiting for {spec.gang.scheduler.value} to place and start them{why}"
+    else:  # the queue's or the scheduler's reason, as it changes
+        scheduler = spec.gang.scheduler.value
+        if queued:
+            reason, message = "WaitingForQueue", f"all {spec.nodes} pods exist; {scheduler} has not admitted them: {queued}"
+        else:
+            why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
+            reason, message = "WaitingForScheduler", f"all {spec.nodes} pods exist; waiting for {scheduler} to place and start them{why}"
         if m.phase != Phase.GANG_WAITING or (not builtin and m.status.get("message") != message):
-            m.transition(Phase.GANG_WAITING, "WaitingForScheduler", message)
+            m.transition(Phase.GANG_WAITING, reason, message)
