@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/operator_bench.py                       # sizes 8,128,1024; 100 concurrent jobs
     .venv/bin/python bench/operator_bench.py --sizes 8,128 --concurrent 20 --keep
+    .venv/bin/python bench/operator_bench.py --sizes 1024 --concurrent 0 --gangs builtin,coscheduling,kueue
 
 It starts its own cluster (hack/cluster.sh, instance `bench-operator`) with one fake 8-GPU node
 per pod of the largest job, runs the operator as its own process (`python -m tetrad_operator -A`,
@@ -16,6 +17,11 @@ default settings) and measures:
 - the operator's peak RSS (VmHWM);
 - the baseline, in the same run: each job's pods POSTed directly (no gate, no operator, 16 in
   flight), until all Running; the job's time over it is the operator's and the gang's cost.
+
+`--gangs` runs each job once per gang backend: builtin (Tetrad's gates), coscheduling (the
+scheduler-plugins scheduler and controller) and kueue (the Kueue manager, one ClusterQueue with
+room for everything), each started beside the cluster by `hack/cluster.sh scheduler`.
+"Released" is then "no scheduling gate left" (Tetrad's or Kueue's).
 
 Times are wall-clock seconds from just before the first POST, polled every 0.1 s (0.5 s above 500
 pods), so they carry that much resolution. Results go to stdout (a markdown table) and --json.
@@ -37,21 +43,52 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster_fixtures import start_cluster, stop_cluster  # noqa: E402
+from tests.cluster_fixtures import cluster_script, start_cluster, stop_cluster  # noqa: E402
 from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, now  # noqa: E402
 
 CLUSTER = "bench-operator"
 
 
-def job(name: str, pods: int) -> dict[str, Any]:
+GANGS = {"builtin": {}, "coscheduling": {"scheduler": "coscheduling", "timeoutSeconds": 1800},
+         "kueue": {"scheduler": "kueue", "queue": "bench"}}
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+
+
+def job(name: str, pods: int, gang: str = "builtin") -> dict[str, Any]:
     return {
         "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
         "metadata": {"name": name},
         "spec": {"nodes": pods, "nprocPerNode": 8, "parallelism": {"dpShard": "auto"},
                  "training": {"globalBatch": 8 * pods},
-                 "resources": {"gpu": 8, "cpu": "8", "memory": "64Gi"}},
+                 "resources": {"gpu": 8, "cpu": "8", "memory": "64Gi"}, "gang": GANGS[gang]},
     }
+
+
+def start_gang_scheduler(api: Api, gang: str, nodes: int) -> None:
+    """The scheduler behind a gang backend; for Kueue, a ClusterQueue with room for every node."""
+    if gang == "builtin":
+        return
+    up = cluster_script("scheduler", gang, name=CLUSTER)
+    if up.returncode:
+        raise RuntimeError(f"hack/cluster.sh scheduler {gang} failed:\n{up.stderr[-4000:]}")
+    if gang == "kueue":
+        api.create(f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+                                                "metadata": {"name": "bench"}})
+        quota = [{"name": "cpu", "nominalQuota": str(96 * nodes)}, {"name": "memory", "nominalQuota": f"{1536 * nodes}Gi"},
+                 {"name": "nvidia.com/gpu", "nominalQuota": str(8 * nodes)}]
+        api.create(f"{KUEUE}/clusterqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "bench"},
+            "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                                                 "flavors": [{"name": "bench", "resources": quota}]}]}})
+
+
+def namespace_for(api: Api, name: str, gang: str) -> None:
+    namespace(api, name)
+    if gang == "kueue":
+        api.create(f"{KUEUE}/namespaces/{name}/localqueues", {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "bench"},
+            "spec": {"clusterQueue": "bench"}})
 
 
 def rss_kib(pid: int) -> dict[str, int]:
@@ -118,12 +155,12 @@ def bare_pods(api: Api, size: int) -> float:
     return elapsed
 
 
-def one_job(api: Api, size: int) -> dict[str, float]:
-    ns = f"bench-{size}"
-    namespace(api, ns)
+def one_job(api: Api, size: int, gang: str = "builtin") -> dict[str, float]:
+    ns = f"bench-{gang}-{size}"
+    namespace_for(api, ns, gang)
     interval = 0.1 if size <= 500 else 0.5
     t0 = time.monotonic()
-    api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size))
+    api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size, gang))
     out: dict[str, float] = {}
     while len(out) < 5:
         pods = api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")
@@ -184,15 +221,23 @@ def many_jobs(api: Api, n: int, metrics_port: int) -> dict[str, float]:
             "reconciles": reconciles, "reconciles_per_second": reconciles / total, "jobs_per_second": n / all_running}
 
 
+def result_key(size: int, gang: str) -> str:
+    return f"job_{size}" if gang == "builtin" else f"job_{size}_{gang}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="8,128,1024", help="pods per job, comma-separated")
     p.add_argument("--concurrent", type=int, default=100, help="jobs of 4 pods applied at once (0: skip)")
     p.add_argument("--nodes", type=int, help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
+    p.add_argument("--gangs", default="builtin", help=f"gang backends, comma-separated, of {','.join(GANGS)}")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
     sizes = [int(s) for s in a.sizes.split(",") if s]
+    gangs = [g for g in a.gangs.split(",") if g]
+    if unknown := set(gangs) - set(GANGS):
+        p.error(f"--gangs: unknown {sorted(unknown)}; choose from {','.join(GANGS)}")
     nodes = a.nodes or max([*sizes, 4 * a.concurrent])
 
     t = time.monotonic()
@@ -224,20 +269,23 @@ def main() -> int:
                 if time.monotonic() > deadline or op.poll() is not None:
                     raise RuntimeError("the operator did not start; see .cache/bench-operator.log") from None
                 time.sleep(0.5)
+        for gang in gangs:
+            start_gang_scheduler(api, gang, nodes)
         # Warm up: the first job waits for kopf to list and index every node.
         one_job(api, 1)
         results["idle_rss_kib"] = rss_kib(op.pid)["VmRSS"]
         for size in sizes:
             bare = bare_pods(api, size)
-            cpu = cpu_seconds(op.pid)
-            r = one_job(api, size)
-            r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
-            r["bare_pods_running"] = bare
-            results[f"job_{size}"] = r
-            print(f"{size} pods: created {r['created']:.1f}s, released {r['released']:.1f}s, bound {r['bound']:.1f}s, "
-                  f"all Running {r['pods_running']:.1f}s (bare pods {bare:.1f}s, ratio {r['pods_running'] / bare:.2f}), "
-                  f"phase Running {r['phase_running']:.1f}s; operator CPU {r['operator_cpu_seconds']:.1f}s; "
-                  f"restarts {r['restarts']}", flush=True)
+            for gang in gangs:
+                cpu = cpu_seconds(op.pid)
+                r = one_job(api, size, gang)
+                r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
+                r["bare_pods_running"] = bare
+                results[result_key(size, gang)] = r
+                print(f"{size} pods, {gang}: created {r['created']:.1f}s, released {r['released']:.1f}s, "
+                      f"bound {r['bound']:.1f}s, all Running {r['pods_running']:.1f}s (bare pods {bare:.1f}s, ratio "
+                      f"{r['pods_running'] / bare:.2f}), phase Running {r['phase_running']:.1f}s; "
+                      f"operator CPU {r['operator_cpu_seconds']:.1f}s; restarts {r['restarts']}", flush=True)
         if a.concurrent:
             cpu = cpu_seconds(op.pid)
             r = many_jobs(api, a.concurrent, port)
@@ -255,14 +303,15 @@ def main() -> int:
             stop_cluster(CLUSTER)
     print("\n| measurement | seconds | operator CPU s |\n|---|---|---|")
     for size in sizes:
-        r = results[f"job_{size}"]
-        print(f"| {size}-pod job: apply -> all pods created | {r['created']:.1f} | |")
-        print(f"| {size}-pod job: apply -> gang released (no gate left) | {r['released']:.1f} | |")
-        print(f"| {size}-pod job: apply -> all pods bound by the scheduler | {r['bound']:.1f} | |")
-        print(f"| {size}-pod job: apply -> all pods Running | {r['pods_running']:.1f} | |")
-        print(f"| {size} bare pods (baseline): POST -> all Running | {r['bare_pods_running']:.1f} | |")
-        print(f"| {size}-pod job / bare pods (all Running) | {r['pods_running'] / r['bare_pods_running']:.2f}x | |")
-        print(f"| {size}-pod job: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
+        print(f"| {size} bare pods (baseline): POST -> all Running | {results[result_key(size, gangs[0])]['bare_pods_running']:.1f} | |")
+        for gang in gangs:
+            r, what = results[result_key(size, gang)], f"{size}-pod job" + ("" if gang == "builtin" else f", {gang}")
+            print(f"| {what}: apply -> all pods created | {r['created']:.1f} | |")
+            print(f"| {what}: apply -> gang released (no gate left) | {r['released']:.1f} | |")
+            print(f"| {what}: apply -> all pods bound by the scheduler | {r['bound']:.1f} | |")
+            print(f"| {what}: apply -> all pods Running | {r['pods_running']:.1f} | |")
+            print(f"| {what} / bare pods (all Running) | {r['pods_running'] / r['bare_pods_running']:.2f}x | |")
+            print(f"| {what}: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
     if "concurrent" in results:
         r = results["concurrent"]
         print(f"| {r['jobs']} x 4-pod jobs: apply -> all Running | {r['all_running']:.1f} | |")

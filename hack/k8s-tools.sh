@@ -123,7 +123,9 @@ ldflags_for() {
       local release=${v#v0.}
       echo "-s -w -X github.com/prometheus/common/version.Version=${release:0:1}.${release:1}" ;;
     actionlint) echo "-s -w -X github.com/rhysd/actionlint.version=$v" ;;
-    scheduler-plugins-*) echo "-s -w -X k8s.io/component-base/version.gitVersion=$v" ;;
+    # component-base's gitVersion is the Kubernetes version its emulation checks compare with:
+    # left at the default of the v0.34 libraries, not set to the plugins' own v0.34.7.
+    scheduler-plugins-*) echo "-s -w" ;;
     kueue) echo "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" ;;
   esac
 }

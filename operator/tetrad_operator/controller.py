@@ -43,6 +43,7 @@ from tetrad_operator.lifecycle import (
     PodRejection,
     ResolvedJob,
     Ungate,
+    queue,
 )
 from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.settings import OperatorSettings
@@ -233,6 +234,8 @@ class Controller:
         key = namespace, name = loop.key
         job_path = path(API_VERSION, PLURAL, namespace, name)
         body = await self.kube.get(job_path)
+        if body is not None and body["metadata"].get("deletionTimestamp") and (job := loop.resolved(body).job):
+            await asyncio.gather(*(self._annotate_pod(namespace, a) for a in queue.closing(job.spec, self.pods(loop))))
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None  # ownerReferences let the garbage collector remove the rest
         now = datetime.now(UTC)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.api import contract
+from tetrad.render.gang import KUEUE_RETRIABLE_ANNOTATION
 from tetrad_operator.quantity import Resources, pod_requests
 
 # Pod conditions that mean "taken away by the cluster", not "the trainer failed": Kubernetes' own,
@@ -56,6 +57,7 @@ class PodState:
     message: str | None = None  # that container's termination message (the trainer's supervisor writes it)
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     checkpoint_request: str | None = None  # the checkpoint-now token the operator copied onto this pod
+    queue_group_closed: bool = False  # Kueue was told no pod will replace this group's failed ones
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
     requests: Resources = field(default_factory=Resources)
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -109,6 +111,7 @@ class PodState:
             message=message,
             reason=status.get("reason") or None,
             checkpoint_request=(meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW),
+            queue_group_closed=(meta.get("annotations") or {}).get(KUEUE_RETRIABLE_ANNOTATION) == "false",
             disrupted=disrupted,
             requests=pod_requests(spec),
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),

@@ -130,3 +130,14 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resume
     wait_phase(api, ns, "high", "Succeeded")
     pods = wait_running(api, ns, "low", 2, restart=1, timeout=90)
     assert all(p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "low" for p in pods)
+
+
+def test_a_deleted_job_leaves_no_pod_held_by_kueue(api, queue, operator, namespace):
+    """Kueue holds a deleted group pod's finalizer while it waits for a replacement: the operator
+    tells it none will come (retriable-in-group: "false"), so every pod goes with the job."""
+    ns = namespace
+    api.create_job(ns, kueue_job("gone"))
+    wait_running(api, ns, "gone", 2, timeout=90)
+    api.delete(f"/apis/tetrad.dev/v1alpha1/namespaces/{ns}/paralleltrainingjobs/gone")
+    wait_for(lambda: not api.pods(ns, "gone"), timeout=60, what="every pod of the deleted job gone")
+    wait_for(lambda: not workloads(api, ns), timeout=60, what="its Workload gone")

@@ -545,6 +545,25 @@ def test_a_job_kueue_holds_says_why_and_tells_it_once():
     running(c)
 
 
+def test_a_failed_kueue_job_closes_its_pod_group_on_one_pod_once():
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}, runPolicy={"maxRestarts": 0}))
+    running(c)
+    c.finish(1)
+    for _ in range(3):
+        c.reconcile()
+        c.tick()
+    assert c.phase == "Failed"
+    closed = [n for n, p in c.pods.items() if p["metadata"].get("annotations", {}).get("kueue.x-k8s.io/retriable-in-group") == "false"]
+    assert len(closed) == 1, "one pod says the group is over; Kueue then finishes its Workload and lets the pods go"
+    d = c.reconcile()
+    assert not [a for a in d.actions if isinstance(a, lifecycle.AnnotatePod)], "said once"
+    ok = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}))
+    running(ok)
+    ok.finish(0)
+    ok.settle(3)
+    assert ok.phase == "Succeeded" and not [a for a in ok.reconcile().actions if isinstance(a, lifecycle.AnnotatePod)]
+
+
 def test_a_finished_pod_held_by_a_finalizer_does_not_hold_up_the_next_incarnation():
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     running(c)

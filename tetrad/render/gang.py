@@ -29,6 +29,7 @@ KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"  # its Workload per pod group, name
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"  # "false" on one pod: the group is over
 KUEUE_TOPOLOGY_ANNOTATIONS = {TopologyMode.REQUIRED: "kueue.x-k8s.io/podset-required-topology",
                               TopologyMode.PREFERRED: "kueue.x-k8s.io/podset-preferred-topology"}
 KUEUE_SLICE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-slice-required-topology"

@@ -14,7 +14,7 @@ from tetrad.render import render
 from tetrad.render.gang import GROUP_PER_INCARNATION
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight
+from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight, queue
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
@@ -73,6 +73,8 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
     run_policy = job.spec.run_policy
     if m.phase in TERMINAL:
         m.finished(run_policy)
+        if m.phase == Phase.FAILED:
+            m.decision.actions.extend(queue.closing(job.spec, m.pods))
         return m.decision
     if run_policy.suspend or (m.phase == Phase.SUSPENDED and m.pods):  # a resume waits for the suspend's pods
         checkpoint.suspend(m, job)
