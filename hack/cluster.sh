@@ -13,7 +13,7 @@
 #   hack/cluster.sh env [--name N]          print the cluster's env file path
 #   hack/cluster.sh load [--name N] ARCHIVE...  import OCI image archives into every
 #                                           real node's containerd (as `kind load`)
-#   hack/cluster.sh scheduler [--name N] coscheduling
+#   hack/cluster.sh scheduler [--name N] coscheduling|kueue
 #                                           start a gang scheduler beside the cluster
 #                                           (hack/cluster/gang-schedulers.sh); down stops it
 #
@@ -205,6 +205,9 @@ must_wait() {
 
 # ---------------------------------------------------------------- pki
 
+# The extensions of every client certificate (control plane, nodes, add-ons).
+CLIENT_CERT='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
+
 # EC keys: quick to generate, accepted by every component.
 gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 
@@ -231,15 +234,14 @@ gen_pki() {
   new_ca ca "tetrad-local-ca-$NAME"
   # Separate CA for the aggregation layer (front proxy), as kubeadm does.
   new_ca front-proxy-ca "tetrad-front-proxy-ca-$NAME"
-  local client='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
   sign apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:$APISERVER_IP,IP:127.0.0.1,IP:198.19.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-  sign admin "/O=system:masters/CN=tetrad-admin" "$client"
-  sign kube-controller-manager "/CN=system:kube-controller-manager" "$client"
-  sign kube-scheduler "/CN=system:kube-scheduler" "$client"
-  sign kwok "/O=system:masters/CN=kwok-controller" "$client"
+  sign admin "/O=system:masters/CN=tetrad-admin" "$CLIENT_CERT"
+  sign kube-controller-manager "/CN=system:kube-controller-manager" "$CLIENT_CERT"
+  sign kube-scheduler "/CN=system:kube-scheduler" "$CLIENT_CERT"
+  sign kwok "/O=system:masters/CN=kwok-controller" "$CLIENT_CERT"
   # The apiserver's identity towards real kubelets (logs, exec, port-forward).
-  sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client"
-  sign front-proxy-client "/CN=front-proxy-client" "$client" front-proxy-ca
+  sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$CLIENT_CERT"
+  sign front-proxy-client "/CN=front-proxy-client" "$CLIENT_CERT" front-proxy-ca
   gen_key "$PKI/sa.key"
   openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
   chmod 600 "$PKI"/*.key

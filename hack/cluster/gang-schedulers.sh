@@ -8,7 +8,7 @@
 #                  scheduler-plugins-scheduler: the default plugins and
 #                  Coscheduling) and its PodGroup controller
 #   kueue          the Kueue manager with its pod integration, its webhooks
-#                  served on loopback with a certificate of the cluster's CA
+#                  served on loopback (see kueue_certs)
 #
 # They talk to the apiserver as a system:masters client of their own; on a
 # real cluster they run with the RBAC of the upstream install manifests.
@@ -30,7 +30,7 @@ module_dir() {
 addon_kubeconfig() {
   local kc=$STATE/$1.kubeconfig
   if [[ ! -f $kc ]]; then
-    sign "$1" "/O=system:masters/CN=$1" 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
+    sign "$1" "/O=system:masters/CN=$1" "$CLIENT_CERT"
     write_kubeconfig "$kc" "$1"
   fi
   echo "$kc"
@@ -95,11 +95,16 @@ up_coscheduling() {
     crd/elasticquotas.scheduling.x-k8s.io >&2
   addon_port COSCHEDULING_SCHEDULER_PORT
   addon_port COSCHEDULING_CONTROLLER_PORT
+  launch_components coscheduling 60
+}
+
+# launch_components SCHEDULER SECONDS: start its components not running yet, then await them all.
+launch_components() {
   local c
-  for c in ${GANG_COMPONENTS[coscheduling]}; do
+  for c in ${GANG_COMPONENTS[$1]}; do
     alive "$c" || "start_${c//-/_}"
   done
-  for c in ${GANG_COMPONENTS[coscheduling]}; do await "$c" 60; done
+  for c in ${GANG_COMPONENTS[$1]}; do await "$c" "$2"; done
 }
 
 # Kueue's own certificate management (internalCertManagement, as its release
@@ -193,8 +198,7 @@ up_kueue() {
   kueue_crds "$dir" | kctl apply --server-side --force-conflicts -f - >&2
   kctl wait --for condition=Established --timeout 60s crd -l '!tetrad.dev/none' >&2
   kueue_webhooks "$dir" | kctl apply --server-side --force-conflicts -f - >&2
-  alive kueue || start_kueue
-  await kueue 90
+  launch_components kueue 90
 }
 
 cmd_scheduler() {

@@ -103,15 +103,14 @@ record_fixed_dirs() {
 }
 
 real_node_certs() {
-  local client='basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth'
   local i
   for ((i = 0; i < REAL_NODES; i++)); do
-    sign "real-node-$i" "/O=system:nodes/CN=system:node:real-node-$i" "$client"
+    sign "real-node-$i" "/O=system:nodes/CN=system:node:real-node-$i" "$CLIENT_CERT"
     write_kubeconfig "$STATE/real-node-$i.kubeconfig" "real-node-$i"
   done
-  sign coredns "/CN=tetrad:coredns" "$client"
+  sign coredns "/CN=tetrad:coredns" "$CLIENT_CERT"
   write_kubeconfig "$STATE/coredns.kubeconfig" coredns
-  sign kube-proxy "/CN=system:kube-proxy" "$client"
+  sign kube-proxy "/CN=system:kube-proxy" "$CLIENT_CERT"
   write_kubeconfig "$STATE/kube-proxy.kubeconfig" kube-proxy
 }
 

@@ -234,10 +234,12 @@ class Controller:
         key = namespace, name = loop.key
         job_path = path(API_VERSION, PLURAL, namespace, name)
         body = await self.kube.get(job_path)
-        if body is not None and body["metadata"].get("deletionTimestamp") and (job := loop.resolved(body).job):
-            await asyncio.gather(*(self._annotate_pod(namespace, a) for a in queue.closing(job.spec, self.pods(loop))))
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None  # ownerReferences let the garbage collector remove the rest
+        if body is None:
+            return None
+        if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
+            if (job := loop.resolved(body).job) is not None:
+                await asyncio.gather(*(self._annotate_pod(namespace, a) for a in queue.closing(job.spec, self.pods(loop))))
+            return None
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
         stale = time.monotonic() - loop.last_listed > self.settings.resync_seconds
