@@ -243,13 +243,18 @@ authorization:
 staticPodPath: ""
 shutdownGracePeriod: 0s
 podLogsDir: $d/pod-logs
+# The nodes share the host's disk with everything else on it: evict only when
+# it is truly full (an absolute figure, not a share of a disk the cluster does
+# not own), and never remove an image, since no registry can give it back
+# (up checks there is room for them: check_room_for_images).
 evictionHard:
   memory.available: "100Mi"
-  nodefs.available: "2%"
-  imagefs.available: "2%"
-  nodefs.inodesFree: "2%"
+  nodefs.available: "512Mi"
+  imagefs.available: "512Mi"
+  nodefs.inodesFree: "1%"
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
+imageMinimumGCAge: 87600h
 EOF
 }
 
@@ -298,12 +303,27 @@ conntrack:
 EOF
 }
 
+# check_room_for_images NODES ARCHIVE...: fail, saying how much is missing,
+# unless the disk under $REAL can hold the archives in NODES containerds. Each
+# keeps an archive twice (its content store and the unpacked snapshot); 4 GiB
+# more is for the pods' logs and checkpoints. A full disk would otherwise make
+# the kubelets evict pods, and nothing could pull a side-loaded image back.
+check_room_for_images() {
+  local nodes=$1 archive bytes=0 need free gib=$((1 << 30)); shift
+  for archive in "$@"; do
+    [[ -f $archive ]] || die "no such image archive: $archive"
+    bytes=$((bytes + $(stat -c %s "$archive")))
+  done
+  need=$((2 * bytes * nodes + 4 * gib))
+  free=$(df --output=avail -B1 "$REAL" | tail -1)
+  ((free >= need)) || die "not enough disk for the images of $nodes real node(s): about $(((need + gib - 1) / gib)) GiB needed on $(df --output=target "$REAL" | tail -1) ($(((free) / gib)) GiB free): each node keeps $(((bytes + gib - 1) / gib)) GiB of image archives twice, plus 4 GiB for pods. Free some space (old clones, caches, /tmp) or ask for fewer real nodes"
+}
+
 # load_images I ARCHIVE...: import OCI archives into node i's containerd, under
 # the names they were built with (what the pods' specs say).
 load_images() {
   local i=$1 archive; shift
   for archive in "$@"; do
-    [[ -f $archive ]] || die "load: no such archive: $archive"
     ctr --address "$REAL/n$i/containerd.sock" -n k8s.io images import "$archive" >/dev/null ||
       die "importing $archive into real-node-$i failed"
   done
@@ -361,6 +381,8 @@ up_real_nodes() {
   local pause archives
   archives=$("$HACK/node-images.sh" build)
   pause=$(awk 'NR == 1 { print $1 }' <<< "$archives")
+  # shellcheck disable=SC2046  # one archive path per line
+  check_room_for_images "$REAL_NODES" $(awk '{ print $2 }' <<< "$archives")
   real_node_certs
   real_node_rbac
   local i taken=() port healthz stream

@@ -120,8 +120,17 @@ def test_pods_on_two_nodes_reach_each_other_by_ip_and_headless_dns_name(
     assert real_nodes.kubectl("logs", "-n", ns, "a").splitlines()[0] == "a is up"
 
 
-def _pids(pid_file: Path) -> int:
-    return int(pid_file.read_text().split()[0])
+def test_load_refuses_an_image_the_disk_cannot_hold_before_importing_anything(
+    real_nodes: RealCluster, tmp_path: Path
+) -> None:
+    """A full disk would make the kubelets evict pods and drop images no registry can give back."""
+    huge = tmp_path / "huge.tar"
+    with huge.open("wb") as f:
+        f.truncate(8 << 40)  # sparse: 8 TiB by its size, nothing on the disk
+    load = cluster_script("load", str(huge), name=real_nodes.name, timeout=60)
+    assert load.returncode != 0
+    assert "not enough disk for the images of 2 real node(s): about 32772 GiB needed" in load.stderr, load.stderr
+    assert "Free some space" in load.stderr
 
 
 @pytest.mark.takes_cluster_down
@@ -145,6 +154,10 @@ def test_down_after_a_crash_restores_the_host(real_nodes: RealCluster, ns: str) 
         assert after[key] == before, f"{key} differs after down"
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, str(real_nodes.state))]
     assert not left, f"processes of the cluster still running: {left}"
+
+
+def _pids(pid_file: Path) -> int:
+    return int(pid_file.read_text().split()[0])
 
 
 def _cmdline_has(proc: Path, text: str) -> bool:
