@@ -3,6 +3,7 @@
     .venv/bin/python bench/operator_bench.py                       # sizes 8,128,1024; 100 concurrent jobs
     .venv/bin/python bench/operator_bench.py --sizes 8,128 --concurrent 20 --keep
     .venv/bin/python bench/operator_bench.py --sizes 1024 --concurrent 0 --gangs builtin,coscheduling,kueue
+    .venv/bin/python bench/operator_bench.py --peers kubeflow-v1,jobset,kubeflow-trainer
 
 It starts its own cluster (hack/cluster.sh, instance `bench-operator`) with one fake 8-GPU node
 per pod of the largest job, runs the operator as its own process (`python -m tetrad_operator -A`,
@@ -23,6 +24,16 @@ scheduler-plugins scheduler and controller) and kueue (the Kueue manager, one Cl
 room for everything), each started beside the cluster by `hack/cluster.sh scheduler`.
 "Released" is then "no scheduling gate left" (Tetrad's or Kueue's).
 
+`--peers` runs the same jobs, one after the other in the same run, through Kubeflow
+training-operator v1, JobSet and Kubeflow Trainer v2 (bench/peers.py), each started by
+`hack/cluster.sh peer` at its release manifests' settings; a peer that cannot be started is
+reported with the reason and the others still run.
+
+For every job: its controller's CPU seconds (the operator's, or the peer's processes') and the
+apiserver's requests by verb (apiserver_request_total from its /metrics, every client's: the
+scheduler's, kwok's and the controller-manager's too), from the first POST until all is Running;
+each namespace is deleted after its figures are taken.
+
 Times are wall-clock seconds from just before the first POST, polled every 0.1 s (0.5 s above 500
 pods), so they carry that much resolution. Results go to stdout (a markdown table) and --json.
 """
@@ -32,10 +43,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,7 +56,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster_fixtures import cluster_script, start_cluster, stop_cluster  # noqa: E402
+from bench.peers import PEERS, Peer  # noqa: E402
+from tests.cluster_fixtures import Cluster, cluster_script, start_cluster, stop_cluster  # noqa: E402
 from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, now  # noqa: E402
 
@@ -129,13 +143,12 @@ def drop_namespace(api: Api, name: str, timeout: float = 600) -> None:
         time.sleep(1)
 
 
-def bare_pods(api: Api, size: int) -> float:
+def bare_pods(api: Api, ns: str, size: int) -> dict[str, float]:
     """Baseline: the same pods POSTed directly (16 in flight, no gate, no operator, no gang);
     seconds until the scheduler and kwok have every one Running. The floor the operator is held to."""
     from tetrad.api import ParallelTrainingJob
     from tetrad.render.objects import render
 
-    ns = f"bench-bare-{size}"
     namespace(api, ns)
     pods = render(ParallelTrainingJob.model_validate({**job("bare", size), "metadata": {"name": "bare", "namespace": ns}})).pods
     for pod in pods:
@@ -150,48 +163,76 @@ def bare_pods(api: Api, size: int) -> float:
         if time.monotonic() - t0 > 1800:
             raise TimeoutError(f"{size} bare pods not Running after 1800 s")
         time.sleep(interval)
-    elapsed = time.monotonic() - t0
-    drop_namespace(api, ns)
-    return elapsed
+    return {"pods_running": time.monotonic() - t0}
 
 
-def one_job(api: Api, size: int, gang: str = "builtin") -> dict[str, float]:
-    ns = f"bench-{gang}-{size}"
-    namespace_for(api, ns, gang)
+def timeline(api: Api, ns: str, size: int, t0: float, job_running: Callable[[], bool] | None) -> dict[str, float]:
+    """Seconds from t0 until the namespace's `size` pods are all created, free of gates, bound and
+    Running, and until the job itself says Running (where it has a way to say it)."""
     interval = 0.1 if size <= 500 else 0.5
-    t0 = time.monotonic()
-    api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size, gang))
     out: dict[str, float] = {}
-    while len(out) < 5:
+    while len(out) < (5 if job_running else 4):
         pods = api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")
         t = time.monotonic() - t0
         complete = len(pods) == size
         if "created" not in out and complete:
             out["created"] = t
         if "released" not in out and complete and not any(p["spec"].get("schedulingGates") for p in pods):
-            out["released"] = t  # the operator removed every gate
+            out["released"] = t  # every gate removed (Tetrad's or Kueue's)
         if "bound" not in out and complete and all(p["spec"].get("nodeName") for p in pods):
             out["bound"] = t  # the scheduler placed every pod
         if "pods_running" not in out and sum(p["status"].get("phase") == "Running" for p in pods) == size:
             out["pods_running"] = t
-        if "phase_running" not in out and (api.job(ns, "big") or {}).get("status", {}).get("phase") == "Running":
+        if job_running and "phase_running" not in out and job_running():
             out["phase_running"] = t
         if t > 1800:
-            raise TimeoutError(f"size {size}: {out} after {t:.0f}s")
+            raise TimeoutError(f"size {size} in {ns}: {out} after {t:.0f}s")
         time.sleep(interval)
-    out["restarts"] = (api.job(ns, "big") or {}).get("status", {}).get("restarts", 0)
-    drop_namespace(api, ns)
     return out
 
 
-def many_jobs(api: Api, n: int, metrics_port: int) -> dict[str, float]:
-    ns = "bench-many"
+def one_job(api: Api, ns: str, size: int, gang: str = "builtin") -> dict[str, float]:
+    namespace_for(api, ns, gang)
+    t0 = time.monotonic()
+    api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size, gang))
+    out = timeline(api, ns, size, t0, lambda: (api.job(ns, "big") or {}).get("status", {}).get("phase") == "Running")
+    out["restarts"] = (api.job(ns, "big") or {}).get("status", {}).get("restarts", 0)
+    return out
+
+
+def peer_job(api: Api, ns: str, peer: Peer, size: int) -> dict[str, float]:
+    namespace(api, ns)
+    t0 = time.monotonic()
+    api.create(peer.jobs(ns), peer.body("big", size))
+    running = peer.running
+    return timeline(api, ns, size, t0, running and (lambda: running(api.get(f"{peer.jobs(ns)}/big") or {})))
+
+
+def apply_many(api: Api, ns: str, collection: str, body: Callable[[str, int], dict[str, Any]], n: int) -> tuple[float, float]:
+    """n jobs of 4 pods POSTed at once (8 in flight): the seconds until all are applied and until
+    all their pods are Running, counted from just before the first POST."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: api.create(collection, body(f"j{i:03d}", 4)), range(n)))
+    applied = time.monotonic() - t0
+    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < 4 * n:
+        if time.monotonic() - t0 > 1800:
+            raise TimeoutError(f"not all pods of {n} jobs in {ns} Running after 1800 s")
+        time.sleep(0.5)
+    return applied, time.monotonic() - t0
+
+
+def many_peer_jobs(api: Api, ns: str, peer: Peer, n: int) -> dict[str, float]:
+    namespace(api, ns)
+    applied, pods_running = apply_many(api, ns, peer.jobs(ns), peer.body, n)
+    return {"jobs": n, "applied": applied, "pods_running": pods_running}
+
+
+def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
     namespace(api, ns)
     reconciles0 = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count")
     t0 = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job(f"j{i:03d}", 4)), range(n)))
-    applied = time.monotonic() - t0
+    applied, pods_running = apply_many(api, ns, f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job, n)
 
     def phases() -> list[str]:
         return [(j.get("status") or {}).get("phase", "") for j in api.list(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs")]
@@ -216,13 +257,47 @@ def many_jobs(api: Api, n: int, metrics_port: int) -> dict[str, float]:
     all_succeeded = time.monotonic() - t1
     reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - reconciles0
     total = time.monotonic() - t0
-    drop_namespace(api, ns)
-    return {"jobs": n, "applied": applied, "all_running": all_running, "all_succeeded_after_finish": all_succeeded,
+    return {"jobs": n, "applied": applied, "pods_running": pods_running, "all_running": all_running,
+            "all_succeeded_after_finish": all_succeeded,
             "reconciles": reconciles, "reconciles_per_second": reconciles / total, "jobs_per_second": n / all_running}
 
 
-def result_key(size: int, gang: str) -> str:
-    return f"job_{size}" if gang == "builtin" else f"job_{size}_{gang}"
+def apiserver_requests(cluster: Cluster) -> dict[str, float]:
+    """apiserver_request_total by verb, every client's, from the apiserver's own /metrics."""
+    totals: dict[str, float] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").splitlines():
+        if line.startswith("apiserver_request_total{") and (verb := re.search(r'verb="([A-Z]+)"', line)):
+            totals[verb[1]] = totals.get(verb[1], 0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """run(ns)'s figures, with the CPU seconds the controller's processes (pids) spent meanwhile and
+    the apiserver requests made meanwhile, by verb; then the namespace is deleted, outside the figures."""
+    cpu0, requests0 = sum(map(cpu_seconds, pids)), apiserver_requests(cluster)
+    r = run(ns)
+    r["cpu_seconds"] = sum(map(cpu_seconds, pids)) - cpu0
+    r["requests"] = {verb: int(n - requests0.get(verb, 0)) for verb, n in sorted(apiserver_requests(cluster).items())
+                     if n > requests0.get(verb, 0)}
+    drop_namespace(api, ns)
+    return r
+
+
+def start_peer(cluster: Cluster, peer: Peer) -> list[int]:
+    """`hack/cluster.sh peer NAME` (quick when it runs already); the pids of its processes."""
+    up = cluster_script("peer", peer.name, name=CLUSTER)
+    if up.returncode:
+        raise RuntimeError(up.stderr.strip().splitlines()[-1] if up.stderr.strip() else f"exit {up.returncode}")
+    run = Path(cluster.env["TETRAD_CLUSTER_STATE"]) / "run"
+    return [int((run / f"{c}.pid").read_text().split()[0]) for c in peer.components]
+
+
+def requests_text(requests: dict[str, int]) -> str:
+    return " ".join(f"{verb} {n}" for verb, n in requests.items() if verb != "WATCH")
+
+
+def result_key(size: int, system: str) -> str:
+    return f"job_{size}" if system == "builtin" else f"job_{size}_{system}"
 
 
 def main() -> int:
@@ -231,6 +306,7 @@ def main() -> int:
     p.add_argument("--concurrent", type=int, default=100, help="jobs of 4 pods applied at once (0: skip)")
     p.add_argument("--nodes", type=int, help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
     p.add_argument("--gangs", default="builtin", help=f"gang backends, comma-separated, of {','.join(GANGS)}")
+    p.add_argument("--peers", default="", help=f"peers to run beside Tetrad, comma-separated, of {','.join(PEERS)}")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
@@ -238,13 +314,17 @@ def main() -> int:
     gangs = [g for g in a.gangs.split(",") if g]
     if unknown := set(gangs) - set(GANGS):
         p.error(f"--gangs: unknown {sorted(unknown)}; choose from {','.join(GANGS)}")
+    peers = [PEERS[n] for n in a.peers.split(",") if n in PEERS]
+    if unknown := {n for n in a.peers.split(",") if n} - set(PEERS):
+        p.error(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     nodes = a.nodes or max([*sizes, 4 * a.concurrent])
 
     t = time.monotonic()
     cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
-    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count()}
+    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {}}
     op = None
+    peer_pids: dict[str, list[int]] = {}
     try:
         for crd in CRDS[:2]:
             cluster.kubectl("apply", "--server-side", "-f", str(crd))
@@ -271,29 +351,62 @@ def main() -> int:
                 time.sleep(0.5)
         for gang in gangs:
             start_gang_scheduler(api, gang, nodes)
+
+        def note_peak_rss(system: str) -> None:
+            """A peer's peak RSS so far (its processes' VmHWM; one may be restarted later)."""
+            if system in peer_pids:
+                peak = sum(rss_kib(pid)["VmHWM"] for pid in peer_pids[system])
+                results[f"{system}_VmHWM"] = max(peak, results.get(f"{system}_VmHWM", 0))
+
+        def ready(peer: Peer) -> list[int]:
+            """The peer running (some share a process and take turns), warmed up after a start."""
+            pids = start_peer(cluster, peer)
+            if pids != peer_pids.get(peer.name):
+                measured(cluster, api, f"bench-warm-up-{peer.name}", [], lambda ns: peer_job(api, ns, peer, 1))
+                peer_pids[peer.name] = pids
+            return pids
+
+        for peer in peers:
+            try:
+                ready(peer)
+            except (RuntimeError, OSError) as exc:  # the benchmark says why, and runs the others
+                results["unavailable"][peer.name] = str(exc)
+                print(f"peer {peer.name} not run: {exc}", flush=True)
+        running_peers = [peer for peer in peers if peer.name in peer_pids]
         # Warm up: the first job waits for kopf to list and index every node.
-        one_job(api, 1)
+        measured(cluster, api, "bench-warm-up", [], lambda ns: one_job(api, ns, 1))
         results["idle_rss_kib"] = rss_kib(op.pid)["VmRSS"]
         for size in sizes:
-            bare = bare_pods(api, size)
-            for gang in gangs:
-                cpu = cpu_seconds(op.pid)
-                r = one_job(api, size, gang)
-                r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
-                r["bare_pods_running"] = bare
-                results[result_key(size, gang)] = r
-                print(f"{size} pods, {gang}: created {r['created']:.1f}s, released {r['released']:.1f}s, "
-                      f"bound {r['bound']:.1f}s, all Running {r['pods_running']:.1f}s (bare pods {bare:.1f}s, ratio "
-                      f"{r['pods_running'] / bare:.2f}), phase Running {r['phase_running']:.1f}s; "
-                      f"operator CPU {r['operator_cpu_seconds']:.1f}s; restarts {r['restarts']}", flush=True)
+            bare = measured(cluster, api, f"bench-bare-{size}", [], lambda ns, size=size: bare_pods(api, ns, size))
+            results[f"bare_{size}"] = bare
+            print(f"{size} bare pods: all Running {bare['pods_running']:.1f}s", flush=True)
+            # (system, its controller's pids once it is ready, its job)
+            runs = [(gang, lambda: [op.pid], lambda ns, size=size, gang=gang: one_job(api, ns, size, gang)) for gang in gangs]
+            runs += [(peer.name, lambda peer=peer: ready(peer), lambda ns, size=size, peer=peer: peer_job(api, ns, peer, size))
+                     for peer in running_peers]
+            for system, pids, run in runs:
+                r = measured(cluster, api, f"bench-{system}-{size}", pids(), run)
+                note_peak_rss(system)
+                results[result_key(size, system)] = r
+                print(f"{size} pods, {system}: created {r['created']:.1f}s, bound {r['bound']:.1f}s, all Running "
+                      f"{r['pods_running']:.1f}s (bare pods {bare['pods_running']:.1f}s, ratio "
+                      f"{r['pods_running'] / bare['pods_running']:.2f}), job Running {r.get('phase_running', float('nan')):.1f}s; "
+                      f"CPU {r['cpu_seconds']:.1f}s; requests {requests_text(r['requests'])}", flush=True)
         if a.concurrent:
-            cpu = cpu_seconds(op.pid)
-            r = many_jobs(api, a.concurrent, port)
-            r["operator_cpu_seconds"] = cpu_seconds(op.pid) - cpu
-            results["concurrent"] = r
-            print(f"{a.concurrent} jobs: applied in {r['applied']:.1f}s, all Running {r['all_running']:.1f}s, "
-                  f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "
-                  f"{r['reconciles_per_second']:.1f} reconciles/s", flush=True)
+            bare = measured(cluster, api, "bench-many-bare", [], lambda ns: bare_pods(api, ns, 4 * a.concurrent))
+            results["concurrent_bare"] = bare
+            results["concurrent"] = r = measured(cluster, api, "bench-many", [op.pid], lambda ns: many_jobs(api, ns, a.concurrent, port))
+            print(f"{a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods Running {r['pods_running']:.1f}s "
+                  f"(bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, all Succeeded "
+                  f"{r['all_succeeded_after_finish']:.1f}s after finishing; {r['reconciles_per_second']:.1f} reconciles/s",
+                  flush=True)
+            for peer in running_peers:
+                results[f"concurrent_{peer.name}"] = r = measured(
+                    cluster, api, f"bench-many-{peer.name}", ready(peer),
+                    lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
+                note_peak_rss(peer.name)
+                print(f"{a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, all pods Running "
+                      f"{r['pods_running']:.1f}s", flush=True)
         results.update({f"operator_{k}": v for k, v in rss_kib(op.pid).items()})
     finally:
         if op is not None:
@@ -301,27 +414,50 @@ def main() -> int:
             op.wait(30)
         if not a.keep:
             stop_cluster(CLUSTER)
-    print("\n| measurement | seconds | operator CPU s |\n|---|---|---|")
-    for size in sizes:
-        print(f"| {size} bare pods (baseline): POST -> all Running | {results[result_key(size, gangs[0])]['bare_pods_running']:.1f} | |")
-        for gang in gangs:
-            r, what = results[result_key(size, gang)], f"{size}-pod job" + ("" if gang == "builtin" else f", {gang}")
-            print(f"| {what}: apply -> all pods created | {r['created']:.1f} | |")
-            print(f"| {what}: apply -> gang released (no gate left) | {r['released']:.1f} | |")
-            print(f"| {what}: apply -> all pods bound by the scheduler | {r['bound']:.1f} | |")
-            print(f"| {what}: apply -> all pods Running | {r['pods_running']:.1f} | |")
-            print(f"| {what} / bare pods (all Running) | {r['pods_running'] / r['bare_pods_running']:.2f}x | |")
-            print(f"| {what}: apply -> phase Running | {r['phase_running']:.1f} | {r['operator_cpu_seconds']:.1f} |")
-    if "concurrent" in results:
-        r = results["concurrent"]
-        print(f"| {r['jobs']} x 4-pod jobs: apply -> all Running | {r['all_running']:.1f} | |")
-        print(f"| {r['jobs']} x 4-pod jobs: pods finished -> all Succeeded | {r['all_succeeded_after_finish']:.1f} | "
-              f"{r['operator_cpu_seconds']:.1f} |")
-        print(f"\nreconciles/s: {r['reconciles_per_second']:.1f}; jobs/s to Running: {r['jobs_per_second']:.2f}")
-    print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB (idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
+    print_tables(results, sizes, gangs + [peer.name for peer in peers if peer.name in peer_pids], a.concurrent)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
     return 0
+
+
+def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], concurrent: int) -> None:
+    """One markdown table: every job against the bare pods of its size; seconds from apply."""
+    def name(system: str) -> str:
+        return f"Tetrad, {system} gang" if system in GANGS else system
+
+    print("\n| pods | system | created | released | bound | all Running | / bare | job Running | controller CPU s "
+          "| apiserver requests (all clients, WATCH left out) |\n|---|---|---|---|---|---|---|---|---|---|")
+    for size in sizes:
+        bare = results[f"bare_{size}"]
+        print(f"| {size} | bare pods (baseline) | | | | {bare['pods_running']:.1f} | 1.00x | | | {requests_text(bare['requests'])} |")
+        for system in systems:
+            r = results[result_key(size, system)]
+            job_running = f"{r['phase_running']:.1f}" if "phase_running" in r else "(none)"
+            released = f"{r['released']:.1f}" if system in GANGS else ""
+            print(f"| {size} | {name(system)} | {r['created']:.1f} | {released} | {r['bound']:.1f} | {r['pods_running']:.1f} | "
+                  f"{r['pods_running'] / bare['pods_running']:.2f}x | {job_running} | {r['cpu_seconds']:.1f} | "
+                  f"{requests_text(r['requests'])} |")
+    if concurrent:
+        bare = results["concurrent_bare"]
+        print(f"\n| {concurrent} x 4-pod jobs at once | applied | all pods Running | / bare | all jobs Running | "
+              "controller CPU s | apiserver requests |\n|---|---|---|---|---|---|---|")
+        print(f"| bare pods ({4 * concurrent}, baseline) | | {bare['pods_running']:.1f} | 1.00x | | | {requests_text(bare['requests'])} |")
+        for system in systems:
+            r = results["concurrent"] if system == "builtin" else results.get(f"concurrent_{system}")
+            if r is None:
+                continue
+            jobs_running = f"{r['all_running']:.1f}" if "all_running" in r else "(none)"
+            print(f"| {name(system)} | {r['applied']:.1f} | {r['pods_running']:.1f} | {r['pods_running'] / bare['pods_running']:.2f}x | "
+                  f"{jobs_running} | {r['cpu_seconds']:.1f} | {requests_text(r['requests'])} |")
+        r = results["concurrent"]
+        print(f"\nTetrad: all Succeeded {r['all_succeeded_after_finish']:.1f}s after the pods finished; "
+              f"reconciles/s: {r['reconciles_per_second']:.1f}; jobs/s to Running: {r['jobs_per_second']:.2f}")
+    print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB (idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
+    for system in systems:
+        if f"{system}_VmHWM" in results:
+            print(f"{system} peak RSS: {results[f'{system}_VmHWM'] / 1024:.0f} MiB")
+    for system, why in results["unavailable"].items():
+        print(f"{system}: not run: {why}")
 
 
 if __name__ == "__main__":

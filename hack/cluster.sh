@@ -16,6 +16,9 @@
 #   hack/cluster.sh scheduler [--name N] coscheduling|kueue
 #                                           start a gang scheduler beside the cluster
 #                                           (hack/cluster/gang-schedulers.sh); down stops it
+#   hack/cluster.sh peer [--name N] kubeflow-v1|kubeflow-v1-coscheduling|jobset|kubeflow-trainer
+#                                           start a peer of the operator benchmark beside
+#                                           the cluster (hack/cluster/peers.sh); down stops it
 #
 # Environment (flags win):
 #   TETRAD_CLUSTER_NAME    instance name (default: tetrad); one state dir each
@@ -65,7 +68,7 @@ if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
   WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
 fi
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
 ARCHIVES=()
@@ -77,7 +80,7 @@ while (($#)); do
     --real-nodes) REAL_NODES=$2; shift 2 ;;
     -h|--help) usage ;;
     -*) echo "unknown argument: $1" >&2; usage ;;
-    *) [[ $CMD == load || $CMD == scheduler ]] || { echo "unknown argument: $1" >&2; usage; }; ARCHIVES+=("$1"); shift ;;
+    *) [[ $CMD == load || $CMD == scheduler || $CMD == peer ]] || { echo "unknown argument: $1" >&2; usage; }; ARCHIVES+=("$1"); shift ;;
   esac
 done
 [[ $NAME =~ ^[a-zA-Z0-9_.-]+$ ]] || { echo "bad cluster name: $NAME" >&2; exit 2; }
@@ -96,8 +99,12 @@ die() { log "error: $*"; exit 1; }
 
 # shellcheck source=hack/cluster/real-nodes.sh
 source "$HACK/cluster/real-nodes.sh"
+# shellcheck source=hack/cluster/addons.sh
+source "$HACK/cluster/addons.sh"
 # shellcheck source=hack/cluster/gang-schedulers.sh
 source "$HACK/cluster/gang-schedulers.sh"
+# shellcheck source=hack/cluster/peers.sh
+source "$HACK/cluster/peers.sh"
 
 # The control plane listens on loopback; with real nodes the apiserver listens
 # where their pods reach it instead (the services bridge, see real-nodes.sh) and
@@ -541,6 +548,7 @@ cmd_down() {
     log "known clusters:$(known_clusters)"
     exit 1
   fi
+  down_peers
   down_gang_schedulers
   down_real_nodes
   local c ports leftover=""
@@ -562,6 +570,7 @@ cmd_down() {
 cmd_load() {
   ((${#ARCHIVES[@]} > 0)) || die "load: name at least one OCI archive"
   if ! load_state || ((REAL_NODES_UP == 0)); then die "load: cluster $NAME has no real nodes running"; fi
+  check_room_for_images "$REAL_NODES_UP" "${ARCHIVES[@]}"
   local i failed=0
   local -a imports=()
   # Every node at once: an import is mostly one core decompressing and the disk writing.
@@ -605,6 +614,7 @@ case $CMD in
   kubeconfig) echo "$STATE/kubeconfig" ;;
   load) cmd_load ;;
   scheduler) cmd_scheduler ;;
+  peer) cmd_peer ;;
   env) echo "$STATE/cluster.env" ;;
   *) usage ;;
 esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the pinned Kubernetes tools (kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, kubelet, kube-proxy, etcd, kwok, kwokctl, helm, coredns, prometheus,
-# actionlint, the scheduler-plugins scheduler and controller, kueue) from Go
+# actionlint, the scheduler-plugins scheduler and controller, kueue; on demand the
+# benchmark's peers: training-operator, jobset, kubeflow-trainer) from Go
 # modules into a cache outside the clone. Versions live only in the wrapper modules under
 # hack/tools/; this script reads them from there.
 #
@@ -14,7 +15,7 @@
 #   TETRAD_CACHE     cache root (default ${XDG_CACHE_HOME:-~/.cache}/tetrad, the same for
 #                    `make test`, `.ci/run` and every script, so nothing is built twice)
 #   TETRAD_GO_JOBS   go build -p (default 2; the builds are CPU-bound)
-#   TETRAD_TOOLS     space-separated subset of tools to build (default: all)
+#   TETRAD_TOOLS     space-separated tools to build (default: all but the peers)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,9 +42,14 @@ declare -A SPEC=(
   [scheduler-plugins-scheduler]="scheduler-plugins sigs.k8s.io/scheduler-plugins/cmd/scheduler sigs.k8s.io/scheduler-plugins"
   [scheduler-plugins-controller]="scheduler-plugins sigs.k8s.io/scheduler-plugins/cmd/controller sigs.k8s.io/scheduler-plugins"
   [kueue]="kueue sigs.k8s.io/kueue/cmd/kueue sigs.k8s.io/kueue"
+  [training-operator]="kubeflow github.com/kubeflow/training-operator/cmd/training-operator.v1 github.com/kubeflow/training-operator"
+  [jobset]="kubeflow sigs.k8s.io/jobset sigs.k8s.io/jobset"
+  [kubeflow-trainer]="kubeflow github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager github.com/kubeflow/trainer/v2"
 )
 ALL_TOOLS="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm kubelet kube-proxy coredns prometheus actionlint
   scheduler-plugins-scheduler scheduler-plugins-controller kueue"
+# The operator benchmark's peers (hack/cluster.sh peer): built when named in TETRAD_TOOLS, never by default.
+PEER_TOOLS="training-operator jobset kubeflow-trainer"
 # Build tags per tool: Prometheus with its Kubernetes service discovery only (the others need cloud SDKs).
 declare -A TAGS=(
   [prometheus]="remove_all_sd,enable_kubernetes_sd"
@@ -127,6 +133,8 @@ ldflags_for() {
     # left at the default of the v0.34 libraries, not set to the plugins' own v0.34.7.
     scheduler-plugins-*) echo "-s -w" ;;
     kueue) echo "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$v" ;;
+    jobset) echo "-s -w -X sigs.k8s.io/jobset/pkg/version.GitVersion=$v" ;;
+    training-operator|kubeflow-trainer) echo "-s -w" ;;
   esac
 }
 
@@ -190,9 +198,9 @@ case ${1:-build} in
     for t in ${TETRAD_TOOLS:-$ALL_TOOLS}; do is_fresh "$t" || { echo "stale: $t" >&2; exit 1; }; done ;;
   bindir) echo "$BIN" ;;
   versions)
-    for t in $ALL_TOOLS; do
+    for t in $ALL_TOOLS $PEER_TOOLS; do
       if is_fresh "$t"; then state=built; elif [[ -x $BIN/$t ]]; then state=stale; else state=missing; fi
       printf '%-24s %-10s %s\n' "$t" "$(tool_version "$t")" "$state"
     done ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

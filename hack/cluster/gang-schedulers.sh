@@ -2,13 +2,14 @@
 # Gang schedulers for hack/cluster.sh (sourced by it): `scheduler NAME` starts
 # one beside a running cluster, for the tests of Tetrad's gang backends; `down`
 # stops whichever were started. Binaries come from hack/k8s-tools.sh, the CRDs
-# from the pinned module's own manifests (hack/tools/<module>/go.mod).
+# from the pinned module's own manifests (hack/tools/<module>/go.mod); what they
+# share with the other add-ons is in hack/cluster/addons.sh.
 #
 #   coscheduling   the scheduler-plugins scheduler (profile
 #                  scheduler-plugins-scheduler: the default plugins and
 #                  Coscheduling) and its PodGroup controller
 #   kueue          the Kueue manager with its pod integration, its webhooks
-#                  served on loopback (see kueue_certs)
+#                  served on loopback (see up_kueue)
 #
 # They talk to the apiserver as a system:masters client of their own; on a
 # real cluster they run with the RBAC of the upstream install manifests.
@@ -18,34 +19,6 @@ declare -A GANG_COMPONENTS=(
   [coscheduling]="scheduler-plugins-scheduler scheduler-plugins-controller"
   [kueue]="kueue"
 )
-
-# module_dir WRAPPER MODULE: the pinned module's source in the Go module cache
-# (downloaded if missing; the binaries' build downloaded it already).
-module_dir() {
-  (cd "$HACK/tools/$1" && GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$2") |
-    awk -F'"' '$2 == "Dir" { print $4 }'
-}
-
-# A client certificate and kubeconfig for an add-on component, made once.
-addon_kubeconfig() {
-  local kc=$STATE/$1.kubeconfig
-  if [[ ! -f $kc ]]; then
-    sign "$1" "/O=system:masters/CN=$1" "$CLIENT_CERT"
-    write_kubeconfig "$kc" "$1"
-  fi
-  echo "$kc"
-}
-
-# addon_port VAR: a free port, kept in cluster.env so status and down find it.
-addon_port() {
-  local value
-  value=$(sed -n "s/^$1=//p" "$STATE/cluster.env")
-  if [[ -z $value ]]; then
-    value=$(free_port)
-    echo "$1=$value" >> "$STATE/cluster.env"
-  fi
-  printf -v "$1" '%s' "$value"
-}
 
 start_scheduler_plugins_scheduler() {
   local kc; kc=$(addon_kubeconfig scheduler-plugins)
@@ -84,49 +57,17 @@ start_scheduler_plugins_controller() {
 healthy_scheduler_plugins_controller() { curl -sf "http://127.0.0.1:$COSCHEDULING_CONTROLLER_PORT/healthz"; }
 
 up_coscheduling() {
-  TETRAD_TOOLS="${GANG_COMPONENTS[coscheduling]}" "$HACK/k8s-tools.sh" build >&2
   local dir
   dir=$(module_dir scheduler-plugins sigs.k8s.io/scheduler-plugins)
   [[ -d $dir ]] || die "scheduler-plugins: its module source was not found"
   # The PodGroup CRD, and the ElasticQuota one its controller also watches.
   kctl apply --server-side --force-conflicts -f "$dir/manifests/coscheduling/crd.yaml" \
     -f "$dir/manifests/capacityscheduling/crd.yaml" >&2
-  kctl wait --for condition=Established --timeout 60s crd/podgroups.scheduling.x-k8s.io \
-    crd/elasticquotas.scheduling.x-k8s.io >&2
+  crds_established podgroups.scheduling.x-k8s.io elasticquotas.scheduling.x-k8s.io
   addon_port COSCHEDULING_SCHEDULER_PORT
   addon_port COSCHEDULING_CONTROLLER_PORT
-  launch_components coscheduling 60
-}
-
-# launch_components SCHEDULER SECONDS: start its components not running yet, then await them all.
-launch_components() {
-  local c
-  for c in ${GANG_COMPONENTS[$1]}; do
-    alive "$c" || "start_${c//-/_}"
-  done
-  for c in ${GANG_COMPONENTS[$1]}; do await "$c" "$2"; done
-}
-
-# Kueue's own certificate management (internalCertManagement, as its release
-# manifests run it) keeps the certificates of the Secret it finds when they are
-# valid for its Service name: this one is, and for 127.0.0.1 too, where the
-# apiserver calls the webhooks here. A CA of its own (Kueue's Secret holds the
-# CA key), named kueue-ca as Kueue checks, with the PKCS#1 RSA key it parses.
-kueue_certs() {
-  [[ -f $PKI/kueue-ca.crt ]] || {
-    openssl genrsa -traditional -out "$PKI/kueue-ca.key" 2048 2>/dev/null
-    openssl req -x509 -new -key "$PKI/kueue-ca.key" -subj "/O=kueue/CN=kueue-ca" -days 3650 \
-      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,digitalSignature,keyEncipherment" \
-      -addext "subjectAltName=DNS:kueue-ca" -out "$PKI/kueue-ca.crt" 2>/dev/null
-    sign kueue-webhook "/CN=kueue-webhook-service.kueue-system.svc" "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:kueue-webhook-service.kueue-system.svc,IP:127.0.0.1" kueue-ca
-  }
-  kctl create secret generic kueue-webhook-server-cert -n kueue-system --dry-run=client -o yaml \
-    --from-file ca.crt="$PKI/kueue-ca.crt" --from-file ca.key="$PKI/kueue-ca.key" \
-    --from-file tls.crt="$PKI/kueue-webhook.crt" --from-file tls.key="$PKI/kueue-webhook.key" | kctl apply -f - >&2
-  # Where its pod would mount that Secret.
-  mkdir -p "$STATE/kueue-certs"
-  cp "$PKI/kueue-webhook.crt" "$STATE/kueue-certs/tls.crt"
-  cp "$PKI/kueue-webhook.key" "$STATE/kueue-certs/tls.key"
+  # shellcheck disable=SC2086  # a list of names
+  launch_components 60 ${GANG_COMPONENTS[coscheduling]}
 }
 
 start_kueue() {
@@ -174,18 +115,11 @@ kueue_crds() {
 }
 
 kueue_webhooks() {
-  kctl create --dry-run=client -o json -f "$1/config/components/webhook/manifests.yaml" |
-    jq --arg url "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" '
-      .metadata.name = "kueue-" + .metadata.name
-      | .webhooks |= map(select(.rules | any(.apiGroups | index("") or index("kueue.x-k8s.io")))
-        | .clientConfig = {url: ($url + .clientConfig.service.path)}
-        | if (.rules | any(.resources | index("pods"))) then
-            .objectSelector = {matchExpressions: [{key: "kueue.x-k8s.io/queue-name", operator: "Exists"}]}
-          else . end)'
+  webhooks_on_loopback kueue "$KUEUE_WEBHOOK_PORT" "" "$1/config/components/webhook/manifests.yaml" \
+    kueue.x-k8s.io/queue-name | jq '.webhooks |= map(select(.rules | any(.apiGroups | index("") or index("kueue.x-k8s.io"))))'
 }
 
 up_kueue() {
-  TETRAD_TOOLS="${GANG_COMPONENTS[kueue]}" "$HACK/k8s-tools.sh" build >&2
   local dir
   dir=$(module_dir kueue sigs.k8s.io/kueue)
   [[ -d $dir ]] || die "kueue: its module source was not found"
@@ -193,12 +127,13 @@ up_kueue() {
   addon_port KUEUE_HEALTH_PORT
   addon_port KUEUE_VISIBILITY_PORT
   kctl create namespace kueue-system --dry-run=client -o yaml | kctl apply -f - >&2
-  kueue_certs
+  rotator_secret kueue kueue-webhook-service.kueue-system.svc kueue-system kueue-webhook-server-cert "$STATE/kueue-certs"
   # Kueue puts its CA into the webhooks and the conversions once it is up.
   kueue_crds "$dir" | kctl apply --server-side --force-conflicts -f - >&2
-  kctl wait --for condition=Established --timeout 60s crd -l '!tetrad.dev/none' >&2
+  # shellcheck disable=SC2046  # one name per line
+  crds_established $(kctl get crd -o name | sed -n 's|^.*/\(.*\.kueue\.x-k8s\.io\)$|\1|p')
   kueue_webhooks "$dir" | kctl apply --server-side --force-conflicts -f - >&2
-  launch_components kueue 90
+  launch_components 90 "${GANG_COMPONENTS[kueue]}"
 }
 
 cmd_scheduler() {

@@ -1,0 +1,73 @@
+"""The peers bench/operator_bench.py measures Tetrad against, each started by `hack/cluster.sh peer`
+(hack/cluster/peers.sh) and given the job its users would write for N workers of the pods Tetrad's
+job has (8 GPUs, 8 CPUs, 64Gi each):
+
+- kubeflow-v1: a PyTorchJob of one Master and N-1 Workers (training-operator v1);
+- kubeflow-v1-coscheduling: the same, with the operator's gang scheduling through scheduler-plugins
+  (a PodGroup per job);
+- jobset: a JobSet of one replicated Job of N indexed pods;
+- kubeflow-trainer: a TrainJob of N nodes on the torch-distributed ClusterTrainingRuntime (Kubeflow
+  Trainer v2, which makes a JobSet of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+IMAGE = "tetrad/trainer:0.1.0"  # never pulled: kwok runs the pods
+RESOURCES = {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
+
+
+def _container(name: str) -> dict[str, Any]:
+    return {"name": name, "image": IMAGE, "command": ["torchrun", "train.py"], "resources": RESOURCES}
+
+
+def pytorchjob(name: str, pods: int) -> dict[str, Any]:
+    def replicas(n: int) -> dict[str, Any]:
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [_container("pytorch")]}}}
+
+    specs = {"Master": replicas(1)} | ({"Worker": replicas(pods - 1)} if pods > 1 else {})
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"pytorchReplicaSpecs": specs}}
+
+
+def jobset(name: str, pods: int) -> dict[str, Any]:
+    job = {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 0,
+           "template": {"spec": {"restartPolicy": "Never", "containers": [_container("node")]}}}
+    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+            "spec": {"replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}]}}
+
+
+def trainjob(name: str, pods: int) -> dict[str, Any]:
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"runtimeRef": {"name": "torch-distributed"},
+                     "trainer": {"numNodes": pods, "image": IMAGE, "resourcesPerNode": RESOURCES}}}
+
+
+def _condition_running(obj: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Running" and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str  # hack/cluster.sh peer NAME
+    components: tuple[str, ...]  # its processes (hack/cluster.sh's pid files): their CPU and memory are its cost
+    api: str  # group/version of its job
+    plural: str
+    body: Callable[[str, int], dict[str, Any]]
+    running: Callable[[dict[str, Any]], bool] | None = None  # its job's own "Running", where it has one
+
+    def jobs(self, ns: str) -> str:
+        return f"/apis/{self.api}/namespaces/{ns}/{self.plural}"
+
+
+PEERS = {p.name: p for p in (
+    Peer("kubeflow-v1", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob, _condition_running),
+    Peer("kubeflow-v1-coscheduling", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob,
+         _condition_running),
+    Peer("jobset", ("jobset",), "jobset.x-k8s.io/v1alpha2", "jobsets", jobset),
+    Peer("kubeflow-trainer", ("kubeflow-trainer", "jobset"), "trainer.kubeflow.org/v1alpha1", "trainjobs", trainjob),
+)}
