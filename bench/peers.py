@@ -20,30 +20,34 @@ IMAGE = "tetrad/trainer:0.1.0"  # never pulled: kwok runs the pods
 RESOURCES = {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
 
 
-def _container(name: str) -> dict[str, Any]:
-    return {"name": name, "image": IMAGE, "command": ["torchrun", "train.py"], "resources": RESOURCES}
+Resources = dict[str, dict[str, str]]
 
 
-def pytorchjob(name: str, pods: int) -> dict[str, Any]:
+def _container(name: str, resources: Resources) -> dict[str, Any]:
+    return {"name": name, "image": IMAGE, "command": ["torchrun", "train.py"], "resources": resources}
+
+
+def pytorchjob(name: str, pods: int, resources: Resources = RESOURCES) -> dict[str, Any]:
     def replicas(n: int) -> dict[str, Any]:
-        return {"replicas": n, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [_container("pytorch")]}}}
+        return {"replicas": n, "restartPolicy": "OnFailure",
+                "template": {"spec": {"containers": [_container("pytorch", resources)]}}}
 
     specs = {"Master": replicas(1)} | ({"Worker": replicas(pods - 1)} if pods > 1 else {})
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
             "spec": {"pytorchReplicaSpecs": specs}}
 
 
-def jobset(name: str, pods: int) -> dict[str, Any]:
+def jobset(name: str, pods: int, resources: Resources = RESOURCES) -> dict[str, Any]:
     job = {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 0,
-           "template": {"spec": {"restartPolicy": "Never", "containers": [_container("node")]}}}
+           "template": {"spec": {"restartPolicy": "Never", "containers": [_container("node", resources)]}}}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
             "spec": {"replicatedJobs": [{"name": "node", "replicas": 1, "template": {"spec": job}}]}}
 
 
-def trainjob(name: str, pods: int) -> dict[str, Any]:
+def trainjob(name: str, pods: int, resources: Resources = RESOURCES) -> dict[str, Any]:
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name},
             "spec": {"runtimeRef": {"name": "torch-distributed"},
-                     "trainer": {"numNodes": pods, "image": IMAGE, "resourcesPerNode": RESOURCES}}}
+                     "trainer": {"numNodes": pods, "image": IMAGE, "resourcesPerNode": resources}}}
 
 
 def _condition_running(obj: dict[str, Any]) -> bool:
@@ -57,7 +61,7 @@ class Peer:
     components: tuple[str, ...]  # its processes (hack/cluster.sh's pid files): their CPU and memory are its cost
     api: str  # group/version of its job
     plural: str
-    body: Callable[[str, int], dict[str, Any]]
+    body: Callable[..., dict[str, Any]]  # (name, pods[, resources])
     running: Callable[[dict[str, Any]], bool] | None = None  # its job's own "Running", where it has one
 
     def jobs(self, ns: str) -> str:

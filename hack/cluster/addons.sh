@@ -58,6 +58,14 @@ launch_components() {
   for c in "$@"; do await "$c" "$limit"; done
 }
 
+# webhook_served PORT PATH: the component's webhook server answers on PATH
+# (readyz says only that the server listens; the handlers come a moment later).
+webhook_served() {
+  local code
+  code=$(curl -sk -o /dev/null -w '%{http_code}' -X POST "https://127.0.0.1:$1$2")
+  [[ $code != 000 && $code != 404 ]]
+}
+
 # The extensions of a webhook server's certificate for DNS (its Service name)
 # and 127.0.0.1, where the apiserver calls it here.
 serving_cert_ext() {

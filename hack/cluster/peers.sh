@@ -37,7 +37,10 @@ start_training_operator() {
     --health-probe-bind-address "127.0.0.1:$KUBEFLOW_V1_HEALTH_PORT" \
     --webhook-server-port "$KUBEFLOW_V1_WEBHOOK_PORT" ${KUBEFLOW_V1_GANG:+--gang-scheduler-name "$KUBEFLOW_V1_GANG"}
 }
-healthy_training_operator() { curl -sf "http://127.0.0.1:$KUBEFLOW_V1_HEALTH_PORT/readyz"; }
+healthy_training_operator() {
+  curl -sf "http://127.0.0.1:$KUBEFLOW_V1_HEALTH_PORT/readyz" &&
+    webhook_served "$KUBEFLOW_V1_WEBHOOK_PORT" /validate-kubeflow-org-v1-pytorchjob
+}
 
 up_kubeflow_v1() { kubeflow_v1 ""; }
 up_kubeflow_v1_coscheduling() {
@@ -93,7 +96,10 @@ internalCertManagement:
 EOF
   start jobset --config "$ETC/jobset.yaml" --kubeconfig "$(addon_kubeconfig jobset)"
 }
-healthy_jobset() { curl -sf "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz"; }
+healthy_jobset() {
+  curl -sf "http://127.0.0.1:$JOBSET_HEALTH_PORT/readyz" &&
+    webhook_served "$JOBSET_WEBHOOK_PORT" /validate-jobset-x-k8s-io-v1alpha2-jobset
+}
 
 up_jobset() {
   local dir
@@ -143,7 +149,10 @@ EOF
   TMPDIR=$STATE/kubeflow-trainer-tmp start kubeflow-trainer --config "$ETC/kubeflow-trainer.yaml" \
     --kubeconfig "$(addon_kubeconfig kubeflow-trainer)"
 }
-healthy_kubeflow_trainer() { curl -sf "http://127.0.0.1:$KUBEFLOW_TRAINER_HEALTH_PORT/readyz"; }
+healthy_kubeflow_trainer() {
+  curl -sf "http://127.0.0.1:$KUBEFLOW_TRAINER_HEALTH_PORT/readyz" &&
+    webhook_served "$KUBEFLOW_TRAINER_WEBHOOK_PORT" /validate-trainer-kubeflow-org-v1alpha1-trainjob
+}
 
 up_kubeflow_trainer() {
   up_jobset

@@ -1,0 +1,52 @@
+"""The operator benchmark's peers against their real controllers (built from Go modules, started by
+`hack/cluster.sh peer`, hack/cluster/peers.sh): each takes the job bench/peers.py gives it and runs
+its pods on kwok nodes as it would on GPUs, so a broken build, CRD, webhook or job body fails here
+rather than in a benchmark run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.peers import PEERS
+from tests.cluster_fixtures import cluster_script
+
+from .helpers import wait_for
+
+# The peers are processes beside the session's cluster, and the two kubeflow-v1 modes take turns
+# with one training-operator: keep these tests on one worker (--dist loadgroup).
+pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("peers")]
+
+SMALL = {"requests": {"cpu": "100m", "memory": "64Mi"}}  # room beside the other tests' pods
+WORKERS = 3
+
+
+def env(pod: dict[str, Any], name: str) -> str | None:
+    return next((e.get("value") for e in pod["spec"]["containers"][0].get("env") or [] if e["name"] == name), None)
+
+
+@pytest.mark.parametrize("name", list(PEERS))
+def test_a_peer_runs_the_benchmarks_job_on_kwok_nodes(operator_cluster, api, namespace, name):
+    peer = PEERS[name]
+    up = cluster_script("peer", name, name=operator_cluster.name, timeout=1800)
+    assert up.returncode == 0, up.stderr[-4000:]
+    api.create(peer.jobs(namespace), peer.body("j", WORKERS, SMALL))
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS and all(p["status"].get("phase") == "Running" for p in ps)
+                             else None)(api.list(f"/api/v1/namespaces/{namespace}/pods")),
+                    timeout=120, what=f"{WORKERS} Running pods of {name}'s job")
+    if peer.running:
+        wait_for(lambda: peer.running(api.get(f"{peer.jobs(namespace)}/j") or {}), timeout=60, what=f"{name}'s job Running")
+    if name.startswith("kubeflow-v1"):  # the operator gives every pod the torchrun environment
+        assert sorted(env(p, "RANK") or "" for p in pods) == ["0", "1", "2"]
+        assert {env(p, "WORLD_SIZE") for p in pods} == {str(WORKERS)}
+    if name == "kubeflow-v1-coscheduling":  # one PodGroup of all the pods, bound by that scheduler
+        groups = api.list(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups")
+        assert [(g["metadata"]["name"], g["spec"]["minMember"]) for g in groups] == [("j", WORKERS)]
+        assert {p["spec"]["schedulerName"] for p in pods} == {"scheduler-plugins-scheduler"}
+    if name == "jobset":
+        assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] for p in pods} == {"j"}
+    if name == "kubeflow-trainer":  # Trainer made a JobSet of the TrainJob, JobSet made the pods
+        jobsets = api.list(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets")
+        assert [(s["metadata"]["name"], s["metadata"]["ownerReferences"][0]["kind"]) for s in jobsets] == [("j", "TrainJob")]
+        assert {env(p, "PET_NNODES") for p in pods} == {str(WORKERS)}
