@@ -55,6 +55,7 @@ EXPECTATION_SECONDS = 30.0  # how long a created pod may take to show up in the 
 COMPONENT = "tetrad-operator"
 FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap and PodGroup
 REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
+QUEUE_READ_SECONDS = 2.0  # how often a job Kueue holds reads its Workload to say why it waits
 
 
 @dataclass
@@ -72,6 +73,7 @@ class JobLoop:
     spec: ResolvedJob | None = None  # the spec of generation `spec_of`, parsed and resolved once
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
+    queue_read: tuple[tuple[str, int], float, str | None] | None = None  # ((pod group, restart), time.monotonic(), Kueue's reason)
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -377,20 +379,28 @@ class Controller:
             raise errors[0]
 
     async def _queued(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> str | None:
-        """Why Kueue holds the job's pod group, while a pod waits: its Workload's QuotaReserved=False message."""
+        """Why Kueue holds the job's pod group, while a pod waits: its Workload's QuotaReserved=False
+        message, read at most every QUEUE_READ_SECONDS per incarnation (a gang's pod events come
+        many a second; a new incarnation reads it at once)."""
         job = spec.job
         if job is None or job.spec.gang.scheduler != Scheduler.KUEUE:
             return None
         waiting = [p for p in pods if p.phase == "Pending" and p.node is None and not p.deleting]
         if not waiting:
             return None
-        group = gang_group_name(job.spec, loop.key[1], max(p.restart for p in waiting))
+        restart = max(p.restart for p in waiting)
+        group = gang_group_name(job.spec, loop.key[1], restart)
+        if loop.queue_read and loop.queue_read[0] == (group, restart) and \
+                time.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
+            return loop.queue_read[2]
         workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
         reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
                          if c.get("type") == "QuotaReserved"), None)
-        if reserved is None or reserved.get("status") != "False":
-            return None
-        return str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
+        reason = None
+        if reserved is not None and reserved.get("status") == "False":
+            reason = str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
+        loop.queue_read = ((group, restart), time.monotonic(), reason)
+        return reason
 
     async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
         """Server-side apply the object, unless an object of that name belongs to someone else.

@@ -126,6 +126,7 @@ def test_kueue_labels():
         assert p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "t"
         assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+        assert p["metadata"]["annotations"]["kueue.x-k8s.io/role-hash"] == "trainer"  # one podset
 
 
 def test_gang_resources_sum_quantities():

@@ -71,7 +71,8 @@ def test_a_job_is_admitted_by_kueue_then_runs_and_succeeds(api, queue, operator,
     assert [w["metadata"]["name"] for w in wl] == ["kj"]  # the pod group's name
     assert condition(wl[0]["status"], "Admitted")["status"] == "True"
     assert wl[0]["status"]["admission"]["clusterQueue"] == queue
-    assert sum(ps["count"] for ps in wl[0]["spec"]["podSets"]) == 2
+    # one podset of both pods, though rank 0's pod has ports the other has not
+    assert [(ps["name"], ps["count"]) for ps in wl[0]["spec"]["podSets"]] == [("trainer", 2)]
     for p in pods:  # Kueue's webhook took them (its finalizer), its admission released them (no gate left)
         labels, annotations = p["metadata"]["labels"], p["metadata"]["annotations"]
         assert labels["kueue.x-k8s.io/queue-name"] == "team-a" and labels["kueue.x-k8s.io/pod-group-name"] == "kj"

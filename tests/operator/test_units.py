@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import math
 import socket
 
@@ -11,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import scrape
 from tetrad_operator.admission import ungate_patch
-from tetrad_operator.controller import Controller, JobLoop
+from tetrad_operator.controller import QUEUE_READ_SECONDS, Controller, JobLoop
 from tetrad_operator.kube import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
@@ -184,6 +185,36 @@ def test_the_status_write_merges_what_the_pass_learned_into_the_scrapers_objects
     assert asyncio.run(ctl._write_status("/job", body, old, new, nothing_new))  # no write
     assert kube.patches == [{"metadata": {"resourceVersion": "7"}, "status": {
         "phase": "Suspended", "checkpoint": {"resumedFrom": None}, "training": {"step": 50}}}]
+
+
+class WorkloadKube:
+    """A Kube whose every Workload says Kueue has no quota for it (numbering the reads)."""
+
+    def __init__(self):
+        self.on_error, self.gets = None, []
+
+    async def get(self, url):
+        self.gets.append(url)
+        return {"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": f"no quota ({len(self.gets)})"}]}}
+
+
+def test_a_job_kueue_holds_reads_its_workload_at_most_every_few_seconds():
+    kube = WorkloadKube()
+    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    loop = JobLoop(("ns", "j"))
+    spec = loop.resolved(job_body("j", gang={"scheduler": "kueue", "queue": "team-a"}))
+    waiting = [PodState(name=f"j-r0-{i}", uid=str(i), job="j", restart=0, rank=i, phase="Pending") for i in range(2)]
+    # a burst of passes (pod events come many a second): one read, the same reason
+    assert [asyncio.run(ctl._queued(loop, spec, waiting)) for _ in range(5)] == ["no quota (1)"] * 5
+    assert kube.gets == [path("kueue.x-k8s.io/v1beta2", "workloads", "ns", "j")]
+    key, at, reason = loop.queue_read
+    loop.queue_read = (key, at - QUEUE_READ_SECONDS, reason)  # that read is now old enough
+    assert asyncio.run(ctl._queued(loop, spec, waiting)) == "no quota (2)"
+    # the next incarnation's pods (Kueue's group keeps its name) read it at once
+    next_incarnation = [dataclasses.replace(p, name=f"j-r1-{p.rank}", restart=1) for p in waiting]
+    assert asyncio.run(ctl._queued(loop, spec, next_incarnation)) == "no quota (3)"
+    running = [dataclasses.replace(p, phase="Running", node="n0") for p in next_incarnation]
+    assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(kube.gets) == 3  # nothing waits: no read
 
 
 def test_settings_from_env():

@@ -30,6 +30,12 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"  # "false" on one pod: the group is over
+# Every pod of a gang is one role, one podset of Kueue's Workload: their requests, node selection and
+# tolerations are the same by construction. Left to itself Kueue hashes each pod's shape, and rank
+# 0's ports and each pipeline stage's pod affinity would split the gang into up to pp + 1 podsets
+# (Kueue takes 8 at most, and its topology slices are counted per podset).
+KUEUE_ROLE_HASH_ANNOTATION = "kueue.x-k8s.io/role-hash"
+KUEUE_ROLE = "trainer"
 KUEUE_TOPOLOGY_ANNOTATIONS = {TopologyMode.REQUIRED: "kueue.x-k8s.io/podset-required-topology",
                               TopologyMode.PREFERRED: "kueue.x-k8s.io/podset-preferred-topology"}
 KUEUE_SLICE_TOPOLOGY_ANNOTATION = "kueue.x-k8s.io/podset-slice-required-topology"
@@ -142,6 +148,7 @@ def apply_to_pod(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, p
         meta["labels"][KUEUE_QUEUE_LABEL] = g.queue
         meta["labels"][KUEUE_GROUP_LABEL] = group_name(spec, job, restart)
         meta["annotations"][KUEUE_COUNT_ANNOTATION] = str(spec.nodes)
+        meta["annotations"][KUEUE_ROLE_HASH_ANNOTATION] = KUEUE_ROLE
     elif g.scheduler == Scheduler.WORKLOAD:
         pod_spec["schedulingGroup"] = {"podGroupName": group_name(spec, job, restart)}
     if g.topology_key:
