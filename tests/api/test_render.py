@@ -58,7 +58,7 @@ def test_objects_and_owner_references():
         assert o["metadata"]["namespace"] == "ns"
     svc = r.service["spec"]
     assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
-    assert svc["selector"] == {"tetrad.dev/job-name": "t"}
+    assert svc["selector"] == {"tetrad.dev/job-name": "t", "tetrad.dev/node-rank": "0"}  # only pod 0's name is looked up
     assert r.pods[0]["spec"]["subdomain"] == "t"
     assert '"pp": 2' in r.configmap["data"]["config.json"]
 

@@ -80,13 +80,15 @@ def _ports(job: ParallelTrainingJob) -> list[dict[str, Any]]:
 
 
 def service(job: ParallelTrainingJob) -> dict[str, Any]:
+    """Headless, for pod 0's DNS name (the rendezvous); it selects no other pod: nothing looks up
+    theirs, and an endpoint per pod would cost an EndpointSlice update for every pod of a gang."""
     return {
         "apiVersion": "v1", "kind": "Service",
         "metadata": _meta(job, names.service(job.metadata.name)),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {contract.LABEL_JOB: job.metadata.name},
+            "selector": {contract.LABEL_JOB: job.metadata.name, contract.LABEL_RANK: "0"},
             "ports": _ports(job),
         },
     }
