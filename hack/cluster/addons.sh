@@ -47,6 +47,27 @@ crds_established() {
   done
 }
 
+# start_addon COMMAND NAMES: `hack/cluster.sh COMMAND NAME` for the one NAME
+# given, which must be among NAMES: up_<NAME>, timed.
+start_addon() {
+  [[ ${#ARCHIVES[@]} == 1 && " $2 " == *" ${ARCHIVES[0]} "* ]] || die "$1: name one of: $2"
+  # shellcheck disable=SC2153  # NAME is hack/cluster.sh's
+  load_state || die "$1: cluster $NAME is not up"
+  local t0=$SECONDS
+  "up_${ARCHIVES[0]//-/_}"
+  log "${ARCHIVES[0]} up in $((SECONDS - t0))s"
+}
+
+# stop_addons COMPONENTS NAMES: stop every component that the associative
+# array named COMPONENTS lists for the NAMES.
+stop_addons() {
+  local -n components=$1
+  local n c
+  for n in $2; do
+    for c in ${components[$n]}; do stop "$c"; done
+  done
+}
+
 # launch_components SECONDS COMPONENT...: build them where stale, start those
 # not running yet, then await them all.
 launch_components() {
@@ -72,10 +93,19 @@ serving_cert_ext() {
   printf '%s' "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:$1,IP:127.0.0.1"
 }
 
-# serving_cert NAME DNS: a webhook server certificate from the cluster's CA,
-# made once, for a component that takes its certificates from a directory.
+# cert_files NAME DIR: certificate NAME's files as a webhook server reads them
+# from its directory (tls.crt, tls.key).
+cert_files() {
+  mkdir -p "$2"
+  cp "$PKI/$1.crt" "$2/tls.crt"
+  cp "$PKI/$1.key" "$2/tls.key"
+}
+
+# serving_cert NAME DNS DIR: a webhook server certificate from the cluster's CA,
+# made once, into DIR, for a component that takes its certificates from there.
 serving_cert() {
   [[ -f $PKI/$1.crt ]] || sign "$1" "/CN=$2" "$(serving_cert_ext "$2")"
+  cert_files "$1" "$3"
 }
 
 # rotator_secret NAME DNS NAMESPACE SECRET CERT_DIR: the Secret a component's
@@ -98,9 +128,7 @@ rotator_secret() {
   kctl create secret generic "$4" -n "$3" --dry-run=client -o yaml \
     --from-file ca.crt="$PKI/$name-ca.crt" --from-file ca.key="$PKI/$name-ca.key" \
     --from-file tls.crt="$PKI/$name-webhook.crt" --from-file tls.key="$PKI/$name-webhook.key" | kctl apply -f - >&2
-  mkdir -p "$5"
-  cp "$PKI/$name-webhook.crt" "$5/tls.crt"
-  cp "$PKI/$name-webhook.key" "$5/tls.key"
+  cert_files "$name-webhook" "$5"
 }
 
 # webhooks_on_loopback PREFIX PORT CA_FILE MANIFEST [POD_LABEL]: the manifest's

@@ -136,18 +136,5 @@ up_kueue() {
   launch_components 90 "${GANG_COMPONENTS[kueue]}"
 }
 
-cmd_scheduler() {
-  [[ ${#ARCHIVES[@]} == 1 && " $GANG_SCHEDULERS " == *" ${ARCHIVES[0]} "* ]] ||
-    die "scheduler: name one of: $GANG_SCHEDULERS"
-  load_state || die "scheduler: cluster $NAME is not up"
-  local t0=$SECONDS
-  "up_${ARCHIVES[0]}"
-  log "${ARCHIVES[0]} up in $((SECONDS - t0))s"
-}
-
-down_gang_schedulers() {
-  local s c
-  for s in $GANG_SCHEDULERS; do
-    for c in ${GANG_COMPONENTS[$s]}; do stop "$c"; done
-  done
-}
+cmd_scheduler() { start_addon scheduler "$GANG_SCHEDULERS"; }
+down_gang_schedulers() { stop_addons GANG_COMPONENTS "$GANG_SCHEDULERS"; }

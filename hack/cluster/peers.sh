@@ -107,10 +107,7 @@ up_jobset() {
   [[ -d $dir ]] || die "jobset: its module source was not found"
   addon_port JOBSET_WEBHOOK_PORT
   addon_port JOBSET_HEALTH_PORT
-  serving_cert jobset-webhook jobset-webhook-service.jobset-system.svc
-  mkdir -p "$STATE/jobset-certs"
-  cp "$PKI/jobset-webhook.crt" "$STATE/jobset-certs/tls.crt"
-  cp "$PKI/jobset-webhook.key" "$STATE/jobset-certs/tls.key"
+  serving_cert jobset-webhook jobset-webhook-service.jobset-system.svc "$STATE/jobset-certs"
   # One served version: its conversion webhook is never called, and left out.
   kctl apply --server-side --force-conflicts -f "$dir/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml" >&2
   crds_established jobsets.jobset.x-k8s.io
@@ -156,15 +153,13 @@ healthy_kubeflow_trainer() {
 
 up_kubeflow_trainer() {
   up_jobset
-  local dir certs=$STATE/kubeflow-trainer-tmp/k8s-webhook-server/serving-certs
+  local dir
   dir=$(module_dir kubeflow github.com/kubeflow/trainer/v2)
   [[ -d $dir ]] || die "kubeflow-trainer: its module source was not found"
   addon_port KUBEFLOW_TRAINER_WEBHOOK_PORT
   addon_port KUBEFLOW_TRAINER_HEALTH_PORT
-  serving_cert kubeflow-trainer-webhook kubeflow-trainer-controller-manager.kubeflow-system.svc
-  mkdir -p "$certs"
-  cp "$PKI/kubeflow-trainer-webhook.crt" "$certs/tls.crt"
-  cp "$PKI/kubeflow-trainer-webhook.key" "$certs/tls.key"
+  serving_cert kubeflow-trainer-webhook kubeflow-trainer-controller-manager.kubeflow-system.svc \
+    "$STATE/kubeflow-trainer-tmp/k8s-webhook-server/serving-certs"
   kctl apply --server-side --force-conflicts -f "$dir/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml" \
     -f "$dir/manifests/base/crds/trainer.kubeflow.org_trainingruntimes.yaml" \
     -f "$dir/manifests/base/crds/trainer.kubeflow.org_clustertrainingruntimes.yaml" >&2
@@ -176,17 +171,5 @@ up_kubeflow_trainer() {
   kctl apply --server-side --force-conflicts -f "$dir/manifests/base/runtimes/torch_distributed.yaml" >&2
 }
 
-cmd_peer() {
-  [[ ${#ARCHIVES[@]} == 1 && " $PEERS " == *" ${ARCHIVES[0]} "* ]] || die "peer: name one of: $PEERS"
-  load_state || die "peer: cluster $NAME is not up"
-  local t0=$SECONDS
-  "up_${ARCHIVES[0]//-/_}"
-  log "${ARCHIVES[0]} up in $((SECONDS - t0))s"
-}
-
-down_peers() {
-  local p c
-  for p in $PEERS; do
-    for c in ${PEER_COMPONENTS[$p]}; do stop "$c"; done
-  done
-}
+cmd_peer() { start_addon peer "$PEERS"; }
+down_peers() { stop_addons PEER_COMPONENTS "$PEERS"; }

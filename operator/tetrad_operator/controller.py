@@ -73,7 +73,7 @@ class JobLoop:
     spec: ResolvedJob | None = None  # the spec of generation `spec_of`, parsed and resolved once
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
-    queue_read: tuple[tuple[str, int], float, str | None] | None = None  # ((pod group, restart), time.monotonic(), Kueue's reason)
+    queue_read: tuple[int, float, str | None] | None = None  # (restart, time.monotonic(), Kueue's reason)
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -390,8 +390,7 @@ class Controller:
             return None
         restart = max(p.restart for p in waiting)
         group = gang_group_name(job.spec, loop.key[1], restart)
-        if loop.queue_read and loop.queue_read[0] == (group, restart) and \
-                time.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
+        if loop.queue_read and loop.queue_read[0] == restart and time.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
             return loop.queue_read[2]
         workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
         reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
@@ -399,7 +398,7 @@ class Controller:
         reason = None
         if reserved is not None and reserved.get("status") == "False":
             reason = str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
-        loop.queue_read = ((group, restart), time.monotonic(), reason)
+        loop.queue_read = (restart, time.monotonic(), reason)
         return reason
 
     async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
