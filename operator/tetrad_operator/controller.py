@@ -2,7 +2,7 @@
 
 One loop per job (run by a kopf daemon) wakes on the job's pod events, node changes, spec
 changes and its own requeue time. Each pass reads the job fresh from the API server and its pods
-and the nodes from kopf's indexes, asks the pure state machine what to do, then writes: the
+and the nodes from the operator's informers, asks the pure state machine what to do, then writes: the
 status first (guarded by resourceVersion, so a stale pass cannot double-count a restart), then
 the actions. Nothing the operator remembers in memory is needed for correctness; the memory
 below (one `JobLoop` per job, gone with the loop) only avoids redundant API calls and work, and
@@ -31,6 +31,7 @@ from tetrad.render.gang import group_name as gang_group_name
 from tetrad_operator import lifecycle, scrape
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.gang import GangRequest
+from tetrad_operator.informer import Informer
 from tetrad_operator.kube import ApiError, Kube, object_path, path
 from tetrad_operator.lifecycle import (
     SCRAPER_OWNED,
@@ -65,8 +66,8 @@ class JobLoop:
     key: Key
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     phase: str = ""
-    expected: dict[str, float] = field(default_factory=dict)  # pods created, not yet in the index
-    gone: set[str] = field(default_factory=set)  # uids of pods the index still has but the API has not
+    expected: dict[str, float] = field(default_factory=dict)  # pods created, not yet in the informer
+    gone: set[str] = field(default_factory=set)  # uids of pods the informer still has but the API has not
     last_listed: float = -1e9  # time.monotonic() of the last consistent LIST of the job's pods
     scrape: asyncio.Task[None] | None = None
     next_scrape: float = 0.0
@@ -104,9 +105,11 @@ class Controller:
         self.metrics = OperatorMetrics(lambda: self.phases)
         kube.on_error = self.metrics.api_error
         self.limit = asyncio.Semaphore(settings.api_concurrency)
-        self.pods_index: Any = None  # kopf.Index: (namespace, job) -> Store[PodState]
-        self.nodes_index: Any = None  # kopf.Index: name -> Store[NodeState]
-        self.node_seen: dict[str, NodeState] = {}
+        # The operator's pods (in each watched namespace, or cluster-wide) grouped by job, and every node.
+        self.pod_informers = [Informer(kube, path("v1", "pods", ns), PodState.from_body, self.on_pod_change,
+                                       selector=names.pod_selector(), group=lambda p: (p.namespace, p.job))
+                              for ns in (namespaces if namespaces is not None else [None])]
+        self.node_informer = Informer(kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
         self.session: aiohttp.ClientSession | None = None
         self.admission = GangAdmitter(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
                                    retry_seconds=settings.admission_retry_seconds,
@@ -122,7 +125,11 @@ class Controller:
     # ------------------------------------------------------------------ lifetime
 
     async def start(self) -> None:
+        """Start watching; returns once every informer holds its first LIST."""
         self.session = aiohttp.ClientSession()
+        informers: list[Informer[Any]] = [*self.pod_informers, self.node_informer]
+        self._tasks += [asyncio.create_task(i.run(), name=f"watch {i.url_path}") for i in informers]
+        await asyncio.gather(*(i.synced.wait() for i in informers))
         self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
 
     async def stop(self) -> None:
@@ -132,21 +139,18 @@ class Controller:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.session:
             await self.session.close()
-        self.kube.close()
+        await self.kube.close()
 
     # ------------------------------------------------------------------ observations
 
     def pods(self, loop: JobLoop) -> list[PodState]:
-        """The job's pods from kopf's index, minus pods known to be gone that it still holds."""
-        if self.pods_index is None:
-            return []
-        return [p for p in self.pods_index.get(loop.key, ()) if p.uid not in loop.gone]
+        """The job's pods from the informer, minus pods known to be gone that it still holds."""
+        return [p for i in self.pod_informers for p in i.group(loop.key) if p.uid not in loop.gone]
 
     async def listed_pods(self, loop: JobLoop) -> list[PodState]:
-        """The job's pods from a consistent LIST; remembers index entries that no longer exist.
+        """The job's pods from a consistent LIST; remembers informer entries that no longer exist.
 
-        kopf's watches stop while peering pauses this replica; objects deleted meanwhile never get
-        a DELETED event, so the index can keep them after the resume.
+        A watch can lag behind the API server: a pod deleted a moment ago may still be held.
         """
         indexed = {p.uid for p in self.pods(loop)}  # before the LIST: what it lacks is gone
         namespace, name = loop.key
@@ -157,9 +161,7 @@ class Controller:
         return listed
 
     def nodes(self) -> list[NodeState]:
-        if self.nodes_index is None:
-            return []
-        return [n for store in self.nodes_index.values() for n in store]
+        return list(self.node_informer.items.values())
 
     # ------------------------------------------------------------------ wake-ups
 
@@ -167,29 +169,24 @@ class Controller:
         if (loop := self.jobs.get(key)) is not None:
             loop.wake.set()
 
-    def on_pod_event(self, namespace: str, job: str, event_type: str | None, phase: str | None,
-                     deleting: bool) -> None:
-        self.wake((namespace, job))
-        if event_type == "DELETED" or deleting or phase in ("Succeeded", "Failed"):
-            self.admission.kick()
+    def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
+        pod = new or old
+        assert pod is not None
+        self.wake((pod.namespace, pod.job))
+        if new is None or new.deleting or new.terminal:
+            self.admission.kick()  # capacity may be free
 
-    def on_node_event(self, name: str, event_type: str | None, node: NodeState | None) -> None:
-        node = None if event_type == "DELETED" else node
-        before = self.node_seen.get(name)
-        if before == node:
+    def on_node_change(self, old: NodeState | None, new: NodeState | None) -> None:
+        if old == new:
             return  # a heartbeat: nothing the decisions look at changed
-        if node is None:
-            self.node_seen.pop(name, None)
-        else:
-            self.node_seen[name] = node
         self.admission.kick()
-        if before is not None and node is not None and before.ready == node.ready:
+        if old is not None and new is not None and old.ready == new.ready:
             return
-        if self.pods_index is None:
-            return
-        for key, store in list(self.pods_index.items()):
-            if any(p.node == name for p in store):
-                self.wake(key)
+        name = (new or old).name  # type: ignore[union-attr]
+        for informer in self.pod_informers:
+            for key, pods in list(informer.groups.items()):
+                if any(p.node == name for p in pods.values()):
+                    self.wake(key)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ the per-job loop
 
@@ -229,7 +226,7 @@ class Controller:
     async def reconcile(self, loop: JobLoop) -> float | None:
         """One read-decide-write pass; the delay until the next one, or None when the job is gone.
 
-        The pods come from kopf's index, except on a loop's first pass, once per resync period,
+        The pods come from the informer, except on a loop's first pass, once per resync period,
         and whenever a decision rests on a pod being absent: then from a consistent LIST.
         """
         started = time.perf_counter()
@@ -436,7 +433,7 @@ class Controller:
         async with self.limit:
             created = await self.kube.create(path("v1", "pods", loop.key[0]), action.obj)
         loop.expected[action.name] = time.monotonic()
-        if created is not None:
+        if created:
             self.metrics.pods_created.inc()
 
     async def _count_refusals(self, job: dict[str, Any], loop: JobLoop, results: list[Any]) -> None:
@@ -449,7 +446,7 @@ class Controller:
         async with self.limit:
             found = await self.kube.delete(path("v1", "pods", loop.key[0], action.name), uid=action.uid,
                                            grace_seconds=0 if action.force else None)
-        if not found:  # already gone (or replaced): the index may hold a stale entry
+        if not found:  # already gone (or replaced): the informer may hold a stale entry
             loop.gone.add(action.uid)
         self.metrics.pods_deleted.labels(str(action.force).lower()).inc()
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import kopf
 
-from tetrad.render import names
 from tetrad_operator.settings import OperatorSettings
 
 FINALIZER = "tetrad.dev/operator"
@@ -30,8 +29,6 @@ class NoDiffBase(kopf.AnnotationsDiffBaseStorage):
 def kopf_settings(config: OperatorSettings) -> kopf.OperatorSettings:
     s = kopf.OperatorSettings()
     s.persistence.diffbase_storage = NoDiffBase()
-    # Only the operator's own pods reach it (server-side), not every pod of the cluster.
-    s.watching.label_selectors["v1", "pods"] = names.pod_selector()
     s.peering.lifetime = config.peering_lifetime_seconds
     s.posting.level = logging.WARNING  # our own Events describe the jobs; kopf posts only problems
     s.scanning.disabled = True  # exact namespaces: no RBAC to list namespaces or CRDs

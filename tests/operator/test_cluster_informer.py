@@ -1,0 +1,92 @@
+"""The operator's informer against the real API server: changes arrive as (old, new) views grouped
+by job, and a LIST after a gap tells what went meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from tetrad_operator.informer import Informer
+from tetrad_operator.kube import Kube, load_configuration, path
+from tetrad_operator.state import PodState
+
+from tetrad.api import contract
+
+pytestmark = pytest.mark.cluster
+
+
+def fake_pod(name: str, job: str | None) -> dict[str, Any]:
+    """A pod no node selects (it stays Pending), labelled with its job when it has one."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {contract.LABEL_JOB: job} if job else {}},
+            "spec": {"nodeSelector": {"tetrad.dev/test": "nowhere"},
+                     "containers": [{"name": "c", "image": "registry.invalid/none"}]}}
+
+
+def kube_for(cluster: Any) -> Kube:
+    return Kube(load_configuration(str(cluster.kubeconfig)), workers=4)
+
+
+async def until(check: Any, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_changes_arrive_as_old_and_new_views_grouped_by_job(operator_cluster, api, namespace):
+    async def run() -> list[tuple[Any, Any]]:
+        kube = kube_for(operator_cluster)
+        seen: list[tuple[Any, Any]] = []
+        informer = Informer(kube, path("v1", "pods", namespace), PodState.from_body, lambda o, n: seen.append((o, n)),
+                            selector=contract.LABEL_JOB, group=lambda p: (p.namespace, p.job))
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            assert informer.items == {} and seen == []
+            api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod("w-0", job="w"))
+            api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod("other", job=None))  # not selected
+            await until(lambda: informer.group((namespace, "w")))
+            assert [p.name for p in informer.group((namespace, "w"))] == ["w-0"]
+            api.patch(f"/api/v1/namespaces/{namespace}/pods/w-0",
+                      {"metadata": {"annotations": {contract.ANNOTATION_CHECKPOINT_NOW: "t1"}}})
+            await until(lambda: informer.group((namespace, "w"))[0].checkpoint_request == "t1")
+            api.delete(f"/api/v1/namespaces/{namespace}/pods/w-0", gracePeriodSeconds=0)
+            await until(lambda: seen[-1][1] is None)
+            assert informer.group((namespace, "w")) == [] and informer.groups == {} and informer.items == {}
+            return seen
+        finally:
+            task.cancel()
+            await kube.close()
+
+    seen = asyncio.run(run())
+    assert seen[0][0] is None and seen[0][1].name == "w-0" and seen[0][1].job == "w"
+    assert all(new is None or new.name == "w-0" for _, new in seen)  # the unlabelled pod never came
+    assert all(old == before for (_, before), (old, _) in zip(seen, seen[1:], strict=False))  # each old is the last new
+    marked = next(i for i, (_, new) in enumerate(seen) if new is not None and new.checkpoint_request == "t1")
+    assert seen[marked][0].checkpoint_request is None
+    assert seen[-1][0].name == "w-0" and seen[-1][1] is None
+
+
+def test_a_list_after_a_gap_tells_what_went_meanwhile(operator_cluster, api, namespace):
+    """The first LIST replaces what the store held: an object it lacks is reported gone."""
+    async def run() -> list[tuple[Any, Any]]:
+        kube = kube_for(operator_cluster)
+        seen: list[tuple[Any, Any]] = []
+        informer = Informer(kube, path("v1", "pods", namespace), PodState.from_body, lambda o, n: seen.append((o, n)),
+                            group=lambda p: p.job)
+        stale = PodState(name="gone-0", uid="u-gone", job="gone", restart=0, rank=0, phase="Running", namespace=namespace)
+        informer._put(f"{namespace}/gone-0", stale)
+        api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod("kept-0", job="kept"))
+        seen.clear()
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            return seen
+        finally:
+            task.cancel()
+            await kube.close()
+
+    seen = asyncio.run(run())
+    assert [(o and o.name, n and n.name) for o, n in seen] == [("gone-0", None), (None, "kept-0")]
