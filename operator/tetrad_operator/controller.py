@@ -202,7 +202,7 @@ class Controller:
                 if delay:
                     await _sleep(wake, stopped, delay)
                     if stopped:
-                        break
+                        continue
                     await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
                 wake.clear()
                 try:
@@ -216,6 +216,11 @@ class Controller:
                                 exc_info=not isinstance(e, ApiError))
                 if delay is None:
                     break
+            else:  # kopf stopped the loop; a job being deleted still tells Kueue that no pod will replace its pods
+                try:
+                    await self.close_deleted(loop)
+                except ApiError as e:
+                    log.warning("closing the deleted job %s/%s failed: %s", namespace, name, e)
         finally:
             if self.jobs.get(key) is loop:
                 del self.jobs[key]
@@ -236,8 +241,7 @@ class Controller:
         if body is None:
             return None
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
-            if (job := loop.resolved(body).job) is not None:
-                await asyncio.gather(*(self._annotate_pod(namespace, a) for a in queue.closing(job.spec, self.pods(loop))))
+            await self._close(loop, body)
             return None
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
@@ -271,6 +275,16 @@ class Controller:
             delay = min(delay, self.settings.scrape_interval_seconds)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
         return delay
+
+    async def close_deleted(self, loop: JobLoop) -> None:
+        body = await self.kube.get(path(API_VERSION, PLURAL, *loop.key))
+        if body is not None and body["metadata"].get("deletionTimestamp"):
+            await self._close(loop, body)
+
+    async def _close(self, loop: JobLoop, body: dict[str, Any]) -> None:
+        """The job goes: its pods' annotations say so (Kueue then lets them go)."""
+        if (job := loop.resolved(body).job) is not None:
+            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in queue.closing(job.spec, self.pods(loop))))
 
     # ------------------------------------------------------------------ writes
 

@@ -157,6 +157,11 @@ def operator(operator_cluster: Any, namespace: str) -> Iterator[InProcessOperato
         yield op
 
 
+def ready(node: dict[str, Any] | None) -> bool:
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 @pytest.fixture
 def pool(api: Any, namespace: str) -> Iterator[Any]:
     """Nodes of this test only (8 cpu each), selected by a label; removed afterwards.
@@ -167,12 +172,16 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
     created: list[str] = []
 
     def add(n: int = 1, cpu: str = "8", labels: dict[str, str] | None = None) -> list[str]:
+        """Returns once kwok has made them Ready: a gang's fit counts Ready nodes only."""
+        from tests.operator.helpers import wait_for
+
         names = []
         for _ in range(n):
             name = f"{namespace}-n{len(created)}"
             api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}))
             created.append(name)
             names.append(name)
+        wait_for(lambda: all(ready(api.get(f"/api/v1/nodes/{name}")) for name in names), what=f"nodes {names} Ready")
         return names
 
     add.label = label  # type: ignore[attr-defined]
