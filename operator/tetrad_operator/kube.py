@@ -118,6 +118,11 @@ class Kube:
             headers["Authorization"] = token
         return headers
 
+    def _route(self) -> dict[str, Any]:
+        """The kubeconfig's proxy and TLS server name, for requests and watches alike."""
+        return {"proxy": self.configuration.proxy or None,
+                "server_hostname": getattr(self.configuration, "tls_server_name", None) or None}
+
     async def send(self, verb: str, url_path: str, query: Mapping[str, Any] | None = None, body: Any = None,
                    content_type: str | None = None, decode: bool = True) -> tuple[int, Any]:
         """One request: (HTTP status, decoded body; {} for a success not `decode`d). No retries, no
@@ -126,8 +131,7 @@ class Kube:
         ctype = (content_type or "application/json") if data is not None else None
         async with self.in_flight, self.session.request(
                 verb, url_path, params=query, data=data, headers=self._headers(ctype), timeout=self.timeout,
-                proxy=self.configuration.proxy or None,
-                server_hostname=getattr(self.configuration, "tls_server_name", None) or None) as rsp:
+                **self._route()) as rsp:
             raw = await rsp.read()
         if not decode and 200 <= rsp.status < 300:
             return rsp.status, {}
@@ -171,7 +175,7 @@ class Kube:
                   "timeoutSeconds": str(WATCH_SECONDS)}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=WATCH_SECONDS + 30)
         async with self.session.get(url_path, params=params, headers=self._headers(None), timeout=timeout,
-                                    proxy=self.configuration.proxy or None) as rsp:
+                                    **self._route()) as rsp:
             if rsp.status == 410:
                 raise Gone(url_path)
             if rsp.status != 200:
