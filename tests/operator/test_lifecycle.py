@@ -684,6 +684,15 @@ def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | N
 
 
 def quiet_for(c: FakeCluster, seconds: float) -> lifecycle.Decision:
+    """Time passes without a step; then a scrape reads the same heartbeat."""
+    c.now += timedelta(seconds=seconds)
+    if "updated" in (training := c.job["status"].get("training") or {}):
+        training["updated"] = format_time(c.now)
+    return c.reconcile()
+
+
+def unread_for(c: FakeCluster, seconds: float) -> lifecycle.Decision:
+    """Time passes and no scrape reaches rank 0."""
     c.now += timedelta(seconds=seconds)
     return c.reconcile()
 
@@ -704,16 +713,15 @@ def test_a_gang_whose_rank_0_stops_stepping_is_restarted_as_a_disruption():
     c.settle(60)
     running(c)
     # The old incarnation's heartbeat is not this one's: nothing is judged until a scrape of it.
-    quiet_for(c, 1000)
+    unread_for(c, 1000)
     assert c.phase == "Running" and c.status["restarts"] == 1
     # Scraped, but no step yet (a long start-up): counted from Running, with the same floor.
-    scraped(c, last_step_ago=1500, step_time=2.0)
     running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
     c.now = running_since + timedelta(seconds=299)
+    scraped(c, last_step_ago=1500, step_time=2.0)
     c.reconcile()
     assert c.phase == "Running"
-    c.now = running_since + timedelta(seconds=300)
-    c.reconcile()
+    quiet_for(c, 1)
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
     assert "completed no step for 300s" in c.status["message"]
     assert (c.status["restarts"], c.status["disruptions"]) == (2, 2)
@@ -812,13 +820,26 @@ def test_an_explicit_short_stall_timeout_spares_the_start_up_up_to_the_default_f
     running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
     scraped(c, last_step_ago=None)  # reachable, no step yet: importing torch, building, loading
     c.now = running_since + timedelta(seconds=299)
-    c.reconcile()
+    quiet_for(c, 0)
     assert c.phase == "Running", "30 s is the timeout between steps, not for the start-up"
-    c.now = running_since + timedelta(seconds=300)
-    c.reconcile()
+    quiet_for(c, 1)
     assert cond(c, "Restarting")["reason"] == "Stalled"
     assert ("completed no step for 300s, over the stall timeout of 300s (before the first step: at least 300s and "
             "2 x the last start-up)") in c.status["message"]
+
+
+def test_a_rank_0_that_stops_answering_is_judged_by_its_last_read_not_by_the_clock():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30},
+                             training={"globalBatch": 24, "steps": 100}))
+    running(c)
+    c.now += timedelta(seconds=60)
+    scraped(c, last_step_ago=10, step=99)  # then the last step, its save and exit: no scrape sees them
+    d = unread_for(c, 3600)
+    assert c.phase == "Running" and c.status["disruptions"] == 0
+    assert d.requeue_after is None or d.requeue_after >= 30, "no timer spins on a verdict only a read can give"
+    quiet_for(c, 0)  # it answers again, at the same step: 3,610 s without one
+    assert cond(c, "Restarting")["reason"] == "Stalled" and "completed no step since" in c.status["message"]
+    assert "for 3610s, over the stall timeout of 30s" in c.status["message"]
 
 
 def test_after_the_last_step_a_long_save_and_exit_is_no_stall():
@@ -844,10 +865,9 @@ def test_before_the_first_step_a_start_up_like_the_last_one_is_no_stall():
     running_since = parse_time(cond(c, "Running")["lastTransitionTime"])
     scraped(c, last_step_ago=None, step_time=2.0, startup=400.0)  # the last incarnation took 400 s to start
     c.now = running_since + timedelta(seconds=799)
-    c.reconcile()
+    quiet_for(c, 0)
     assert c.phase == "Running"
-    c.now = running_since + timedelta(seconds=800)
-    c.reconcile()
+    quiet_for(c, 1)
     assert c.phase == "Restarting" and "completed no step for 800s, over the stall timeout of 800s" in c.status["message"]
     c.settle(60)
     running(c)

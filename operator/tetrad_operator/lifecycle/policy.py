@@ -125,10 +125,12 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failu
     (then the timeout is at least the default's floor, even below an explicit stallTimeoutSeconds,
     and `stall_startup_factor` x the last measured start-up: a start-up is no stall).
 
-    Only what the scraper saw of this incarnation is judged: until one scrape of it succeeded
-    (`training.updated` after Running began) nothing is, so an unreachable metrics endpoint alone
-    never restarts a job. Once rank 0 reported the last of the job's `steps`, no step is due: the
-    trainer saves and exits, and a collective that hangs meanwhile ends at the collective timeout.
+    Only what the scraper saw of this incarnation is judged, and the quiet time runs to its last
+    read (`training.updated`), not to now: a stall is seen, never extrapolated. A rank 0 that stops
+    answering (one exiting after its last step, or too busy to answer within the scrape timeout)
+    is no stall; one frozen whole is ended by its peers' collective timeout. Once rank 0 reported
+    the last of the job's `steps`, no step is due: the trainer saves and exits, and a collective
+    that hangs meanwhile ends at the collective timeout.
     """
     training = dict((m.body.get("status") or {}).get("training") or {})
     timeout = stall_timeout(m, policy, training)
@@ -149,9 +151,10 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failu
             timeout = longest
             source = (f"before the first step: at least {stall_floor(m, policy):g}s and "
                       f"{m.settings.stall_startup_factor:g} x the last start-up")
-    quiet = (m.now - since).total_seconds()
+    quiet = (read - since).total_seconds()
     if quiet < timeout:
-        m.decision.after(timeout - quiet)
+        if (left := (since + timedelta(seconds=timeout) - m.now).total_seconds()) > 0:
+            m.decision.after(left)  # the first moment a read can tell (the scraper's write wakes the job too)
         return None
     what = f"no step since {training['lastStepTime']}" if started else "no step"
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
