@@ -38,7 +38,10 @@ def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator
 
 def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api, operator, namespace, pool):
     ns = namespace
-    pool(2)
+    names = pool(2)
+    # The fit at creation reads the operator's own view of the nodes, which may lag the API's.
+    wait_for(lambda: {n.name for n in operator.controller.nodes() if n.ready} >= set(names),
+             what="the operator's node view shows the pool Ready")
     api.create_job(ns, pool_job("fits", pool, nodes=2))
     pods = wait_running(api, ns, "fits", 2)
     st = api.status(ns, "fits")
