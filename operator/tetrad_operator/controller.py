@@ -170,6 +170,8 @@ class Controller:
             loop.wake.set()
 
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
+        if old == new:
+            return  # e.g. a condition's probe time: nothing the decisions look at changed
         pod = new or old
         assert pod is not None
         self.wake((pod.namespace, pod.job))

@@ -217,6 +217,24 @@ def test_a_job_kueue_holds_reads_its_workload_at_most_every_few_seconds():
     assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(kube.gets) == 3  # nothing waits: no read
 
 
+def test_only_a_change_the_decisions_see_wakes_a_job_loop():
+    ctl = Controller(RecordingKube(), OperatorSettings())  # type: ignore[arg-type]
+    loop = ctl.jobs[("ns", "j")] = JobLoop(("ns", "j"))
+    pod = PodState.from_body(pod_body(phase="Pending"))
+    assert (pod.namespace, pod.job) == loop.key
+    ctl.on_pod_change(pod, dataclasses.replace(pod))  # an update of fields no view holds
+    assert not loop.wake.is_set()
+    ctl.on_pod_change(pod, dataclasses.replace(pod, phase="Running"))
+    assert loop.wake.is_set()
+    loop.wake.clear()
+    ctl.on_pod_change(pod, None)  # deleted
+    assert loop.wake.is_set()
+    node = NodeState(name="n0", ready=True)
+    loop.wake.clear()
+    ctl.on_node_change(node, dataclasses.replace(node))  # a heartbeat
+    assert not loop.wake.is_set()
+
+
 def test_settings_from_env():
     s = OperatorSettings.from_env({"TETRAD_OPERATOR_RESYNC_SECONDS": "4", "TETRAD_OPERATOR_NODE_LOST_SECONDS": "7",
                                    "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1", "UNRELATED": "x"})
