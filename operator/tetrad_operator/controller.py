@@ -75,6 +75,25 @@ class JobLoop:
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
     queue_read: tuple[int, float, str | None] | None = None  # (restart, time.monotonic(), Kueue's reason)
+    body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
+    body_read: float = -1e9  # time.monotonic() of the last GET of the job
+
+    def keep(self, body: dict[str, Any], *, read: bool = False) -> None:
+        """Hold `body` if it is newer than the one held. A watch event only advances a held body
+        (one that lags behind our own write must not undo it); a read (a GET, a write's answer)
+        also fills an empty one. resourceVersions are etcd revisions, compared as numbers; one
+        that is not a number drops the held body, and the next pass GETs the job."""
+        if self.body is None:
+            if read:
+                self.body = body
+            return
+        try:
+            newer = int(body["metadata"]["resourceVersion"]) > int(self.body["metadata"]["resourceVersion"])
+        except (KeyError, TypeError, ValueError):
+            self.body = None
+            return
+        if newer:
+            self.body = body
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -169,6 +188,11 @@ class Controller:
         if (loop := self.jobs.get(key)) is not None:
             loop.wake.set()
 
+    def job_seen(self, key: Key, body: dict[str, Any]) -> None:
+        """The job's body from kopf's watch: the next pass reads it instead of GETting the job."""
+        if (loop := self.jobs.get(key)) is not None:
+            loop.keep(body)
+
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         if old == new:
             return  # e.g. a condition's probe time: nothing the decisions look at changed
@@ -234,13 +258,16 @@ class Controller:
         """One read-decide-write pass; the delay until the next one, or None when the job is gone.
 
         The pods come from the informer, except on a loop's first pass, once per resync period,
-        and whenever a decision rests on a pod being absent: then from a consistent LIST.
+        and whenever a decision rests on a pod being absent: then from a consistent LIST. The job is
+        the newest body the loop has seen, GET on its first pass, once per resync period and after
+        a status write lost to a newer version (the write's resourceVersion guard catches any lag).
         """
         started = time.perf_counter()
         key = namespace, name = loop.key
         job_path = path(API_VERSION, PLURAL, namespace, name)
-        body = await self.kube.get(job_path)
-        if body is None:
+        if loop.body is None or time.monotonic() - loop.body_read > self.settings.resync_seconds:
+            loop.body, loop.body_read = await self.kube.get(job_path), time.monotonic()
+        if (body := loop.body) is None:
             return None
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
             await self._close(loop, body)
@@ -258,7 +285,7 @@ class Controller:
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
                                         rejection=loop.rejection, queued=queued)
         old = body.get("status") or {}
-        if not await self._write_status(job_path, body, old, decision.status, decision.merged):
+        if not await self._write_status(loop, job_path, body, old, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
         self._count(old, decision.status)
         loop.phase = decision.status.get("phase") or ""
@@ -290,7 +317,7 @@ class Controller:
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_status(self, job_path: str, body: dict[str, Any], old: dict[str, Any],
+    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], old: dict[str, Any],
                             new: dict[str, Any], merged: dict[str, dict[str, Any]] | None = None) -> bool:
         current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
         learned = {key: changed for key, fields in (merged or {}).items()
@@ -305,7 +332,11 @@ class Controller:
         rv = body["metadata"]["resourceVersion"]
         rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
                                     ok=(404, 409))
-        return rsp is not None
+        if rsp is None:
+            loop.body = None  # changed or gone: the next pass reads it
+            return False
+        loop.keep(rsp, read=True)
+        return True
 
     def _count(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         before, after = old.get("phase"), new.get("phase")
@@ -500,7 +531,9 @@ class Controller:
         if request:
             status.setdefault("checkpoint", {})["requestCommitted"] = request
         try:
-            await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
+            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
+            if written is not None and (loop := self.jobs.get(key)) is not None:
+                loop.keep(written, read=True)
             self.metrics.scrapes.labels("ok").inc()
         except ApiError as e:
             self.metrics.scrapes.labels("error").inc()

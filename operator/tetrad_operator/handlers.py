@@ -47,7 +47,10 @@ async def stop(memo: Any, **_: Any) -> None:
 
 
 @kopf.on.event(*JOBS)
-async def job_changed(namespace: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def job_changed(namespace: str | None, name: str, body: kopf.Body, event: kopf.RawEvent, memo: Any,
+                      **_: Any) -> None:
+    if event["type"] != "DELETED":
+        memo.controller.job_seen((namespace, name), event["object"])  # the loop's next pass reads it
     # Our own status writes come back here too; only a new spec generation or a new checkpoint-now
     # token (an annotation: no new generation) needs a reconcile.
     status = body.get("status", {})

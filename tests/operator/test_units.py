@@ -115,12 +115,12 @@ def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
 class RecordingKube:
     """A Kube that records the status patches the controller sends."""
 
-    def __init__(self):
-        self.on_error, self.patches = None, []
+    def __init__(self, answer: dict | None = None):  # the patched object the API server answers
+        self.on_error, self.patches, self.answer = None, [], answer or {}
 
     async def patch(self, url, body, ok=()):
         self.patches.append(body)
-        return {}
+        return self.answer
 
 
 def test_the_status_write_leaves_the_scrapers_fields_alone():
@@ -130,7 +130,7 @@ def test_the_status_write_leaves_the_scrapers_fields_alone():
     old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57}, "checkpoint": checkpoint}
     body = {"metadata": {"resourceVersion": "7"}, "status": old}
     new = {"phase": "Restarting", "restarts": 1}
-    assert asyncio.run(ctl._write_status("/job", body, old, new))
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new))
     assert kube.patches == [{"metadata": {"resourceVersion": "7"},
                              "status": {"phase": "Restarting", "restarts": 1, "message": None}}]
 
@@ -180,11 +180,47 @@ def test_the_status_write_merges_what_the_pass_learned_into_the_scrapers_objects
     body = {"metadata": {"resourceVersion": "7"}, "status": old}
     new = {"phase": "Suspended"}
     learned = {"checkpoint": {"step": 50, "resumedFrom": None}, "training": {"step": 50}}
-    assert asyncio.run(ctl._write_status("/job", body, old, new, learned))
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, learned))
     nothing_new = {"checkpoint": {"step": 50}, "training": {"step": 49}}
-    assert asyncio.run(ctl._write_status("/job", body, old, new, nothing_new))  # no write
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, nothing_new))  # no write
     assert kube.patches == [{"metadata": {"resourceVersion": "7"}, "status": {
         "phase": "Suspended", "checkpoint": {"resumedFrom": None}, "training": {"step": 50}}}]
+
+
+class ConflictKube(RecordingKube):
+    async def patch(self, url, body, ok=()):
+        self.patches.append(body)
+        return None  # 409 (in `ok`): a newer version exists
+
+
+def version(rv: str) -> dict:
+    return {"metadata": {"resourceVersion": rv}}
+
+
+def test_a_job_loop_holds_the_newest_body_it_has_seen():
+    loop = JobLoop(("ns", "j"))
+    loop.keep(version("5"))
+    assert loop.body is None, "the watch alone never fills an empty loop: the first pass GETs"
+    loop.keep(version("5"), read=True)
+    loop.keep(version("7"))
+    loop.keep(version("6"))  # an event lagging behind our own write's answer
+    assert loop.body == version("7")
+    loop.keep(version("6"), read=True)  # the scraper's earlier write, answered late
+    assert loop.body == version("7")
+    loop.keep(version("x"))  # not a number: no order is known
+    assert loop.body is None
+
+
+def test_a_status_write_keeps_its_answer_and_a_lost_one_drops_the_body():
+    old, new = {"phase": "Pending"}, {"phase": "Running"}
+    loop = JobLoop(("ns", "j"))
+    loop.keep(version("7"), read=True)
+    ctl = Controller(RecordingKube(answer=version("8")), OperatorSettings())  # type: ignore[arg-type]
+    assert asyncio.run(ctl._write_status(loop, "/job", {**version("7"), "status": old}, old, new))
+    assert loop.body == version("8")
+    conflict = Controller(ConflictKube(), OperatorSettings())  # type: ignore[arg-type]
+    assert not asyncio.run(conflict._write_status(loop, "/job", {**version("8"), "status": old}, old, new))
+    assert loop.body is None
 
 
 class WorkloadKube:
