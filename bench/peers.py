@@ -3,6 +3,8 @@
 job has (8 GPUs, 8 CPUs, 64Gi each):
 
 - kubeflow-v1: a PyTorchJob of one Master and N-1 Workers (training-operator v1);
+- kubeflow-v1-tuned: the same, the training-operator tuned to 500 API requests/s (burst 1,000; its
+  default is 20, burst 30);
 - kubeflow-v1-coscheduling: the same, with the operator's gang scheduling through scheduler-plugins
   (a PodGroup per job);
 - jobset: a JobSet of one replicated Job of N indexed pods;
@@ -70,6 +72,7 @@ class Peer:
 
 PEERS = {p.name: p for p in (
     Peer("kubeflow-v1", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob, _condition_running),
+    Peer("kubeflow-v1-tuned", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob, _condition_running),
     Peer("kubeflow-v1-coscheduling", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob,
          _condition_running),
     Peer("jobset", ("jobset",), "jobset.x-k8s.io/v1alpha2", "jobsets", jobset),

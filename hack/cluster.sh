@@ -16,7 +16,7 @@
 #   hack/cluster.sh scheduler [--name N] coscheduling|kueue
 #                                           start a gang scheduler beside the cluster
 #                                           (hack/cluster/gang-schedulers.sh); down stops it
-#   hack/cluster.sh peer [--name N] kubeflow-v1|kubeflow-v1-coscheduling|jobset|kubeflow-trainer
+#   hack/cluster.sh peer [--name N] kubeflow-v1|kubeflow-v1-tuned|kubeflow-v1-coscheduling|jobset|kubeflow-trainer
 #                                           start a peer of the operator benchmark beside
 #                                           the cluster (hack/cluster/peers.sh); down stops it
 #

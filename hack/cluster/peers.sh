@@ -9,20 +9,23 @@
 #   kubeflow-v1       Kubeflow training-operator v1 (PyTorchJob only), its
 #                     validating webhooks; it manages its certificates itself,
 #                     from the Secret made here (see rotator_secret)
+#   kubeflow-v1-tuned the same, tuned to 500 API requests/s (burst 1,000)
+#                     instead of its default 20 (burst 30)
 #   kubeflow-v1-coscheduling
 #                     the same with its gang scheduling through scheduler-plugins
 #                     (coscheduling, started with it): a PodGroup per job, pods
-#                     for the scheduler-plugins-scheduler profile; it replaces a
-#                     plain kubeflow-v1 (one training-operator at a time)
+#                     for the scheduler-plugins-scheduler profile
+#                     (the three take turns: one training-operator at a time)
 #   jobset            JobSet, its webhooks (JobSets, and pods that belong to one)
 #   kubeflow-trainer  Kubeflow Trainer v2 over JobSet (started with it), its
 #                     webhooks, and the torch-distributed ClusterTrainingRuntime
 #
 # Like the gang schedulers they are system:masters clients of their own.
 
-PEERS="kubeflow-v1 kubeflow-v1-coscheduling jobset kubeflow-trainer"
+PEERS="kubeflow-v1 kubeflow-v1-tuned kubeflow-v1-coscheduling jobset kubeflow-trainer"
 declare -A PEER_COMPONENTS=(
   [kubeflow-v1]="training-operator"
+  [kubeflow-v1-tuned]="training-operator"
   [kubeflow-v1-coscheduling]="training-operator"
   [jobset]="jobset"
   [kubeflow-trainer]="kubeflow-trainer"
@@ -35,23 +38,25 @@ start_training_operator() {
   KUBECONFIG=$(addon_kubeconfig training-operator) start training-operator \
     --enable-scheme=pytorchjob --metrics-bind-address 0 \
     --health-probe-bind-address "127.0.0.1:$KUBEFLOW_V1_HEALTH_PORT" \
-    --webhook-server-port "$KUBEFLOW_V1_WEBHOOK_PORT" ${KUBEFLOW_V1_GANG:+--gang-scheduler-name "$KUBEFLOW_V1_GANG"}
+    --webhook-server-port "$KUBEFLOW_V1_WEBHOOK_PORT" ${KUBEFLOW_V1_GANG:+--gang-scheduler-name "$KUBEFLOW_V1_GANG"} \
+    ${KUBEFLOW_V1_TUNED:+--kube-api-qps 500 --kube-api-burst 1000}
 }
 healthy_training_operator() {
   curl -sf "http://127.0.0.1:$KUBEFLOW_V1_HEALTH_PORT/readyz" &&
     webhook_served "$KUBEFLOW_V1_WEBHOOK_PORT" /validate-kubeflow-org-v1-pytorchjob
 }
 
-up_kubeflow_v1() { kubeflow_v1 ""; }
+up_kubeflow_v1() { kubeflow_v1 "" ""; }
+up_kubeflow_v1_tuned() { kubeflow_v1 "" tuned; }
 up_kubeflow_v1_coscheduling() {
   up_coscheduling
-  kubeflow_v1 scheduler-plugins-scheduler
+  kubeflow_v1 scheduler-plugins-scheduler ""
 }
 
-# kubeflow_v1 GANG_SCHEDULER: the training-operator, restarted when it runs
-# with another gang scheduler (none: "").
+# kubeflow_v1 GANG_SCHEDULER TUNED: the training-operator, restarted when it
+# runs with other settings (no gang scheduler: ""; its default rate limits: "").
 kubeflow_v1() {
-  KUBEFLOW_V1_GANG=$1
+  KUBEFLOW_V1_GANG=$1 KUBEFLOW_V1_TUNED=$2
   local dir
   dir=$(module_dir kubeflow github.com/kubeflow/training-operator)
   [[ -d $dir ]] || die "kubeflow-v1: its module source was not found"
@@ -68,10 +73,10 @@ kubeflow_v1() {
     jq '.metadata.name = "validator.training-operator.kubeflow.org"
         | .webhooks |= map(select(.rules | any(.resources | index("pytorchjobs"))))' |
     kctl apply --server-side --force-conflicts -f - >&2
-  if alive training-operator && [[ $(cat "$RUN/training-operator.gang" 2>/dev/null) != "$1" ]]; then
+  if alive training-operator && [[ $(cat "$RUN/training-operator.settings" 2>/dev/null) != "$1 $2" ]]; then
     stop training-operator
   fi
-  echo "$1" > "$RUN/training-operator.gang"
+  echo "$1 $2" > "$RUN/training-operator.settings"
   launch_components 90 training-operator
 }
 

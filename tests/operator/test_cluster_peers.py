@@ -5,6 +5,7 @@ rather than in a benchmark run."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from tests.cluster_fixtures import cluster_script
 
 from .helpers import wait_for
 
-# The peers are processes beside the session's cluster, and the two kubeflow-v1 modes take turns
+# The peers are processes beside the session's cluster, and the three kubeflow-v1 modes take turns
 # with one training-operator: keep these tests on one worker (--dist loadgroup).
 pytestmark = [pytest.mark.cluster, pytest.mark.xdist_group("peers")]
 
@@ -40,6 +41,11 @@ def test_a_peer_runs_the_benchmarks_job_on_kwok_nodes(operator_cluster, api, nam
     if name.startswith("kubeflow-v1"):  # the operator gives every pod the torchrun environment
         assert sorted(env(p, "RANK") or "" for p in pods) == ["0", "1", "2"]
         assert {env(p, "WORLD_SIZE") for p in pods} == {str(WORKERS)}
+        # ... and its modes take turns on one training-operator, restarted with the mode's flags
+        pid_file = Path(operator_cluster.env["TETRAD_CLUSTER_STATE"]) / "run" / "training-operator.pid"
+        flags = Path(f"/proc/{pid_file.read_text().split()[0]}/cmdline").read_bytes().split(b"\0")
+        assert (b"--kube-api-qps" in flags) == (name == "kubeflow-v1-tuned"), flags
+        assert (b"--gang-scheduler-name" in flags) == (name == "kubeflow-v1-coscheduling"), flags
     if name == "kubeflow-v1-coscheduling":  # one PodGroup of all the pods, bound by that scheduler
         groups = api.list(f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{namespace}/podgroups")
         assert [(g["metadata"]["name"], g["spec"]["minMember"]) for g in groups] == [("j", WORKERS)]
