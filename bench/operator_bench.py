@@ -4,6 +4,7 @@
     .venv/bin/python bench/operator_bench.py --sizes 8,128 --concurrent 20 --keep
     .venv/bin/python bench/operator_bench.py --sizes 1024 --concurrent 0 --gangs builtin,coscheduling,kueue
     .venv/bin/python bench/operator_bench.py --peers kubeflow-v1,jobset,kubeflow-trainer
+    .venv/bin/python bench/operator_bench.py --sizes "" --concurrent 100 --rounds 3 --peers jobset
 
 It starts its own cluster (hack/cluster.sh, instance `bench-operator`) with one fake 8-GPU node
 per pod of the largest job, runs the operator as its own process (`python -m tetrad_operator -A`,
@@ -14,7 +15,9 @@ default settings) and measures:
   pod bound by the kube-scheduler, -> every pod Running (kwok), -> status.phase Running;
 - `--concurrent` jobs of 4 pods applied at once: apply -> all Running, and after the benchmark
   (playing the kubelet) marks every pod Succeeded, -> all Succeeded; with the reconciles per
-  second the operator did meanwhile (from its own metrics);
+  second the operator did meanwhile (from its own metrics); `--rounds N` runs them N times (bare
+  pods, Tetrad, then each peer, in every round) and reports each system's median, every round's
+  figure beside it, each round's ratio against that round's bare pods;
 - the operator's peak RSS (VmHWM);
 - the baseline, in the same run: each job's pods POSTed directly (no gate, no operator, 16 in
   flight), until all Running; the job's time over it is the operator's and the gang's cost.
@@ -44,6 +47,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -304,6 +308,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="8,128,1024", help="pods per job, comma-separated")
     p.add_argument("--concurrent", type=int, default=100, help="jobs of 4 pods applied at once (0: skip)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the concurrent jobs (medians are reported)")
     p.add_argument("--nodes", type=int, help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
     p.add_argument("--gangs", default="builtin", help=f"gang backends, comma-separated, of {','.join(GANGS)}")
     p.add_argument("--peers", default="", help=f"peers to run beside Tetrad, comma-separated, of {','.join(PEERS)}")
@@ -392,21 +397,23 @@ def main() -> int:
                       f"{r['pods_running']:.1f}s (bare pods {bare['pods_running']:.1f}s, ratio "
                       f"{r['pods_running'] / bare['pods_running']:.2f}), job Running {r.get('phase_running', float('nan')):.1f}s; "
                       f"CPU {r['cpu_seconds']:.1f}s; requests {requests_text(r['requests'])}", flush=True)
-        if a.concurrent:
-            bare = measured(cluster, api, "bench-many-bare", [], lambda ns: bare_pods(api, ns, 4 * a.concurrent))
-            results["concurrent_bare"] = bare
-            results["concurrent"] = r = measured(cluster, api, "bench-many", [op.pid], lambda ns: many_jobs(api, ns, a.concurrent, port))
-            print(f"{a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods Running {r['pods_running']:.1f}s "
-                  f"(bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, all Succeeded "
-                  f"{r['all_succeeded_after_finish']:.1f}s after finishing; {r['reconciles_per_second']:.1f} reconciles/s",
-                  flush=True)
+        rounds: list[dict[str, Any]] = []
+        for i in range(a.rounds if a.concurrent else 0):  # each round: bare pods, Tetrad, each peer
+            bare = measured(cluster, api, f"bench-many-bare-{i}", [], lambda ns: bare_pods(api, ns, 4 * a.concurrent))
+            rounds.append(round_ := {"bare": bare})
+            round_["builtin"] = r = measured(cluster, api, f"bench-many-{i}", [op.pid],
+                                             lambda ns: many_jobs(api, ns, a.concurrent, port))
+            print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods Running "
+                  f"{r['pods_running']:.1f}s (bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, "
+                  f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "
+                  f"{r['reconciles_per_second']:.1f} reconciles/s", flush=True)
             for peer in running_peers:
-                results[f"concurrent_{peer.name}"] = r = measured(
-                    cluster, api, f"bench-many-{peer.name}", ready(peer),
-                    lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
+                round_[peer.name] = r = measured(cluster, api, f"bench-many-{peer.name}-{i}", ready(peer),
+                                                 lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
                 note_peak_rss(peer.name)
-                print(f"{a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, all pods Running "
-                      f"{r['pods_running']:.1f}s", flush=True)
+                print(f"round {i + 1}: {a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, all pods "
+                      f"Running {r['pods_running']:.1f}s", flush=True)
+        results["concurrent_rounds"] = rounds
         results.update({f"operator_{k}": v for k, v in rss_kib(op.pid).items()})
     finally:
         if op is not None:
@@ -425,8 +432,9 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
     def name(system: str) -> str:
         return f"Tetrad, {system} gang" if system in GANGS else system
 
-    print("\n| pods | system | created | released | bound | all Running | / bare | job Running | controller CPU s "
-          "| apiserver requests (all clients, WATCH left out) |\n|---|---|---|---|---|---|---|---|---|---|")
+    if sizes:
+        print("\n| pods | system | created | released | bound | all Running | / bare | job Running | controller CPU s "
+              "| apiserver requests (all clients, WATCH left out) |\n|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         bare = results[f"bare_{size}"]
         print(f"| {size} | bare pods (baseline) | | | | {bare['pods_running']:.1f} | 1.00x | | | {requests_text(bare['requests'])} |")
@@ -437,21 +445,32 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
             print(f"| {size} | {name(system)} | {r['created']:.1f} | {released} | {r['bound']:.1f} | {r['pods_running']:.1f} | "
                   f"{r['pods_running'] / bare['pods_running']:.2f}x | {job_running} | {r['cpu_seconds']:.1f} | "
                   f"{requests_text(r['requests'])} |")
-    if concurrent:
-        bare = results["concurrent_bare"]
-        print(f"\n| {concurrent} x 4-pod jobs at once | applied | all pods Running | / bare | all jobs Running | "
-              "controller CPU s | apiserver requests |\n|---|---|---|---|---|---|---|")
-        print(f"| bare pods ({4 * concurrent}, baseline) | | {bare['pods_running']:.1f} | 1.00x | | | {requests_text(bare['requests'])} |")
-        for system in systems:
-            r = results["concurrent"] if system == "builtin" else results.get(f"concurrent_{system}")
-            if r is None:
-                continue
-            jobs_running = f"{r['all_running']:.1f}" if "all_running" in r else "(none)"
-            print(f"| {name(system)} | {r['applied']:.1f} | {r['pods_running']:.1f} | {r['pods_running'] / bare['pods_running']:.2f}x | "
-                  f"{jobs_running} | {r['cpu_seconds']:.1f} | {requests_text(r['requests'])} |")
-        r = results["concurrent"]
-        print(f"\nTetrad: all Succeeded {r['all_succeeded_after_finish']:.1f}s after the pods finished; "
-              f"reconciles/s: {r['reconciles_per_second']:.1f}; jobs/s to Running: {r['jobs_per_second']:.2f}")
+    if rounds := results.get("concurrent_rounds"):
+        # The median of each figure over the rounds; each round's ratio is against its own bare pods.
+        def med(system: str, key: str) -> float:
+            return statistics.median(r[system][key] for r in rounds)
+
+        def ratios(system: str) -> list[float]:
+            return [r[system]["pods_running"] / r["bare"]["pods_running"] for r in rounds]
+
+        print(f"\n| {concurrent} x 4-pod jobs at once, median of {len(rounds)} | applied | all pods Running "
+              "(each round) | / bare (each round) | all jobs Running | controller CPU s | apiserver requests (round 1) |"
+              "\n|---|---|---|---|---|---|---|")
+        for system in ["bare", *(s for s in systems if s in rounds[0])]:
+            first = rounds[0][system]
+
+            def figure(key: str, system: str = system, first: dict[str, Any] = first) -> str:
+                return f"{med(system, key):.1f}" if key in first and system != "bare" else ""
+
+            each = " / ".join(f"{r[system]['pods_running']:.1f}" for r in rounds)
+            each_ratio = " / ".join(f"{x:.2f}" for x in ratios(system))
+            label = f"bare pods ({4 * concurrent}, baseline)" if system == "bare" else name(system)
+            print(f"| {label} | {figure('applied')} | {med(system, 'pods_running'):.1f} ({each}) | "
+                  f"{statistics.median(ratios(system)):.2f}x ({each_ratio}) | {figure('all_running')} | "
+                  f"{figure('cpu_seconds')} | {requests_text(first['requests'])} |")
+        print(f"\nTetrad: all Succeeded {med('builtin', 'all_succeeded_after_finish'):.1f}s after the pods finished; "
+              f"reconciles/s: {med('builtin', 'reconciles_per_second'):.1f}; "
+              f"jobs/s to Running: {med('builtin', 'jobs_per_second'):.2f}")
     print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB (idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
     for system in systems:
         if f"{system}_VmHWM" in results:

@@ -95,6 +95,18 @@ class JobLoop:
         if newer:
             self.body = body
 
+    def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
+        """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
+        once per resync period, from the loop's first pass on. A job never reconciled (no status:
+        a pass writes it before creating anything) has no pod of ours a lagging watch could hide,
+        so its first pass starts the period without a LIST."""
+        if time.monotonic() - self.last_listed <= resync_seconds:
+            return False
+        if not body.get("status"):
+            self.last_listed = time.monotonic()
+            return False
+        return True
+
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
         an admission webhook, an invalid field): `decide` fails the job after a few. `results` are
@@ -257,8 +269,9 @@ class Controller:
     async def reconcile(self, loop: JobLoop) -> float | None:
         """One read-decide-write pass; the delay until the next one, or None when the job is gone.
 
-        The pods come from the informer, except on a loop's first pass, once per resync period,
-        and whenever a decision rests on a pod being absent: then from a consistent LIST. The job is
+        The pods come from the informer, except on a loop's first pass (unless the job was never
+        reconciled), once per resync period, and whenever a decision rests on a pod being absent:
+        then from a consistent LIST. The job is
         the newest body the loop has seen, GET on its first pass, once per resync period and after
         a status write lost to a newer version (the write's resourceVersion guard catches any lag).
         """
@@ -274,7 +287,7 @@ class Controller:
             return None
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
-        stale = time.monotonic() - loop.last_listed > self.settings.resync_seconds
+        stale = loop.list_due(body, self.settings.resync_seconds)
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)

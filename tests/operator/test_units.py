@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import math
 import socket
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
@@ -291,6 +292,21 @@ def test_rest_paths_and_patches():
     assert path("v1", "nodes") == "/api/v1/nodes"
     patch = ungate_patch(T0)
     assert patch["spec"] == {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}
+
+
+def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_never_reconciled():
+    loop = JobLoop(("ns", "j"))
+    reconciled = {"status": {"phase": "Pending"}}
+    assert loop.list_due(reconciled, 30.0), "a loop's first pass lists the pods of a job that has a status"
+    loop.last_listed = time.monotonic()
+    assert not loop.list_due(reconciled, 30.0)
+    loop.last_listed -= 31.0
+    assert loop.list_due(reconciled, 30.0), "once per resync period"
+    new = JobLoop(("ns", "k"))
+    assert not new.list_due({"metadata": {}}, 30.0), "no status: nothing of ours exists that the watch could hide"
+    assert not new.list_due({"status": {"phase": "Pending"}}, 30.0), "its first pass started the period"
+    new.last_listed -= 31.0
+    assert new.list_due({"status": {"phase": "Pending"}}, 30.0)
 
 
 def test_a_job_loop_resolves_the_spec_once_per_generation():
