@@ -13,9 +13,10 @@ default settings) and measures:
 - for one job of each size (pods of 8 GPUs, so one per node and the built-in gang must pack the
   whole cluster): apply -> every pod created, -> every gate removed (the gang released), -> every
   pod bound by the kube-scheduler, -> every pod Running (kwok), -> status.phase Running;
-- `--concurrent` jobs of 4 pods applied at once: apply -> all Running, and after the benchmark
-  (playing the kubelet) marks every pod Succeeded, -> all Succeeded; with the reconciles per
-  second the operator did meanwhile (from its own metrics); `--rounds N` runs them N times (bare
+- `--concurrent` jobs of 4 pods applied at once: apply -> all Running (CPU and requests are
+  counted until then, as for the peers), and after the benchmark (playing the kubelet) marks
+  every pod Succeeded, -> all Succeeded; with the reconciles per second the operator did over
+  both (from its own metrics); `--rounds N` runs them N times (bare
   pods, Tetrad, then each peer, in every round) and reports each system's median, every round's
   figure beside it, each round's ratio against that round's bare pods;
 - the operator's peak RSS (VmHWM);
@@ -233,20 +234,21 @@ def many_peer_jobs(api: Api, ns: str, peer: Peer, n: int) -> dict[str, float]:
 
 
 def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
+    """n Tetrad jobs applied at once, until every job's phase is Running (what the figures count)."""
     namespace(api, ns)
-    reconciles0 = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count")
+    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count")
     t0 = time.monotonic()
     applied, pods_running = apply_many(api, ns, f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job, n)
-
-    def phases() -> list[str]:
-        return [(j.get("status") or {}).get("phase", "") for j in api.list(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs")]
-
-    while sum(p == "Running" for p in phases()) < n:
-        if time.monotonic() - t0 > 1800:
-            raise TimeoutError(f"not all {n} jobs Running: {phases()}")
-        time.sleep(0.5)
+    wait_phases(api, ns, n, "Running", t0)
     all_running = time.monotonic() - t0
+    return {"jobs": n, "applied": applied, "pods_running": pods_running, "all_running": all_running,
+            "jobs_per_second": n / all_running, "t0": t0, "reconciles_before": reconciles}
 
+
+def many_jobs_finish(api: Api, ns: str, n: int, metrics_port: int, running: dict[str, float]) -> dict[str, float]:
+    """After `many_jobs`, outside its CPU and request figures: the benchmark (playing the kubelet)
+    marks every pod Succeeded; the seconds until every job says Succeeded, and the reconciles per
+    second over the whole run."""
     t1 = time.monotonic()
     pods = api.list(f"/api/v1/namespaces/{ns}/pods")
     body = {"status": {"phase": "Succeeded", "containerStatuses": [{
@@ -254,16 +256,21 @@ def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
         "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(), "finishedAt": now()}}}]}}
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda p: api.patch(f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}/status", body), pods))
-    while sum(p == "Succeeded" for p in phases()) < n:
-        if time.monotonic() - t1 > 1800:
-            raise TimeoutError(f"not all {n} jobs Succeeded: {phases()}")
-        time.sleep(0.5)
+    wait_phases(api, ns, n, "Succeeded", t1)
     all_succeeded = time.monotonic() - t1
-    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - reconciles0
-    total = time.monotonic() - t0
-    return {"jobs": n, "applied": applied, "pods_running": pods_running, "all_running": all_running,
-            "all_succeeded_after_finish": all_succeeded,
-            "reconciles": reconciles, "reconciles_per_second": reconciles / total, "jobs_per_second": n / all_running}
+    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - running["reconciles_before"]
+    return {"all_succeeded_after_finish": all_succeeded, "reconciles": reconciles,
+            "reconciles_per_second": reconciles / (time.monotonic() - running["t0"])}
+
+
+def wait_phases(api: Api, ns: str, n: int, phase: str, t0: float) -> None:
+    def phases() -> list[str]:
+        return [(j.get("status") or {}).get("phase", "") for j in api.list(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs")]
+
+    while sum(p == phase for p in phases()) < n:
+        if time.monotonic() - t0 > 1800:
+            raise TimeoutError(f"not all {n} jobs {phase}: {phases()}")
+        time.sleep(0.5)
 
 
 def apiserver_requests(cluster: Cluster) -> dict[str, float]:
@@ -275,14 +282,18 @@ def apiserver_requests(cluster: Cluster) -> dict[str, float]:
     return totals
 
 
-def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable[[str], dict[str, Any]],
+             then: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """run(ns)'s figures, with the CPU seconds the controller's processes (pids) spent meanwhile and
-    the apiserver requests made meanwhile, by verb; then the namespace is deleted, outside the figures."""
+    the apiserver requests made meanwhile, by verb; then `then(ns, figures)`'s figures, and the
+    namespace is deleted, both outside the CPU and request figures."""
     cpu0, requests0 = sum(map(cpu_seconds, pids)), apiserver_requests(cluster)
     r = run(ns)
     r["cpu_seconds"] = sum(map(cpu_seconds, pids)) - cpu0
     r["requests"] = {verb: int(n - requests0.get(verb, 0)) for verb, n in sorted(apiserver_requests(cluster).items())
                      if n > requests0.get(verb, 0)}
+    if then is not None:
+        r.update(then(ns, r))
     drop_namespace(api, ns)
     return r
 
@@ -402,7 +413,8 @@ def main() -> int:
             bare = measured(cluster, api, f"bench-many-bare-{i}", [], lambda ns: bare_pods(api, ns, 4 * a.concurrent))
             rounds.append(round_ := {"bare": bare})
             round_["builtin"] = r = measured(cluster, api, f"bench-many-{i}", [op.pid],
-                                             lambda ns: many_jobs(api, ns, a.concurrent, port))
+                                             lambda ns: many_jobs(api, ns, a.concurrent, port),
+                                             lambda ns, r: many_jobs_finish(api, ns, a.concurrent, port, r))
             print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods Running "
                   f"{r['pods_running']:.1f}s (bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, "
                   f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "

@@ -157,11 +157,6 @@ def operator(operator_cluster: Any, namespace: str) -> Iterator[InProcessOperato
         yield op
 
 
-def ready(node: dict[str, Any] | None) -> bool:
-    conditions = ((node or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 @pytest.fixture
 def pool(api: Any, namespace: str) -> Iterator[Any]:
     """Nodes of this test only (8 cpu each), selected by a label; removed afterwards.
@@ -181,7 +176,13 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
             api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}))
             created.append(name)
             names.append(name)
-        wait_for(lambda: all(ready(api.get(f"/api/v1/nodes/{name}")) for name in names), what=f"nodes {names} Ready")
+        from tetrad_operator.state import NodeState
+
+        def ready(name: str) -> bool:
+            node = api.get(f"/api/v1/nodes/{name}")
+            return node is not None and NodeState.from_body(node).ready
+
+        wait_for(lambda: all(map(ready, names)), what=f"nodes {names} Ready")
         return names
 
     add.label = label  # type: ignore[attr-defined]
