@@ -57,6 +57,8 @@ COMPONENT = "tetrad-operator"
 FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap and PodGroup
 REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
 QUEUE_READ_SECONDS = 2.0  # how often a job Kueue holds reads its Workload to say why it waits
+FINALIZER = "tetrad.dev/operator"  # kopf's, on every job whose loop runs (see main.kopf_settings)
+FINALIZER_WAIT_SECONDS = 2.0  # how long a new job's first pass waits for kopf to add it
 
 
 @dataclass
@@ -77,6 +79,7 @@ class JobLoop:
     queue_read: tuple[int, float, str | None] | None = None  # (restart, time.monotonic(), Kueue's reason)
     body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
     body_read: float = -1e9  # time.monotonic() of the last GET of the job
+    started: float = field(default_factory=time.monotonic)
 
     def keep(self, body: dict[str, Any], *, read: bool = False) -> None:
         """Hold `body` if it is newer than the one held. A watch event only advances a held body
@@ -94,6 +97,13 @@ class JobLoop:
             return
         if newer:
             self.body = body
+
+    def awaits_finalizer(self, body: dict[str, Any]) -> bool:
+        """Whether this new job's first status write should wait: kopf adds its finalizer just after
+        it starts the loop, and a write racing that patch loses (409) and is done over. The watch
+        brings the job with it in milliseconds; after FINALIZER_WAIT_SECONDS the loop goes on anyway."""
+        return (not body.get("status") and FINALIZER not in (body["metadata"].get("finalizers") or [])
+                and time.monotonic() - self.started < FINALIZER_WAIT_SECONDS)
 
     def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
         """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
@@ -285,6 +295,8 @@ class Controller:
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
             await self._close(loop, body)
             return None
+        if loop.awaits_finalizer(body):
+            return 0.05  # the watch event carrying it updates loop.body
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
         stale = loop.list_due(body, self.settings.resync_seconds)

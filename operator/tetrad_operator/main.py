@@ -12,9 +12,8 @@ from typing import Any
 
 import kopf
 
+from tetrad_operator.controller import FINALIZER
 from tetrad_operator.settings import OperatorSettings
-
-FINALIZER = "tetrad.dev/operator"
 
 
 class NoDiffBase(kopf.AnnotationsDiffBaseStorage):

@@ -13,7 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import scrape
 from tetrad_operator.admission import ungate_patch
-from tetrad_operator.controller import QUEUE_READ_SECONDS, Controller, JobLoop
+from tetrad_operator.controller import (
+    FINALIZER,
+    FINALIZER_WAIT_SECONDS,
+    QUEUE_READ_SECONDS,
+    Controller,
+    JobLoop,
+)
 from tetrad_operator.kube import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
@@ -307,6 +313,29 @@ def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_neve
     assert not new.list_due({"status": {"phase": "Pending"}}, 30.0), "its first pass started the period"
     new.last_listed -= 31.0
     assert new.list_due({"status": {"phase": "Pending"}}, 30.0)
+
+
+class NoCallsKube:
+    """A Kube no call may reach."""
+
+    on_error = None
+
+    def __getattr__(self, name):
+        raise AssertionError(f"unexpected API call: {name}")
+
+
+def test_a_new_jobs_first_pass_waits_for_kopfs_finalizer_before_writing_anything():
+    ctl = Controller(NoCallsKube(), OperatorSettings())  # type: ignore[arg-type]
+    loop = JobLoop(("ns", "j"))
+    new = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "5"}}
+    loop.keep(new, read=True)
+    loop.body_read = time.monotonic()
+    assert asyncio.run(ctl.reconcile(loop)) == 0.05, "no write races kopf's finalizer patch"
+    loop.keep({"metadata": {**new["metadata"], "resourceVersion": "6", "finalizers": [FINALIZER]}})  # the watch
+    assert not loop.awaits_finalizer(loop.body)
+    assert not loop.awaits_finalizer({**new, "status": {"phase": "Pending"}}), "a job reconciled before never waits"
+    loop.started -= FINALIZER_WAIT_SECONDS
+    assert not loop.awaits_finalizer(new), "nor for longer than FINALIZER_WAIT_SECONDS"
 
 
 def test_a_job_loop_resolves_the_spec_once_per_generation():
