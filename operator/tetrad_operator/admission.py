@@ -1,14 +1,18 @@
 """The built-in gang admission loop: one decision at a time for the whole operator.
 
 Job reconciles register complete, gated gangs here. A single task, woken by capacity changes
-(pods ending, nodes changing) and by new requests, takes a consistent LIST of every unfinished
-pod in the cluster, asks `gang.plan_admission` which gangs fit, and removes their gates. Because
-decisions are serialized and gangs released but not yet bound are counted from that LIST, two
-gangs that fit only one at a time can never both be released.
+(pods ending, nodes changing) and by new requests, reads every unfinished pod in the cluster
+from its own informer, asks `gang.plan_admission` which gangs fit, and removes their gates.
+Decisions are serialized, and a gang released but not yet bound counts as taking its room: the
+informer shows it by the pods' release annotation, and until the watch shows that, the admitter
+counts the gang from its own memory (`released`). A watch that lags can then only make room
+look taken that is free, never the reverse, so two gangs that fit only one at a time can never
+both be released.
 
 A new incarnation asks first (`reserve`), before its pods exist: if it fits now, by the same
 decision, its pods are created already released, one write each instead of a create and an
-ungating patch, and count as a released gang until they are all created (`unreserve`).
+ungating patch, and count as a released gang while they are created (`reserved`) and then until
+the watch shows them (`unreserve`).
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from typing import Any
 
 from tetrad.api import contract
 from tetrad_operator import gang
+from tetrad_operator.informer import Informer
 from tetrad_operator.kube import STRATEGIC, ApiError, Kube, path
 from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
-MIN_INTERVAL = 0.25  # seconds between two admission rounds (each LISTs every unfinished pod)
+MIN_INTERVAL = 0.25  # seconds between two admission rounds
+RELEASE_SEEN_SECONDS = 30.0  # how long a gang released here counts from memory if the watch never shows it
 
 Key = tuple[str, str]
 
@@ -76,11 +82,13 @@ class GangAdmitter:
         self.batch_seconds = batch_seconds
         self.waiting: dict[Key, gang.GangRequest] = {}
         self.reserved: dict[Key, tuple[PodState, ...]] = {}  # released at creation, not all created yet
-        self._asking: list[tuple[gang.GangRequest, asyncio.Future[bool]]] = []  # reserve() calls not decided yet
+        # Gangs released here (gates removed, or created released) that the watch may not show
+        # released yet: (key, restart) -> (time.monotonic() of the release, its pods).
+        self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
+        self.informers: list[Informer[PodState]] = []  # every unfinished pod, from `start`
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
-        self._cluster_wide = namespaces is None
         self._last = 0.0
 
     def request(self, req: gang.GangRequest) -> None:
@@ -114,24 +122,33 @@ class GangAdmitter:
             except Exception:
                 log.exception("gang admission failed; retrying in %ss", self.retry_seconds)
 
-    async def _unfinished_pods(self) -> list[PodState]:
-        if self._cluster_wide:
+    async def start(self) -> list[asyncio.Task[None]]:
+        """Watch every unfinished pod, cluster-wide (or, without that permission, in the watched
+        namespaces only); returns the watch tasks once their first LIST is in."""
+        scopes: list[str | None] = [None]
+        if self.namespaces:
             try:
-                return [PodState.from_body(b) for b in await self.kube.list("/api/v1/pods", fieldSelector=UNFINISHED)]
+                await self.kube.request("GET", "/api/v1/pods", query={"limit": 1, "fieldSelector": UNFINISHED})
             except ApiError as e:
-                if e.status != 403 or not self.namespaces:
+                if e.status != 403:
                     raise
                 log.warning("cannot list pods cluster-wide (%s); counting only the watched namespaces", e)
-                self._cluster_wide = False
-        out: list[PodState] = []
-        for ns in self.namespaces or []:
-            out += [PodState.from_body(b) for b in await self.kube.list(path("v1", "pods", ns), fieldSelector=UNFINISHED)]
-        return out
+                scopes = list(self.namespaces)
+        self.informers = [Informer(self.kube, path("v1", "pods", ns), PodState.from_body, self._on_pod_change,
+                                   fields=UNFINISHED) for ns in scopes]
+        tasks = [asyncio.create_task(i.run(), name=f"watch {i.url_path} (gang admission)") for i in self.informers]
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+        return tasks
 
-    async def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest], int]:
-        """From one LIST: the bound pods, the gangs released and not all bound (reservations
-        included), the waiting gangs whose pods are all still gated as requested, and the pod count."""
-        pods = await self._unfinished_pods()
+    def _on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
+        if new is None or (old is not None and old.gated != new.gated):
+            self.kick()  # a pod ended or went (room freed), or a release shows in the watch
+
+    def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest]]:
+        """From the informer and the releases it may not show yet: the bound pods, the gangs
+        released and not all bound (reservations included), and the waiting gangs whose pods
+        are all still gated as requested."""
+        pods = [p for i in self.informers for p in i.items.values()]
         by_name = {(p.namespace, p.name): p for p in pods}
         bound = [p for p in pods if p.node]
         groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
@@ -141,63 +158,60 @@ class GangAdmitter:
         in_flight: list[Sequence[PodState]] = [
             g for g in groups.values() if any(p.released for p in g) and any(p.node is None for p in g)]
         in_flight += self.reserved.values()  # pods being created: counted twice once listed, never missed
+        in_flight += self._released_unseen(by_name)  # likewise
         waiting = []
         for req in list(self.waiting.values()):
+            if (req.key, req.restart) in self.released:
+                continue  # released a moment ago; the watch still shows its gates
             fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
             if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
                 waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
                                                 tuple(f for f in fresh if f is not None)))
-        return bound, in_flight, waiting, len(pods)
+        return bound, in_flight, waiting
+
+    def _released_unseen(self, by_name: dict[tuple[str, str], PodState]) -> list[tuple[PodState, ...]]:
+        """The gangs released here whose release the watch does not show yet (a pod missing or
+        still gated); forgets the others, and any after RELEASE_SEEN_SECONDS."""
+        unseen = []
+        for k, (at, pods) in list(self.released.items()):
+            shown = [by_name.get((p.namespace, p.name)) for p in pods]
+            if all(s is not None and not s.gated for s in shown) or time.monotonic() - at > RELEASE_SEEN_SECONDS:
+                del self.released[k]
+            else:
+                unseen.append(pods)
+        return unseen
 
     async def reserve(self, req: gang.GangRequest) -> bool:
         """Whether a new incarnation's gang (its rendered pods, none created yet) fits now beside the
-        waiting gangs, decided as a release is; if so it counts as released until `unreserve`.
-        Gangs that ask while another decision runs are decided together, from one LIST."""
-        asked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._asking.append((req, asked))
+        waiting gangs, decided as a release is; if so it counts as released until `unreserve`."""
         async with self.lock:
-            if not asked.done():
-                asking, self._asking = self._asking, []
-                try:
-                    snapshot = await self._snapshot()
-                except BaseException as e:  # the LIST failed, or this pass was cancelled: every asker is told
-                    for _, f in asking:
-                        f.set_exception(e if isinstance(e, Exception) else RuntimeError("gang admission cancelled"))
-                    if not isinstance(e, Exception):
-                        raise
-                else:
-                    self._decide_reservations(asking, *snapshot)
-        return await asked
-
-    def _decide_reservations(self, asking: list[tuple[gang.GangRequest, asyncio.Future[bool]]],
-                             bound: list[PodState], in_flight: list[Sequence[PodState]],
-                             waiting: list[gang.GangRequest], _listed: int) -> None:
-        plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asking)])
-        fits = {id(a.request) for a in plan}
-        for req, answer in asking:
-            if id(req) in fits:
-                self.reserved[req.key] = req.pods
-                self.metrics.gangs_admitted.inc()
-                self.metrics.gang_wait.observe(0.0)
-                log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
-                         req.namespace, req.name, req.restart, len(req.pods))
-            answer.set_result(id(req) in fits)
+            bound, in_flight, waiting = self._snapshot()
+            plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, req])
+            if not any(a.request is req for a in plan):
+                return False
+            self.reserved[req.key] = req.pods
+            self.metrics.gangs_admitted.inc()
+            self.metrics.gang_wait.observe(0.0)
+            log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
+                     req.namespace, req.name, req.restart, len(req.pods))
+            return True
 
     def unreserve(self, key: Key) -> None:
-        """The reserved gang's creations are over: its pods (those that were created) are listed now."""
-        self.reserved.pop(key, None)
+        """The reserved gang's creations are over: it counts until the watch shows its pods."""
+        if pods := self.reserved.pop(key, None):
+            self.released[(key, pods[0].restart)] = (time.monotonic(), pods)
         self.kick()
 
     async def admit_once(self) -> list[gang.GangRelease]:
         async with self.lock:
             started = time.monotonic()
-            bound, in_flight, waiting, listed_pods = await self._snapshot()
-            listed = time.monotonic()
+            bound, in_flight, waiting = self._snapshot()
             plan = gang.plan_admission(self.nodes(), bound, in_flight, waiting)
             planned = time.monotonic()
             for a in plan:
                 req = a.request
                 t = time.monotonic()
+                self.released[(req.key, req.restart)] = (t, req.pods)  # before the first write lands
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
@@ -205,8 +219,7 @@ class GangAdmitter:
                 if asked is not None:
                     self.metrics.gang_wait.observe(time.monotonic() - asked)
                 self.metrics.gangs_admitted.inc()
-                log.info("released the gang of %s/%s (restart %d, %d pods; list %.2fs of %d pods, plan %.2fs, ungate %.2fs)",
-                         req.namespace, req.name, req.restart, len(req.pods), listed - started, listed_pods,
-                         planned - listed, time.monotonic() - t)
+                log.info("released the gang of %s/%s (restart %d, %d pods; plan %.2fs, ungate %.2fs)",
+                         req.namespace, req.name, req.restart, len(req.pods), planned - started, time.monotonic() - t)
                 self.wake(req.key)
             return plan

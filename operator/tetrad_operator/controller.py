@@ -171,6 +171,7 @@ class Controller:
         informers: list[Informer[Any]] = [*self.pod_informers, self.node_informer]
         self._tasks += [asyncio.create_task(i.run(), name=f"watch {i.url_path}") for i in informers]
         await asyncio.gather(*(i.synced.wait() for i in informers))
+        self._tasks += await self.admission.start()
         self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
 
     async def stop(self) -> None:

@@ -108,7 +108,7 @@ def test_watch_namespaces_gives_a_role_and_a_peering_in_each(k8s_tools):
     assert ("ClusterRole", "tetrad") not in objects and ("ClusterKopfPeering", "tetrad") not in objects
     # Node reads stay cluster-wide: the built-in gang needs every node's free capacity.
     cluster_rules = rules(objects[("ClusterRole", "tetrad-cluster")])
-    assert cluster_rules == {"/nodes": {"get", "list", "watch"}, "/pods": {"list"}}
+    assert cluster_rules == {"/nodes": {"get", "list", "watch"}, "/pods": {"list", "watch"}}
 
 
 def test_one_replica_runs_standalone(k8s_tools):

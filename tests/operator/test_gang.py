@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from datetime import timedelta
 
 from tetrad_operator import gang
@@ -152,32 +153,79 @@ def test_a_gang_bigger_than_the_cluster_never_goes():
     assert gang.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
 
 
-class ListingKube:
-    """The one call the admission makes to reserve: a LIST of the unfinished pods (none here)."""
+class Watch:
+    """What the admission's pod informer holds (by namespace/name)."""
+
+    def __init__(self, *pods: PodState):
+        self.items = {f"{p.namespace}/{p.name}": p for p in pods}
+
+
+class PatchingKube:
+    """Records the ungating patches; the watch shows none of them until a test says so."""
 
     def __init__(self) -> None:
-        self.lists = 0
+        self.patched: list[str] = []
 
-    async def list(self, url: str, **query: str) -> list[dict]:
-        self.lists += 1
-        await asyncio.sleep(0.01)  # while it lists, other gangs ask
-        return []
+    async def patch(self, url: str, body: dict, content_type: str = "", ok: tuple = ()) -> dict:
+        self.patched.append(url.rsplit("/", 1)[1])
+        return {}
 
 
-def test_gangs_that_ask_at_creation_together_are_decided_from_one_list_and_never_overcommit():
+def admitter_on(ns: list[NodeState], kube: object = None) -> GangAdmitter:
+    return GangAdmitter(kube, lambda: ns, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
+
+
+def member(p: PodState, job: str, **state: object) -> PodState:
+    return dataclasses.replace(p, namespace="ns", job=job, **state)
+
+
+def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_shows_them():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
-    kube = ListingKube()
-    admitter = GangAdmitter(kube, lambda: ns, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
-    gangs = [request(f"g{i}", [pod(f"g{i}-0", cpu="6"), pod(f"g{i}-1", cpu="6")], age=i) for i in range(3)]
+    admitter = admitter_on(ns)
+    gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}"), member(pod(f"g{i}-1", cpu="6"), f"g{i}")], age=i)
+             for i in range(3)]
 
     async def ask_all() -> list[bool]:
         return list(await asyncio.gather(*(admitter.reserve(g) for g in gangs)))
 
     # Each fits alone, only one at a time: the oldest goes, released; the others are created gated.
     assert asyncio.run(ask_all()) == [True, False, False]
-    # The first asked alone; the two that asked during its LIST were decided by one more.
-    assert kube.lists == 2 and set(admitter.reserved) == {("ns", "g0")}
+    assert set(admitter.reserved) == {("ns", "g0")}
     # While its pods are being created it holds the room: a gang asking now is refused.
-    assert asyncio.run(admitter.reserve(request("late", [pod("l0", cpu="6")], age=9))) is False
+    late = request("late", [member(pod("l0", cpu="6"), "late")], age=9)
+    assert asyncio.run(admitter.reserve(late)) is False
+    # Created, but the watch does not show them yet: still counted, from memory.
     admitter.unreserve(("ns", "g0"))
-    assert asyncio.run(admitter.reserve(request("later", [pod("l1", cpu="6")], age=10))) is True
+    assert asyncio.run(admitter.reserve(late)) is False
+    # The watch shows them released and unbound, then bound: counted from the watch.
+    shown = [dataclasses.replace(p, released=True) for p in gangs[0].pods]
+    admitter.informers = [Watch(*shown)]  # type: ignore[list-item]
+    assert asyncio.run(admitter.reserve(late)) is False and not admitter.released
+    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Running") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
+    assert asyncio.run(admitter.reserve(late)) is False
+    # They end (an unfinished-pod watch drops them): the room is free.
+    admitter.informers = [Watch()]  # type: ignore[list-item]
+    assert asyncio.run(admitter.reserve(late)) is True
+
+
+def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    kube = PatchingKube()
+    admitter = admitter_on(ns, kube)
+    first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)], age=0)
+    second = request("second", [member(pod(f"s{i}", cpu="6"), "second", gated=True) for i in range(2)], age=1)
+    admitter.informers = [Watch(*first.pods, *second.pods)]  # type: ignore[list-item]
+    admitter.request(first)
+    admitter.request(second)
+    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
+    assert kube.patched == ["f0", "f1"]
+    # The watch lags: it still shows the first gang gated. It is neither released again nor
+    # forgotten, so the second, which fits only without it, waits.
+    admitter.request(first)  # its loop asks again from the same lagging view
+    assert asyncio.run(admitter.admit_once()) == [] and kube.patched == ["f0", "f1"]
+    # The watch catches up (released, unbound): still no room for the second.
+    admitter.informers = [Watch(*(dataclasses.replace(p, gated=False, released=True) for p in first.pods), *second.pods)]  # type: ignore[list-item]
+    assert asyncio.run(admitter.admit_once()) == [] and not admitter.released
+    # The first gang ends: the second goes.
+    admitter.informers = [Watch(*second.pods)]  # type: ignore[list-item]
+    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["second"]
