@@ -92,12 +92,15 @@ def _signature(pod: PodState) -> tuple[Any, ...]:
     return (pod.requests, pod.node_selector, repr(pod.tolerations), repr(pod.affinity_terms))
 
 
-def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, Resources]) -> dict[str, str] | None:
+def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, Resources],
+          full: dict[tuple[Any, ...], int] | None = None) -> dict[str, str] | None:
     """First-fit-decreasing placement of every pod, or None when some pod fits nowhere.
 
     Pods co-located by a topology key go first, each group into the first domain (by label
     value) that holds all of it. On success `free` is updated with the placed requests; on
     failure it is left unchanged. Nodes are tried in name order, so the outcome is deterministic.
+    `full`, shared by the placements of one plan (`free` only shrinks in it), remembers per pod
+    shape how many nodes, in name order, no longer fit it.
     """
     order = sorted(nodes, key=lambda n: n.name)
     trial = dict(free)
@@ -113,20 +116,21 @@ def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, 
         if got is None:
             return None
         placement.update(got)
-    got = _first_fit([p for p in pods if not p.colocated], order, trial)
+    got = _first_fit([p for p in pods if not p.colocated], order, trial, full)
     if got is None:
         return None
     free.update(trial)
     return placement | got
 
 
-def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str, Resources]) -> dict[str, str] | None:
-    """place() over nodes in this order, ignoring co-location; `free` changes only on success."""
+def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str, Resources],
+               full: dict[tuple[Any, ...], int] | None = None) -> dict[str, str] | None:
+    """place() over nodes in this order, ignoring co-location; `free` and `full` change only on success."""
     trial = dict(free)
     placement: dict[str, str] = {}
     # Pods of one gang are usually identical: remember, per shape, the first node that may
     # still fit it (capacity only shrinks during a plan, so earlier nodes stay full for it).
-    start: dict[tuple[Any, ...], int] = {}
+    start: dict[tuple[Any, ...], int] = dict(full or {})
     for pod in sorted(pods, key=lambda p: (tuple(-x for x in p.requests.key()), p.name)):
         sig = _signature(pod)
         i = start.get(sig, 0)
@@ -142,6 +146,8 @@ def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[
         trial[node.name] = trial[node.name] - pod.requests
         placement[pod.name] = node.name
     free.update(trial)
+    if full is not None:
+        full.update(start)
     return placement
 
 
@@ -180,15 +186,17 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_fli
     If an in-flight gang fits nowhere, nothing is released. A waiting gang that does not fit is skipped and a later, smaller one may still go.
     """
     free = free_capacity(nodes, bound)
+    nodes = sorted(nodes, key=lambda n: n.name)  # once: place() then sorts a sorted list
+    full: dict[tuple[Any, ...], int] = {}
     for gang in in_flight:
         unbound = [p for p in gang if p.node is None and not p.terminal]
-        if place(unbound, nodes, free) is None:
+        if place(unbound, nodes, free, full) is None:
             # A released gang we cannot place: our view disagrees with the scheduler's (or the
             # room went to someone else). Release nothing until it binds or its gang times out.
             return []
     admitted = []
     for req in sorted(waiting, key=GangRequest.order):
-        placement = place(req.pods, nodes, free)
+        placement = place(req.pods, nodes, free, full)
         if placement is not None:
             admitted.append(GangRelease(req, placement))
     return admitted

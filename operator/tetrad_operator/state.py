@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 from tetrad.api import contract
@@ -175,7 +176,7 @@ class NodeState:
     labels: tuple[tuple[str, str], ...] = ()
     taints: tuple[Mapping[str, Any], ...] = ()
 
-    @property
+    @cached_property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
 

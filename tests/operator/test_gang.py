@@ -142,6 +142,15 @@ def test_a_later_small_gang_may_fill_room_the_head_cannot_use():
     assert [a.request.name for a in gang.plan_admission(ns, [], [], [big, small])] == ["small"]
 
 
+def test_a_gang_that_does_not_fit_leaves_no_trace_on_the_next_of_the_same_shape():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"), node_body("c", cpu="8"))
+    flying = [pod("x0", cpu="6")]  # takes a: the plan remembers a is full for this shape
+    big = request("big", [pod(f"b{i}", cpu="6") for i in range(3)], age=0)  # b and c, then nothing
+    small = request("small", [pod(f"s{i}", cpu="6") for i in range(2)], age=1)
+    admitted = gang.plan_admission(ns, [], [flying], [big, small])
+    assert [(a.request.name, a.placement) for a in admitted] == [("small", {"s0": "b", "s1": "c"})]
+
+
 def test_an_in_flight_gang_we_cannot_place_blocks_admission():
     ns = nodes(node_body("a", cpu="8"))
     stuck = [pod("x0", cpu="16")]
