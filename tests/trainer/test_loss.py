@@ -62,6 +62,23 @@ def test_chunked_loss_equals_the_plain_loss_in_fp32(chunks: int) -> None:
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_loss_equals_the_eager_one(dtype: torch.dtype) -> None:
+    """compile: true compiles the loss too (TokenLoss(compiled=True)); padding and the fp32 math stay."""
+    batch, seq, vocab = 3, 24, 257
+    logits = torch.randn(batch, seq, vocab, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+    labels = padded_labels(batch, seq, vocab, [24, 9, 0])
+    eager, compiled = TokenLoss(), TokenLoss(compiled=True)
+    want, got = eager.token_sum(logits, labels), compiled.token_sum(logits, labels)
+    (want_grad,), (got_grad,) = torch.autograd.grad(want, logits), torch.autograd.grad(got, logits)
+    assert got.dtype == want.dtype == torch.float32
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    assert got_grad.dtype == dtype and not got_grad[2].any()  # the gradient in the logits' dtype; padding gets none
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the gradient either way
+    assert torch.allclose(got_grad.float(), want_grad.float(), rtol=tolerance, atol=tolerance * 1e-2)
+
+
 def test_chunked_loss_keeps_one_slice_of_logits_alive() -> None:
     """The saved tensors of the chunked loss hold no batch x seq x vocab logits (nor a slice's)."""
     batch, seq, dim, vocab = 2, 64, 16, 1000

@@ -1,4 +1,4 @@
-"""Learning-rate schedules and gradient clipping (single process; the distributed norm is covered by the equivalence matrix)."""
+"""Learning-rate schedules, gradient clipping and the fused step (single process; the distributed norm is covered by the equivalence matrix)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ import math
 
 import pytest
 import torch
-from tetrad_trainer.optim import adamw_implementation, build_optimizer, clip_grad_norm_, lr_at
+from tetrad_trainer.optim import (
+    adamw_implementation,
+    build_optimizer,
+    clip_and_step,
+    clip_grad_norm_,
+    folds_clipping,
+    lr_at,
+)
 
 from tetrad.api.spec import Training
 
@@ -100,3 +107,30 @@ def test_fused_foreach_and_plain_adamw_take_the_same_steps() -> None:
 def test_build_optimizer_picks_the_fused_kernel_on_cpu() -> None:
     opt = build_optimizer(params_on("cpu"), training("cosine"))
     assert opt.param_groups[0]["fused"] is True and not opt.param_groups[0]["foreach"]
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 100.0, 0.0])
+def test_clipping_folded_into_the_fused_step_equals_clipping_then_stepping(max_norm: float) -> None:
+    """The fused kernel's grad_scale scales by torch's clip factor: the same parameters after three
+    steps as clipping the gradients and then stepping with the foreach kernels."""
+    g = torch.Generator().manual_seed(3)
+    start = [torch.randn(5, 7, generator=g) for _ in range(3)]
+    grads = [[torch.randn(5, 7, generator=g) * 3 for _ in range(3)] for _ in range(3)]
+    results = []
+    for fold in (True, False):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, **{"fused" if fold else "foreach": True})
+        assert folds_clipping(opt) is fold
+        norms = []
+        for step in grads:
+            for p, grad in zip(params, step, strict=True):
+                p.grad = grad.clone()
+            norms.append(clip_and_step(opt, max_norm, None).item())
+            assert not hasattr(opt, "grad_scale")  # set for one step only
+        results.append((params, norms))
+    (folded, folded_norms), (plain, plain_norms) = results
+    assert folded_norms == pytest.approx(plain_norms, rel=1e-6)
+    for a, b in zip(folded, plain, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    moved = max((a - s).abs().max().item() for a, s in zip(folded, start, strict=True))
+    assert moved > 1e-3  # the steps did something to compare

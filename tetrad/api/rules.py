@@ -32,6 +32,12 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def compiles_loss(compile_blocks: bool, tp: int, loss_chunks: int) -> bool:
+    """training.compile compiles the loss too, unless its logits are vocab-sharded DTensors (loss
+    parallel, tp > 1) or it is chunked (each slice recomputed under checkpointing, eager)."""
+    return compile_blocks and tp == 1 and loss_chunks == 1
+
+
 def pipeline_units(layers: int) -> int:
     """What the pipeline split distributes over the stages: the blocks, the embedding and the output."""
     return layers + NON_BLOCK_STAGE_UNITS

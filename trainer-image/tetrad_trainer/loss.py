@@ -64,16 +64,19 @@ class TokenLoss:
     to the vocab happens here, slice by slice (`chunked_cross_entropy_sum`).
     """
 
-    def __init__(self, chunks: int = 1, output: nn.Module | None = None, tp: int = 1):
+    def __init__(self, chunks: int = 1, output: nn.Module | None = None, tp: int = 1, compiled: bool = False):
         self.chunks, self.output, self.tp = chunks, output, tp
         self.scale: torch.Tensor | float = 1.0
+        # Compiled, the fp32 cast, log-softmax and gather fuse into reductions over the logits as they
+        # are: no fp32 copy of them, forward or backward.
+        self.token_sum = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
 
     def __call__(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.chunks > 1:
             assert self.output is not None, "the chunked loss needs the output projection"
             loss = chunked_cross_entropy_sum(out, labels, self.output, self.chunks, self.tp)
         else:
-            loss = cross_entropy_sum(out, labels)
+            loss = self.token_sum(out, labels)
         return loss * self.scale
 
     def set_scale(self, labels: torch.Tensor, dp_cp_group: torch.distributed.ProcessGroup | None,

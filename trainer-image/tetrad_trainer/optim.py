@@ -2,7 +2,9 @@
 
 AdamW runs as one fused kernel per device when the parameters allow it (`adamw_implementation`),
 as torch's foreach (multi-tensor) kernels otherwise; both compute the same update as the plain
-per-parameter loop, up to float rounding.
+per-parameter loop, up to float rounding. `clip_and_step` folds the clipping into the fused kernel
+where it can: the kernel divides each gradient by its `grad_scale` as it reads it, which saves a
+pass over every gradient.
 """
 
 from __future__ import annotations
@@ -89,4 +91,30 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.
         norm = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
+def folds_clipping(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's step can apply the clipping: fused AdamW over plain tensors (DTensor's
+    sharding rule for the fused kernel takes no plain-tensor grad_scale)."""
+    return bool(optimizer.defaults.get("fused")) and not any(
+        isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
+
+
+@torch.no_grad()
+def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """One optimizer step on gradients clipped to max_norm (clip_grad_norm_); returns the norm before
+    clipping. Where the step folds the clipping in, it scales by the same factor torch's clipping uses."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if max_norm <= 0 or not folds_clipping(optimizer):
+        norm = clip_grad_norm_(params, max_norm, pp_group)
+        optimizer.step()
+        return norm
+    norm = clip_grad_norm_(params, 0.0, pp_group)
+    # torch's clip multiplies by min(max_norm / (norm + 1e-6), 1); the kernel divides by its inverse
+    optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale  # type: ignore[attr-defined]
     return norm

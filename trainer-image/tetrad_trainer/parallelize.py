@@ -36,7 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from tetrad.api.resolved import Layout, ResolvedConfig
-from tetrad.api.rules import MULTI_STAGE
+from tetrad.api.rules import MULTI_STAGE, compiles_loss
 from tetrad.api.spec import ActivationCheckpointing, Offload, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
 from tetrad_trainer.loss import TokenLoss
@@ -252,7 +252,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         last.project_output = False
         loss = TokenLoss(training.loss_chunks, last.output, layout.tp)
     else:
-        loss = TokenLoss()
+        loss = TokenLoss(compiled=compiles_loss(training.compile, layout.tp, training.loss_chunks))
     schedule = None
     if layout.pp > 1:
         group = mesh["pp"].get_group()

@@ -62,7 +62,7 @@ from tetrad_trainer.metrics import (
     seconds_since_process_start,
 )
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
-from tetrad_trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, die_with_parent, leave_termination_message, report_exit
 from tetrad_trainer.preflight import PreflightFailed, gang_check, report_failures
@@ -164,8 +164,7 @@ class Trainer:
                 loss = self.pipeline_forward_backward(inputs, labels)
             else:
                 loss = self.forward_backward(inputs, labels)
-        grad_norm = clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip, self.pp_group)
-        self.optimizer.step()
+        grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group)
         return loss, grad_norm, lr
 
     def global_loss(self, loss: torch.Tensor) -> float:
