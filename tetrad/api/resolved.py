@@ -79,9 +79,11 @@ class ModelConfig(CamelModel):
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N (non-embedding) + 12*L*H*Q*T attention."""
-        t = seq_len or self.seq_len
-        n = self.num_params(include_embedding=False)
-        return 6.0 * n + 12.0 * self.layers * self.heads * self.head_dim * t
+        return 6.0 * self.num_params(include_embedding=False) + self.attention_flops_per_token(seq_len)
+
+    def attention_flops_per_token(self, seq_len: int | None = None) -> float:
+        """The attention part of flops_per_token: 12*L*H*Q*T, forward and backward, causal or not."""
+        return 12.0 * self.layers * self.heads * self.head_dim * (seq_len or self.seq_len)
 
 
 class ResolvedConfig(CamelModel):

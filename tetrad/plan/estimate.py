@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tetrad.api.resolved import Layout, ModelConfig
-from tetrad.api.rules import pipeline_units
+from tetrad.api.rules import compiles_loss, pipeline_units
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 
 GiB = 1024**3
@@ -19,6 +19,18 @@ FSDP = "dp_shard*cp (FSDP)"  # the comm key of the flattened FSDP dim
 # forward, and the fp32 gradient into and out of log-softmax (the compute-dtype logits and their
 # fp32 copy, 6 bytes in bf16, are freed by then and peak lower in the forward).
 LOSS_BYTES_PER_LOGIT = 12
+# The compiled loss (tetrad.api.rules.compiles_loss) keeps no fp32 copy: the bf16 logits and their
+# bf16 gradient (measured on an H200, docs/planner.md).
+COMPILED_LOSS_BYTES_PER_LOGIT = 4
+# Saved activations of one block per [s, b, h] of 16-bit words (Korthikanti et al. 2022, with SP and
+# fused attention: 34); per-block torch.compile saves less, recomputing elementwise ops in the
+# backward (measured on an H200: 14).
+BLOCK_ACTIVATION_WORDS = {False: 34, True: 14}  # by training.compile
+# Bytes the memory-bound kernels move per token, block and model dim: measured on an H200 (docs/planner.md)
+ELEMENTWISE_BYTES = {False: 1050.0, True: 400.0}  # by training.compile: eager, or fused by inductor
+# Per parameter on the device: the norm reads the fp32 gradient, fused AdamW reads the parameter, the
+# gradient and both moments and writes them back; 52 at the bandwidth these kernels reach (H200).
+OPTIMIZER_STEP_BYTES_PER_PARAM = 52.0
 # Share of the transient memory (activations and the loss) the caching allocator loses to fragmentation.
 FRAGMENTATION = 0.05
 
@@ -35,6 +47,7 @@ class Workload:
     pp_microbatches: int = 1
     pp_stages_per_rank: int = 1
     loss_chunks: int = 1
+    compile: bool = False  # training.compile: blocks, and the loss where compiles_loss says so
     reshard_after_forward: bool = True  # training.fsdp.reshardAfterForward (false: ZeRO-2 behaviour)
     offload: bool = False  # training.fsdp.offload: cpu
 
@@ -49,6 +62,10 @@ class Estimate:
     buffers_bytes: float
     model_flops: float  # per device, 6N + attention
     hardware_flops: float  # per device, with activation recompute
+    attention_flops: float = 0.0  # the part of hardware_flops in attention, recompute included
+    # bytes the memory-bound kernels move per device and step, besides the matmuls and attention:
+    elementwise_bytes: float = 0.0  # norms, activations, rotary, residuals, casts, the loss
+    optimizer_step_bytes: float = 0.0  # the clipping's norm and fused AdamW over the device's params
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per mesh dim, bytes sent per device
     fragmentation_bytes: float = 0.0  # FRAGMENTATION of the activations (the loss's logits included)
     host_bytes: float = 0.0  # host memory per process: the sharded params, grads and AdamW state under CPU offload
@@ -131,8 +148,7 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     h = m.dim
     layers_rank = m.layers / layout.pp
     sbh = s * mb * h * cbytes / 2  # bytes of one [s, b, h] tensor in compute dtype, /2 to count 16-bit words
-    # Korthikanti et al. (2022) per-layer activations with SP, fused attention (no s^2 term): 34sbh/tp bytes in bf16
-    full_layer = 34 * sbh / layout.tp
+    full_layer = BLOCK_ACTIVATION_WORDS[w.compile] * sbh / layout.tp
     ckpt_layer = 2 * sbh / layout.tp  # only the block input survives
     if w.ac == ActivationCheckpointing.FULL:
         per_mb = layers_rank * ckpt_layer + full_layer
@@ -147,12 +163,14 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     # The loss over one microbatch's logits, vocab-sharded under TP (loss parallel); the chunked
     # loss holds one slice of the sequence at a time.
     logits = s * mb * m.vocab / layout.tp / max(1, min(w.loss_chunks, int(s)))
-    activations = per_mb * in_flight + LOSS_BYTES_PER_LOGIT * logits
+    per_logit = COMPILED_LOSS_BYTES_PER_LOGIT if compiles_loss(w.compile, layout.tp, w.loss_chunks) else LOSS_BYTES_PER_LOGIT
+    activations = per_mb * in_flight + per_logit * logits
 
     tokens_rank = w.global_batch * m.seq_len / layout.world_size
     model_flops = m.flops_per_token() * tokens_rank
     recompute = {ActivationCheckpointing.FULL: 1 / 3, ActivationCheckpointing.SELECTIVE: 1 / 6}.get(w.ac, 0.0)
     hardware_flops = model_flops * (1 + recompute)
+    attention_flops = m.attention_flops_per_token() * tokens_rank * (1 + recompute)
 
     comm: dict[str, float] = {}
     gathers = 1 if resident else 2  # forward, and again in backward after resharding
@@ -172,6 +190,8 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         comm["pp"] = 2 * n_micro * per_rank * tokens_micro * h * cbytes / layout.tp
     if w.loss_chunks > 1:  # each slice's output projection runs again in the backward
         hardware_flops += 2 * m.dim * m.vocab * tokens_rank
-    return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops, comm,
+    return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops,
+                    attention_flops, elementwise_bytes=ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h,
+                    optimizer_step_bytes=OPTIMIZER_STEP_BYTES_PER_PARAM * params / 4, comm_bytes=comm,
                     fragmentation_bytes=FRAGMENTATION * activations, host_bytes=host, host_params=host_params,
                     host_copy_bytes=_host_copies(host_params, gathers, rounds))

@@ -53,6 +53,7 @@ def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
         pp_microbatches=microbatches(spec, layout),
         pp_stages_per_rank=stages_per_rank(spec),
         loss_chunks=t.loss_chunks,
+        compile=t.compile,
         reshard_after_forward=t.fsdp.reshard_after_forward,
         offload=t.fsdp.offload == Offload.CPU,
     )

@@ -1,9 +1,11 @@
 """Predicted step time of a layout on GPUs: compute, exposed communication and pipeline bubble.
 
-A first-order model, documented term by term in docs/planner.md, for ranking layouts and for
-checking against measured runs: compute runs at MATMUL_EFFICIENCY of the datasheet peak; FSDP and
-replicate traffic overlaps with compute; TP, CP and pipeline traffic does not. Each mesh dim's
-traffic moves at NVLink speed when its groups stay inside a node, else at network speed.
+A first-order model, documented term by term in docs/planner.md and calibrated against one-GPU
+runs (bench/gpu.py): matmuls run at MATMUL_EFFICIENCY of the datasheet peak and attention at
+ATTENTION_EFFICIENCY; the memory-bound kernels (norms, activations, the loss, the optimizer step) move
+the estimate's bytes at the memory bandwidth. FSDP and replicate traffic overlaps with compute; TP, CP
+and pipeline traffic does not. Each mesh dim's traffic moves at NVLink speed when its groups stay
+inside a node, else at network speed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from tetrad.api.resolved import Layout
 from tetrad.api.spec import PPSchedule
 from tetrad.plan.estimate import FSDP, Estimate, Workload
 
-MATMUL_EFFICIENCY = 0.6  # share of the datasheet peak that large bf16 GEMMs reach
+# Shares of the datasheet peak, from a torch profile of llama3-1b on an H200 (docs/planner.md): the
+# bf16 GEMMs ran at 0.75-0.79; flash attention at about half (its FLOPs counted whole, causal or not).
+MATMUL_EFFICIENCY = 0.76
+ATTENTION_EFFICIENCY = 0.5
 HOST = "host (CPU offload)"  # the comm key of offload's host <-> device copies
 OVERLAPPED = (FSDP, "dp_replicate", HOST)  # prefetched all-gathers, reduce-scatters during backward, their copies
 # CPU offload, assumed rather than measured on GPUs yet (docs/planner.md):
@@ -70,7 +75,10 @@ def crosses_nodes(layout: Layout, dim: str, nproc_per_node: int) -> bool:
 def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: Accelerator,
               tokens_per_device: float) -> StepTime:
     layout = est.layout
-    compute = est.hardware_flops / (acc.peak_tflops * 1e12 * MATMUL_EFFICIENCY)
+    peak = acc.peak_tflops * 1e12
+    memory_bound = (est.elementwise_bytes + est.optimizer_step_bytes) / (acc.memory_gbps * 1e9)
+    compute = ((est.hardware_flops - est.attention_flops) / (peak * MATMUL_EFFICIENCY)
+               + est.attention_flops / (peak * ATTENTION_EFFICIENCY) + memory_bound)
     bubble = 0.0
     if layout.pp > 1:
         # (pp-1) idle slots per (microbatches x virtual stages); zero-bubble fills about half of them
