@@ -15,7 +15,7 @@ datasheet peak), peak memory allocated, the planner's predicted tokens/s and pea
 the same job on one GPU of --gpu-type), and each system's throughput over the hf row of the same
 configuration. transformers is optional: without it the hf rows say so and ratios are left out.
 
-    python bench/gpu.py [--configs all] [--steps 30] [--warmup 10] [--gpu-type H100] [--out results.json]
+    python bench/gpu.py [--configs all] [--steps 30] [--warmup 10] [--gpu-type auto] [--out results.json]
     python bench/gpu.py --smoke       # CPU, debug preset, eager, a few steps: checks the script end to end
 """
 
@@ -86,7 +86,21 @@ def planned(cfg: Config, steps: int, precision: str, gpu_type: str | None) -> di
 
 # --- run in a fresh process per (configuration, system) -------------------------------------------
 
-def worker(system: str, config_path: str, result: str, warmup: int) -> None:
+def profile_table(step: Any, steps: int = 3) -> str:
+    """torch.profiler over `steps` more steps: the kernels by their own device time, largest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    key = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    return f"{steps} steps\n" + events.table(sort_by=key, row_limit=45, max_name_column_width=90)
+
+
+def worker(system: str, config_path: str, result: str, warmup: int, profile_to: str | None = None) -> None:
     import time
 
     import torch
@@ -111,6 +125,11 @@ def worker(system: str, config_path: str, result: str, warmup: int) -> None:
         seconds = statistics.median(times[warmup:])
         out["tokens_per_second"] = cfg.training.global_batch * cfg.model.seq_len / seconds
         out["peak_bytes"] = peak_memory_bytes(device)[0]
+        if profile_to and device.type == "cuda":
+            try:
+                Path(profile_to).write_text(profile_table(step))
+            except Exception as e:  # noqa: BLE001 - a profiler failure must not lose the row's figures
+                Path(profile_to).write_text(f"profile failed: {type(e).__name__}: {e}")
     except ModuleNotFoundError as e:
         out["status"] = f"skipped: {e.name} is not installed (pip install {e.name})"
     except torch.OutOfMemoryError:
@@ -216,6 +235,8 @@ def measure(name: str, cfg: Config, system: str, args: argparse.Namespace, work:
     path.write_text(resolve(job).to_json())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", __file__,
            "--worker", system, "--config", str(path), "--result", str(result), "--warmup", str(args.warmup)]
+    if args.profile and cfg.compile:
+        cmd += ["--profile-to", str(args.profile / f"profile-{name}-{system}.txt")]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TETRAD_METRICS_PORT": str(args.metrics_port)})
     if not result.exists():
         errors = [line for line in done.stderr.splitlines() if "Error" in line]
@@ -248,20 +269,25 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30, help="timed steps after the warm-up")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
-    p.add_argument("--gpu-type", default="H100", help="the accelerator the planner predicts for; 'none' for no prediction")
+    p.add_argument("--gpu-type", default="auto",
+                   help="the accelerator the planner predicts for: auto (this GPU, else H100), a name, or none")
     p.add_argument("--smoke", action="store_true", help="CPU check of the script: debug preset, eager, 3 steps")
     p.add_argument("--metrics-port", type=int, default=19600)
-    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
+    p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON, after each row")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="directory for a torch.profiler table of 3 more steps of each compiled row (CUDA only)")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--profile-to", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.worker, args.config, args.result, args.warmup)
+        worker(args.worker, args.config, args.result, args.warmup, args.profile_to)
         return
     import torch
     from tetrad_trainer.metrics import peak_tflops
 
+    from tetrad.api.accelerators import find_accelerator
     from tetrad.api.presets import PRESETS
     from tetrad.api.resolved import ModelConfig
 
@@ -272,6 +298,9 @@ def main() -> None:
         configs = CONFIGS if args.configs == "all" else {n: CONFIGS[n] for n in args.configs.split(",")}
     args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     gpu_type = None if args.gpu_type == "none" else args.gpu_type
+    if gpu_type == "auto":
+        found = find_accelerator(torch.cuda.get_device_name()) if device.type == "cuda" else None
+        gpu_type = found[0] if found else "H100"
     peak, source = peak_tflops(device, None, None)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tetrad-bench-gpu-") as tmp:
@@ -284,6 +313,8 @@ def main() -> None:
                 if r["status"] == "ok":
                     r["mfu"] = r["tokens_per_second"] * flops / (peak * 1e12)
                 rows.append(r)
+                if args.out:  # after each row: a run stopped halfway keeps what it measured
+                    args.out.write_text(json.dumps(rows, indent=2) + "\n")
                 print(f"{name} {system}: {r['status']} {r.get('tokens_per_second', 0):,.0f} tokens/s", file=sys.stderr, flush=True)
     for r in rows:
         hf = next((h for h in rows if h["config"] == r["config"] and h["system"] == "hf" and h["status"] == "ok"), None)

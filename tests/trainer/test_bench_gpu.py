@@ -44,3 +44,14 @@ def test_smoke_runs_every_system_on_the_cpu(tmp_path: Path) -> None:
     else:
         assert rows["hf"]["status"] == "ok" and rows["tetrad"]["ratio"] > 0
     assert "| debug-2x64-eager | tetrad | " in done.stdout
+
+
+def test_the_gpu_checks_refuse_to_run_without_a_gpu_and_their_preflight_check_holds_on_the_cpu() -> None:
+    """hack/gpu_checks.py runs on the GPU machine only; its device-count check is plain logic."""
+    done = subprocess.run([sys.executable, str(ROOT / "hack" / "gpu_checks.py")], capture_output=True, text=True,
+                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert done.returncode == 1 and "no CUDA device: these checks need one" in done.stderr
+    sys.path.insert(0, str(ROOT / "hack"))
+    import gpu_checks
+
+    assert gpu_checks.preflight_names_the_device_count(ROOT) is None  # 0 visible, nprocPerNode 1: named
