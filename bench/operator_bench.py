@@ -242,7 +242,7 @@ def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
     wait_phases(api, ns, n, "Running", t0)
     all_running = time.monotonic() - t0
     return {"jobs": n, "applied": applied, "pods_running": pods_running, "all_running": all_running,
-            "jobs_per_second": n / all_running, "t0": t0, "reconciles_before": reconciles}
+            "jobs_per_second": n / all_running, "_t0": t0, "_reconciles_before": reconciles}
 
 
 def many_jobs_finish(api: Api, ns: str, n: int, metrics_port: int, running: dict[str, float]) -> dict[str, float]:
@@ -258,9 +258,9 @@ def many_jobs_finish(api: Api, ns: str, n: int, metrics_port: int, running: dict
         list(pool.map(lambda p: api.patch(f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}/status", body), pods))
     wait_phases(api, ns, n, "Succeeded", t1)
     all_succeeded = time.monotonic() - t1
-    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - running["reconciles_before"]
+    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - running["_reconciles_before"]
     return {"all_succeeded_after_finish": all_succeeded, "reconciles": reconciles,
-            "reconciles_per_second": reconciles / (time.monotonic() - running["t0"])}
+            "reconciles_per_second": reconciles / (time.monotonic() - running["_t0"])}
 
 
 def wait_phases(api: Api, ns: str, n: int, phase: str, t0: float) -> None:
@@ -286,7 +286,8 @@ def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable
              then: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> dict[str, Any]:
     """run(ns)'s figures, with the CPU seconds the controller's processes (pids) spent meanwhile and
     the apiserver requests made meanwhile, by verb; then `then(ns, figures)`'s figures, and the
-    namespace is deleted, both outside the CPU and request figures."""
+    namespace is deleted, both outside the CPU and request figures. Keys starting with "_" are
+    run's notes for `then`, left out of the figures."""
     cpu0, requests0 = sum(map(cpu_seconds, pids)), apiserver_requests(cluster)
     r = run(ns)
     r["cpu_seconds"] = sum(map(cpu_seconds, pids)) - cpu0
@@ -295,7 +296,7 @@ def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable
     if then is not None:
         r.update(then(ns, r))
     drop_namespace(api, ns)
-    return r
+    return {k: v for k, v in r.items() if not k.startswith("_")}
 
 
 def start_peer(cluster: Cluster, peer: Peer) -> list[int]:

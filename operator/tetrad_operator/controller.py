@@ -1,8 +1,10 @@
 """Per-job reconciliation: read the cluster, decide through `lifecycle.decide`, write the outcome.
 
 One loop per job (run by a kopf daemon) wakes on the job's pod events, node changes, spec
-changes and its own requeue time. Each pass reads the job fresh from the API server and its pods
-and the nodes from the operator's informers, asks the pure state machine what to do, then writes: the
+changes and its own requeue time. Each pass takes the job's body as the loop last saw it (kopf's
+watch, or the answer to its own last write), its pods and the nodes from the operator's informers
+(with a consistent LIST of the pods once per resync period), asks the pure state machine what to
+do, then writes: the
 status first (guarded by resourceVersion, so a stale pass cannot double-count a restart), then
 the actions. Nothing the operator remembers in memory is needed for correctness; the memory
 below (one `JobLoop` per job, gone with the loop) only avoids redundant API calls and work, and
@@ -107,15 +109,10 @@ class JobLoop:
 
     def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
         """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
-        once per resync period, from the loop's first pass on. A job never reconciled (no status:
-        a pass writes it before creating anything) has no pod of ours a lagging watch could hide,
-        so its first pass starts the period without a LIST."""
-        if time.monotonic() - self.last_listed <= resync_seconds:
-            return False
-        if not body.get("status"):
-            self.last_listed = time.monotonic()
-            return False
-        return True
+        once per resync period, from the loop's first pass on. Never for a job not reconciled yet
+        (no status: a pass writes it before creating anything), which has no pod of ours that a
+        lagging watch could hide; `reconcile` starts its period there."""
+        return bool(body.get("status")) and time.monotonic() - self.last_listed > resync_seconds
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -221,9 +218,7 @@ class Controller:
             return  # e.g. a condition's probe time: nothing the decisions look at changed
         pod = new or old
         assert pod is not None
-        self.wake((pod.namespace, pod.job))
-        if new is None or new.deleting or new.terminal:
-            self.admission.kick()  # capacity may be free
+        self.wake((pod.namespace, pod.job))  # the admission's own informer sees room freed
 
     def on_node_change(self, old: NodeState | None, new: NodeState | None) -> None:
         if old == new:
@@ -301,6 +296,8 @@ class Controller:
         now = datetime.now(UTC)
         nodes = {n.name: n for n in self.nodes()}
         stale = loop.list_due(body, self.settings.resync_seconds)
+        if not body.get("status"):
+            loop.last_listed = time.monotonic()  # a new job's resync period starts with its first pass
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)

@@ -310,6 +310,8 @@ def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_neve
     assert loop.list_due(reconciled, 30.0), "once per resync period"
     new = JobLoop(("ns", "k"))
     assert not new.list_due({"metadata": {}}, 30.0), "no status: nothing of ours exists that the watch could hide"
+    assert not new.list_due({"metadata": {}}, 30.0), "asking changes nothing"
+    new.last_listed = time.monotonic()  # what reconcile does on a new job's first pass
     assert not new.list_due({"status": {"phase": "Pending"}}, 30.0), "its first pass started the period"
     new.last_listed -= 31.0
     assert new.list_due({"status": {"phase": "Pending"}}, 30.0)
