@@ -29,13 +29,14 @@ from typing import Any
 from tetrad.api import contract
 from tetrad_operator import gang
 from tetrad_operator.informer import Informer
-from tetrad_operator.kube import STRATEGIC, ApiError, Kube, path
+from tetrad_operator.kube import STRATEGIC, Kube, path
 from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
 UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 MIN_INTERVAL = 0.25  # seconds between two admission rounds
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 RELEASE_SEEN_SECONDS = 30.0  # how long a gang released here counts from memory if the watch never shows it
 
 Key = tuple[str, str]
@@ -123,22 +124,40 @@ class GangAdmitter:
                 log.exception("gang admission failed; retrying in %ss", self.retry_seconds)
 
     async def start(self) -> list[asyncio.Task[None]]:
-        """Watch every unfinished pod, cluster-wide (or, without that permission, in the watched
-        namespaces only); returns the watch tasks once their first LIST is in."""
+        """Watch every unfinished pod, cluster-wide (or, where the operator may not and watches
+        namespaces, in those only); returns the watch tasks once their first LIST is in. Raises
+        PermissionError, naming the rule to grant, when it may not list and watch pods there."""
         scopes: list[str | None] = [None]
-        if self.namespaces:
-            try:
-                await self.kube.request("GET", "/api/v1/pods", query={"limit": 1, "fieldSelector": UNFINISHED})
-            except ApiError as e:
-                if e.status != 403:
-                    raise
-                log.warning("cannot list pods cluster-wide (%s); counting only the watched namespaces", e)
-                scopes = list(self.namespaces)
+        if not await self.may_watch_pods(None):
+            if not self.namespaces:
+                raise PermissionError("the gang admission must list and watch pods in every namespace: grant the "
+                                      "operator's ServiceAccount a ClusterRole with pods [list, watch] (the chart's "
+                                      "<release>-cluster) or set watchNamespaces")
+            refused = [ns for ns in self.namespaces if not await self.may_watch_pods(ns)]
+            if refused:
+                raise PermissionError(f"the gang admission must list and watch pods in {', '.join(refused)}: grant the "
+                                      f"operator's ServiceAccount pods [list, watch] there (the chart's Role)")
+            log.warning("may not list and watch pods in every namespace: the gang admission counts only the pods of "
+                        "%s; other namespaces' pods on the same nodes are invisible to it", ", ".join(self.namespaces))
+            scopes = list(self.namespaces)
         self.informers = [Informer(self.kube, path("v1", "pods", ns), PodState.from_body, self._on_pod_change,
                                    fields=UNFINISHED) for ns in scopes]
         tasks = [asyncio.create_task(i.run(), name=f"watch {i.url_path} (gang admission)") for i in self.informers]
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
         return tasks
+
+    async def may_watch_pods(self, namespace: str | None) -> bool:
+        """Whether the API server lets this operator list and watch pods in `namespace` (None: in
+        every namespace at once), by SelfSubjectAccessReview: a refused watch would otherwise only
+        show as a LIST every 10 s in place of the watch."""
+        for verb in ("list", "watch"):
+            attributes = {"verb": verb, "resource": "pods", "namespace": namespace or ""}
+            review = await self.kube.request("POST", ACCESS_REVIEWS, body={
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attributes}})
+            if not (review.get("status") or {}).get("allowed"):
+                return False
+        return True
 
     def _on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         if new is None or (old is not None and old.gated != new.gated):

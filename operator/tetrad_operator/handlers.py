@@ -32,7 +32,11 @@ async def start(memo: Any, **_: Any) -> None:
     except ConfigException as e:
         raise kopf.PermanentError(f"no Kubernetes credentials: {e}") from e
     memo.controller = controller = Controller(kube, memo.config, memo.namespaces)  # stopped at cleanup
-    await controller.start()  # the job daemons start after this: the informers hold their first LIST
+    try:
+        await controller.start()  # the job daemons start after this: the informers hold their first LIST
+    except PermissionError as e:  # an RBAC rule missing: retrying cannot help
+        await controller.stop()
+        raise kopf.PermanentError(str(e)) from e
     if memo.metrics_port:
         memo.metrics_server = controller.metrics.serve(memo.metrics_port)
 

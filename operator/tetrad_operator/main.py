@@ -86,10 +86,24 @@ def run_operator(namespaces: list[str], all_namespaces: bool, metrics_port: int,
         raw = os.environ.get("TETRAD_OPERATOR_PRIORITY")
         priority = int(raw) if raw else random.SystemRandom().randint(1, 2**31 - 1)
         log.info("peering %r with priority %d", peering, priority)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(namespaces, all_namespaces, metrics_port, peering, standalone, config=config,
-                          priority=priority))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve(namespaces, all_namespaces, metrics_port, peering, standalone, config=config,
+                              priority=priority))
+    except Exception as e:
+        if (cause := permanent_cause(e)) is None:
+            raise
+        log.error("stopped at start-up: %s", cause)  # e.g. an RBAC rule missing (handlers.start)
+        return 1
     return 0
+
+
+def permanent_cause(error: BaseException) -> kopf.PermanentError | None:
+    """The kopf.PermanentError a failed start-up handler raised, behind kopf's own wrapper of it."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, kopf.PermanentError):
+        cause = cause.__cause__
+    return cause
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -143,6 +143,7 @@ def test_the_chart_installs_and_its_least_privilege_rbac_is_enough(api, operator
         assert deployment["status"]["availableReplicas"] == 2  # on kwok nodes, spread by anti-affinity
         assert api.get(f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/tetrad") is not None
         _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path)
+        _without_the_cluster_wide_pods_watch(api, cluster, ns, release, tmp_path)
     finally:
         subprocess.run([*helm, "uninstall", release, "--wait"], check=True, capture_output=True)
     assert api.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-cluster") is None
@@ -161,17 +162,7 @@ def _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path) -> N
         assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", ns, "--as", sa).stdout.strip() == "yes", \
             (verb, resource)
 
-    token = cluster.kubectl("create", "token", release, "-n", ns, "--duration", "1h").strip()
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
-    ca = server.get("certificate-authority-data") or base64.b64encode(Path(server["certificate-authority"]).read_bytes()).decode()
-    kubeconfig = tmp_path / "operator.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "op",
-        "clusters": [{"name": "c", "cluster": {"server": server["server"], "certificate-authority-data": ca}}],
-        "users": [{"name": "op", "user": {"token": token}}],
-        "contexts": [{"name": "op", "context": {"cluster": "c", "user": "op"}}],
-    }))
+    kubeconfig = _service_account_kubeconfig(cluster, ns, release, tmp_path)
     log = tmp_path / "operator.log"
     proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
     try:
@@ -185,3 +176,67 @@ def _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path) -> N
         proc.wait(30)
     text = log.read_text()
     assert "403" not in text and "Forbidden" not in text, text[-3000:]
+    assert "may not list and watch pods in every namespace" not in text
+
+
+def _without_the_cluster_wide_pods_watch(api, cluster, ns, release, tmp_path) -> None:
+    """An old or hand-made ClusterRole with pods [list] only: the gang admission watches the job
+    namespaces instead (the namespaced Role has the watch) and says so; without the watch there
+    too the operator stops at start-up, naming the rule, instead of listing every 10 s."""
+    cluster_role = f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}-cluster"
+    rules = api.get(cluster_role)["rules"]
+    pods = next(r for r in rules if r["resources"] == ["pods"])
+    pods["verbs"] = ["list"]
+    api.patch(cluster_role, {"rules": rules})
+    kubeconfig = _service_account_kubeconfig(cluster, ns, release, tmp_path)
+    sa = f"system:serviceaccount:{ns}:{release}"
+    wait_for(lambda: cluster.run_kubectl("auth", "can-i", "watch", "pods", "-A", "--as", sa).stdout.strip() == "no",
+             what="the cluster-wide pods watch revoked")
+    log = tmp_path / "operator-namespaced.log"
+    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
+    try:
+        api.create_job(ns, ptj("namespaced", nodes=2))
+        wait_running(api, ns, "namespaced", 2, timeout=60)
+        finish_all(api, ns, "namespaced", 0)
+        wait_phase(api, ns, "namespaced", "Succeeded")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "may not list and watch pods in every namespace: the gang admission counts only the pods of " + ns \
+        in log.read_text()
+
+    role = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{release}"
+    rules = api.get(role)["rules"]
+    for rule in rules:
+        if rule["resources"] == ["pods"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "watch"]
+    api.patch(role, {"rules": rules})
+    wait_for(lambda: cluster.run_kubectl("auth", "can-i", "watch", "pods", "-n", ns, "--as", sa).stdout.strip() == "no",
+             what="the namespaced pods watch revoked")
+    log = tmp_path / "operator-refused.log"
+    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
+    try:
+        code = proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the operator kept running without the pods watch: {log.read_text()[-3000:]}") from None
+    text = log.read_text()
+    assert code == 1 and f"stopped at start-up: the gang admission must list and watch pods in {ns}" in text, \
+        (code, text[-3000:])
+    assert "Traceback" not in text and "Unclosed" not in text, text[-3000:]
+
+
+def _service_account_kubeconfig(cluster, ns, release, tmp_path) -> Path:
+    """A kubeconfig for the release's ServiceAccount, through a fresh token."""
+    token = cluster.kubectl("create", "token", release, "-n", ns, "--duration", "1h").strip()
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    ca = server.get("certificate-authority-data") or base64.b64encode(Path(server["certificate-authority"]).read_bytes()).decode()
+    kubeconfig = tmp_path / "operator.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "op",
+        "clusters": [{"name": "c", "cluster": {"server": server["server"], "certificate-authority-data": ca}}],
+        "users": [{"name": "op", "user": {"token": token}}],
+        "contexts": [{"name": "op", "context": {"cluster": "c", "user": "op"}}],
+    }))
+    return kubeconfig

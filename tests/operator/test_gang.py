@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 from datetime import timedelta
 
+import pytest
 from tetrad_operator import gang
 from tetrad_operator.admission import GangAdmitter
 from tetrad_operator.metrics import OperatorMetrics
@@ -238,3 +239,37 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     # The first gang ends: the second goes.
     admitter.informers = [Watch(*second.pods)]  # type: ignore[list-item]
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["second"]
+
+
+class ReviewingKube:
+    """Answers SelfSubjectAccessReviews from a set of allowed (verb, namespace) pairs ("" for every namespace)."""
+
+    def __init__(self, allowed: set[tuple[str, str]]) -> None:
+        self.allowed, self.asked = allowed, []
+
+    async def request(self, verb: str, url: str, *, body: dict, **_: object) -> dict:
+        assert (verb, url) == ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+        attributes = body["spec"]["resourceAttributes"]
+        assert attributes["resource"] == "pods"
+        self.asked.append((attributes["verb"], attributes["namespace"]))
+        return {"status": {"allowed": (attributes["verb"], attributes["namespace"]) in self.allowed}}
+
+
+def test_the_admission_asks_the_api_server_for_both_list_and_watch_before_choosing_its_scope():
+    kube = ReviewingKube({("list", ""), ("watch", ""), ("list", "a")})
+    admitter = GangAdmitter(kube, list, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(1), ["a"])  # type: ignore[arg-type]
+    assert asyncio.run(admitter.may_watch_pods(None))
+    assert not asyncio.run(admitter.may_watch_pods("a")), "list without watch is not enough"
+    assert kube.asked == [("list", ""), ("watch", ""), ("list", "a"), ("watch", "a")]
+
+
+@pytest.mark.parametrize(("namespaces", "allowed", "named"), [
+    (None, {("list", "a"), ("watch", "a")}, "in every namespace"),  # cluster mode needs the cluster-wide rule
+    (["a", "b"], {("list", ""), ("list", "a"), ("watch", "a"), ("list", "b")}, "pods in b:"),
+])
+def test_an_admission_that_may_not_watch_pods_stops_the_start_naming_the_rule(namespaces, allowed, named):
+    admitter = GangAdmitter(ReviewingKube(allowed), list, lambda key: None, OperatorMetrics(dict),  # type: ignore[arg-type]
+                            asyncio.Semaphore(1), namespaces)
+    with pytest.raises(PermissionError, match=named):
+        asyncio.run(admitter.start())
+    assert admitter.informers == [], "nothing started"

@@ -9,6 +9,7 @@ import math
 import socket
 import time
 
+import kopf
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import scrape
@@ -370,3 +371,13 @@ def test_a_job_loop_counts_refused_passes_and_lets_transient_errors_retry():
     assert loop.rejection is None
     loop.count_creations([None, quota])  # some fit, the rest are refused: the count starts over
     assert loop.rejection is not None and loop.rejection.attempts == 1
+
+
+def test_a_start_up_stopped_for_good_is_found_behind_kopfs_wrapper():
+    from tetrad_operator.main import permanent_cause
+
+    permanent = kopf.PermanentError("the gang admission must list and watch pods in ns")
+    wrapper = RuntimeError("One or more handlers failed.")  # kopf's ActivityError is not public
+    wrapper.__cause__ = permanent
+    assert permanent_cause(wrapper) is permanent
+    assert permanent_cause(RuntimeError("a bug")) is None, "anything else still raises"
