@@ -183,17 +183,22 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_fli
 
     `bound` are pods with a node; `in_flight` are gangs already released whose pods are not all
     bound yet: they are placed first so two gangs that fit only one at a time never both go.
-    If an in-flight gang fits nowhere, nothing is released. A waiting gang that does not fit is skipped and a later, smaller one may still go.
+    If an in-flight gang fits nowhere, nothing is released, unless what does not fit are pods no
+    node may take at all (their nodes gone or NotReady): those bind nowhere and hold no room. A
+    pod being deleted holds none either. A waiting gang that does not fit is skipped and a later,
+    smaller one may still go.
     """
     free = free_capacity(nodes, bound)
     nodes = sorted(nodes, key=lambda n: n.name)  # once: place() then sorts a sorted list
     full: dict[tuple[Any, ...], int] = {}
     for gang in in_flight:
-        unbound = [p for p in gang if p.node is None and not p.terminal]
+        unbound = [p for p in gang if p.node is None and not p.terminal and not p.deleting]
         if place(unbound, nodes, free, full) is None:
-            # A released gang we cannot place: our view disagrees with the scheduler's (or the
-            # room went to someone else). Release nothing until it binds or its gang times out.
-            return []
+            placeable = [p for p in unbound if any(node_matches(p, n) for n in nodes)]
+            if len(placeable) == len(unbound) or place(placeable, nodes, free, full) is None:
+                # A released gang we cannot place: our view disagrees with the scheduler's (or the
+                # room went to someone else). Release nothing until it binds or its gang times out.
+                return []
     admitted = []
     for req in sorted(waiting, key=GangRequest.order):
         placement = place(req.pods, nodes, free, full)

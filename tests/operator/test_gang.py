@@ -158,6 +158,21 @@ def test_an_in_flight_gang_we_cannot_place_blocks_admission():
     assert gang.plan_admission(ns, [], [stuck], [request("w", [pod("w0", cpu="1")])]) == []
 
 
+def test_in_flight_pods_no_node_may_take_or_being_deleted_hold_no_room():
+    """A released gang whose nodes are gone (or NotReady), or whose pods are being deleted, binds
+    nowhere: it must not freeze every other gang's admission until its timeout."""
+    ns = nodes(node_body("a", cpu="8"), node_body("gone", cpu="8", ready=False))
+    orphaned = [pod("o0", selector={"pool": "old"}), pod("o1", cpu="6", selector={"kubernetes.io/hostname": "gone"})]
+    deleting = [dataclasses.replace(pod("d0", cpu="8"), deleting_since=T0)]
+    waiting = request("w", [pod("w0", cpu="6")])
+    for flying in (orphaned, deleting):
+        assert [a.request.name for a in gang.plan_admission(ns, [], [flying], [waiting])] == ["w"], flying
+    # Its pods that may still bind keep their room, and one that cannot fit still blocks.
+    partly = [pod("p0", cpu="4"), pod("p1", selector={"pool": "old"})]
+    assert gang.plan_admission(ns, [], [partly], [waiting]) == []
+    assert [a.request.name for a in gang.plan_admission(ns, [], [partly], [request("s", [pod("s0", cpu="4")])])] == ["s"]
+
+
 def test_a_gang_bigger_than_the_cluster_never_goes():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     assert gang.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
