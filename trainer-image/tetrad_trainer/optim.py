@@ -95,8 +95,8 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.
 
 
 def folds_clipping(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer's step can apply the clipping: fused AdamW over plain tensors (DTensor's
-    sharding rule for the fused kernel takes no plain-tensor grad_scale)."""
+    """Whether the optimizer's step can apply the clipping: fused AdamW over plain tensors (with
+    DTensor parameters grad_scale would be a plain tensor among DTensors, which is not relied on)."""
     return bool(optimizer.defaults.get("fused")) and not any(
         isinstance(p, DTensor) for group in optimizer.param_groups for p in group["params"])
 
