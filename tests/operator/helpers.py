@@ -123,6 +123,11 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next(c for c in status.get("conditions") or [] if c["type"] == type_)
 
 
+def condition_true(status: dict[str, Any] | None, type_: str) -> bool:
+    """For wait_for: whether the condition is there and True (condition() raises while it is absent)."""
+    return any(c["type"] == type_ and c.get("status") == "True" for c in (status or {}).get("conditions") or [])
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

@@ -9,7 +9,7 @@ import pytest
 
 from tetrad.api import contract
 
-from .helpers import condition, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import condition, condition_true, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -35,8 +35,8 @@ def queue(api, kueue, namespace):
     api.create(f"{KUEUE}/namespaces/{namespace}/localqueues", {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team-a"},
         "spec": {"clusterQueue": name}})
-    wait_for(lambda: condition(api.get(f"{KUEUE}/clusterqueues/{name}").get("status") or {"conditions": [
-        {"type": "Active", "status": "False"}]}, "Active")["status"] == "True", timeout=60, what="the ClusterQueue Active")
+    wait_for(lambda: condition_true(api.get(f"{KUEUE}/clusterqueues/{name}").get("status"), "Active"), timeout=60,
+             what="the ClusterQueue Active")
     yield name
     api.delete(f"{KUEUE}/clusterqueues/{name}")
 
@@ -81,7 +81,7 @@ def test_a_job_is_admitted_by_kueue_then_runs_and_succeeds(api, queue, operator,
         assert not p["spec"].get("schedulingGates")
     finish_all(api, ns, "kj", 0)
     wait_phase(api, ns, "kj", "Succeeded")
-    wait_for(lambda: condition(api.get(f"{KUEUE}/namespaces/{ns}/workloads/kj")["status"], "Finished")["status"] == "True",
+    wait_for(lambda: condition_true(api.get(f"{KUEUE}/namespaces/{ns}/workloads/kj").get("status"), "Finished"),
              what="the Workload Finished")
 
 
