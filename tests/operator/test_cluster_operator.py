@@ -162,19 +162,8 @@ def _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path) -> N
         assert cluster.run_kubectl("auth", "can-i", verb, resource, "-n", ns, "--as", sa).stdout.strip() == "yes", \
             (verb, resource)
 
-    kubeconfig = _service_account_kubeconfig(cluster, ns, release, tmp_path)
-    log = tmp_path / "operator.log"
-    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
-    try:
-        api.create_job(ns, ptj("rbac", nodes=2))
-        wait_running(api, ns, "rbac", 2, timeout=60)
-        finish_all(api, ns, "rbac", 0)
-        wait_phase(api, ns, "rbac", "Succeeded")
-        assert proc.poll() is None
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    text = log.read_text()
+    text = _a_job_succeeds(api, ns, _service_account_kubeconfig(cluster, ns, release, tmp_path), "rbac",
+                           tmp_path / "operator.log")
     assert "403" not in text and "Forbidden" not in text, text[-3000:]
     assert "may not list and watch pods in every namespace" not in text
 
@@ -192,18 +181,8 @@ def _without_the_cluster_wide_pods_watch(api, cluster, ns, release, tmp_path) ->
     sa = f"system:serviceaccount:{ns}:{release}"
     wait_for(lambda: cluster.run_kubectl("auth", "can-i", "watch", "pods", "-A", "--as", sa).stdout.strip() == "no",
              what="the cluster-wide pods watch revoked")
-    log = tmp_path / "operator-namespaced.log"
-    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
-    try:
-        api.create_job(ns, ptj("namespaced", nodes=2))
-        wait_running(api, ns, "namespaced", 2, timeout=60)
-        finish_all(api, ns, "namespaced", 0)
-        wait_phase(api, ns, "namespaced", "Succeeded")
-    finally:
-        proc.terminate()
-        proc.wait(30)
-    assert "may not list and watch pods in every namespace: the gang admission counts only the pods of " + ns \
-        in log.read_text()
+    text = _a_job_succeeds(api, ns, kubeconfig, "namespaced", tmp_path / "operator-namespaced.log")
+    assert "may not list and watch pods in every namespace: the gang admission counts only the pods of " + ns in text
 
     role = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles/{release}"
     rules = api.get(role)["rules"]
@@ -224,6 +203,22 @@ def _without_the_cluster_wide_pods_watch(api, cluster, ns, release, tmp_path) ->
     assert code == 1 and f"stopped at start-up: the gang admission must list and watch pods in {ns}" in text, \
         (code, text[-3000:])
     assert "Traceback" not in text and "Unclosed" not in text, text[-3000:]
+
+
+def _a_job_succeeds(api, ns, kubeconfig, name, log) -> str:
+    """An operator process with this kubeconfig takes a 2-pod job to Succeeded and keeps running;
+    its log."""
+    proc = operator_process(ns, kubeconfig=kubeconfig, log=log, peering="tetrad")
+    try:
+        api.create_job(ns, ptj(name, nodes=2))
+        wait_running(api, ns, name, 2, timeout=60)
+        finish_all(api, ns, name, 0)
+        wait_phase(api, ns, name, "Succeeded")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    return log.read_text()
 
 
 def _service_account_kubeconfig(cluster, ns, release, tmp_path) -> Path:
