@@ -12,6 +12,7 @@ operator only creates the PodGroup or the labels the renderer puts on the pods.
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +22,7 @@ from tetrad_operator.quantity import Resources
 from tetrad_operator.state import NodeState, PodState
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+NO_ROOM = Resources()
 
 
 def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
@@ -102,8 +104,16 @@ def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, 
     `full`, shared by the placements of one plan (`free` only shrinks in it), remembers per pod
     shape how many nodes, in name order, no longer fit it.
     """
-    order = sorted(nodes, key=lambda n: n.name)
-    trial = dict(free)
+    return _place(pods, sorted(nodes, key=lambda n: n.name), free, full)
+
+
+def _place(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str, Resources],
+           full: dict[tuple[Any, ...], int] | None = None) -> dict[str, str] | None:
+    """place() over nodes already in name order. Its cost grows with the pods placed, not with
+    the nodes (a plan places every in-flight gang): the room it takes is kept apart from `free`
+    until the whole placement succeeds."""
+    taken: dict[str, Resources] = {}  # the room left on the nodes this placement uses
+    room = ChainMap(taken, free)
     placement: dict[str, str] = {}
     groups: dict[tuple[str, str], list[PodState]] = {}
     for pod in pods:
@@ -111,22 +121,25 @@ def place(pods: Sequence[PodState], nodes: Sequence[NodeState], free: dict[str, 
             groups.setdefault(pod.colocated, []).append(pod)
     for (key, _), members in sorted(groups.items()):
         domains = sorted({n.label_map.get(key) for n in order} - {None}, key=str)
-        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], trial) for d in domains)
+        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], room) for d in domains)
         got = next((f for f in fits if f is not None), None)
         if got is None:
             return None
-        placement.update(got)
-    got = _first_fit([p for p in pods if not p.colocated], order, trial, full)
+        placement.update(got[0])
+        taken.update(got[1])
+    got = _first_fit([p for p in pods if not p.colocated], order, room, full)
     if got is None:
         return None
-    free.update(trial)
-    return placement | got
+    taken.update(got[1])
+    free.update(taken)
+    return placement | got[0]
 
 
-def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str, Resources],
-               full: dict[tuple[Any, ...], int] | None = None) -> dict[str, str] | None:
-    """place() over nodes in this order, ignoring co-location; `free` and `full` change only on success."""
-    trial = dict(free)
+def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: Mapping[str, Resources],
+               full: dict[tuple[Any, ...], int] | None = None) -> tuple[dict[str, str], dict[str, Resources]] | None:
+    """The placement of `pods` over nodes in this order, ignoring co-location, and the room it
+    leaves on the nodes it uses; None if some pod fits nowhere. `full` changes only on success."""
+    left: dict[str, Resources] = {}
     placement: dict[str, str] = {}
     # Pods of one gang are usually identical: remember, per shape, the first node that may
     # still fit it (capacity only shrinks during a plan, so earlier nodes stay full for it).
@@ -136,19 +149,24 @@ def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[
         i = start.get(sig, 0)
         while i < len(order):
             node = order[i]
-            if node_matches(pod, node) and pod.requests.fits_in(trial.get(node.name, Resources())):
+            if node_matches(pod, node) and pod.requests.fits_in(_room(node.name, left, free)):
                 break
             i += 1
         start[sig] = i
         if i == len(order):
             return None
         node = order[i]
-        trial[node.name] = trial[node.name] - pod.requests
+        left[node.name] = _room(node.name, left, free) - pod.requests
         placement[pod.name] = node.name
-    free.update(trial)
     if full is not None:
         full.update(start)
-    return placement
+    return placement, left
+
+
+def _room(node: str, left: Mapping[str, Resources], free: Mapping[str, Resources]) -> Resources:
+    if node in left:
+        return left[node]
+    return free.get(node, NO_ROOM)
 
 
 @dataclass(frozen=True)
@@ -189,19 +207,19 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_fli
     smaller one may still go.
     """
     free = free_capacity(nodes, bound)
-    nodes = sorted(nodes, key=lambda n: n.name)  # once: place() then sorts a sorted list
+    nodes = sorted(nodes, key=lambda n: n.name)
     full: dict[tuple[Any, ...], int] = {}
     for gang in in_flight:
         unbound = [p for p in gang if p.node is None and not p.terminal and not p.deleting]
-        if place(unbound, nodes, free, full) is None:
+        if _place(unbound, nodes, free, full) is None:
             placeable = [p for p in unbound if any(node_matches(p, n) for n in nodes)]
-            if len(placeable) == len(unbound) or place(placeable, nodes, free, full) is None:
+            if len(placeable) == len(unbound) or _place(placeable, nodes, free, full) is None:
                 # A released gang we cannot place: our view disagrees with the scheduler's (or the
                 # room went to someone else). Release nothing until it binds or its gang times out.
                 return []
     admitted = []
     for req in sorted(waiting, key=GangRequest.order):
-        placement = place(req.pods, nodes, free, full)
+        placement = _place(req.pods, nodes, free, full)
         if placement is not None:
             admitted.append(GangRelease(req, placement))
     return admitted

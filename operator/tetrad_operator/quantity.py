@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ GPU = "nvidia.com/gpu"
 PODS = "pods"
 
 
+@functools.lru_cache(maxsize=4096)  # every pod event parses its requests; few distinct quantities exist
 def to_units(resource: str, value: Any) -> int:
     """A Kubernetes quantity in the integer unit the scheduler compares: millicores for cpu."""
     q = parse_quantity(value)
@@ -35,20 +37,24 @@ class Resources:
     def from_map(cls, quantities: Mapping[str, Any]) -> Resources:
         return cls.of({k: to_units(k, v) for k, v in quantities.items()})
 
-    def get(self, resource: str) -> int:
-        return dict(self.items).get(resource, 0)
-
-    def as_dict(self) -> dict[str, int]:
+    @functools.cached_property
+    def _map(self) -> dict[str, int]:  # a gang plan compares and subtracts these thousands of times
         return dict(self.items)
 
+    def get(self, resource: str) -> int:
+        return self._map.get(resource, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self._map)
+
     def __sub__(self, other: Resources) -> Resources:
-        out = self.as_dict()
+        out = dict(self._map)
         for k, v in other.items:
             out[k] = out.get(k, 0) - v
         return Resources.of(out)
 
     def fits_in(self, free: Resources) -> bool:
-        have = free.as_dict()
+        have = free._map
         return all(v <= have.get(k, 0) for k, v in self.items)
 
     def key(self) -> tuple[int, int, int]:
