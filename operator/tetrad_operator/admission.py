@@ -160,8 +160,9 @@ class GangAdmitter:
         return True
 
     def _on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
-        if new is None or (old is not None and old.gated != new.gated):
-            self.kick()  # a pod ended or went (room freed), or a release shows in the watch
+        if new is None or (old is not None and (old.gated != new.gated or old.node != new.node)):
+            self.kick()  # a pod ended or went (room freed), a release shows in the watch, or a pod
+            # is bound: the scheduler may have placed it elsewhere than a plan counted it
 
     def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest]]:
         """From the informer and the releases it may not show yet: the bound pods, the gangs
@@ -174,10 +175,15 @@ class GangAdmitter:
         for p in pods:
             if p.job:
                 groups[(p.namespace, p.job, p.restart)].append(p)
-        in_flight: list[Sequence[PodState]] = [
-            g for g in groups.values() if any(p.released for p in g) and any(p.node is None for p in g)]
-        in_flight += self.reserved.values()  # pods being created: counted twice once listed, never missed
-        in_flight += self._released_unseen(by_name)  # likewise
+        # Each in-flight gang once, each of its pods once: as the watch shows it (it knows a
+        # binding), else as this admitter remembers it (being created, or released a moment ago).
+        flight = {k: {p.name: p for p in g} for k, g in groups.items()
+                  if any(p.released for p in g) and any(p.node is None for p in g)}
+        for remembered in [*self.reserved.values(), *self._released_unseen(by_name)]:
+            for p in remembered:
+                flight.setdefault((p.namespace, p.job, p.restart), {}).setdefault(
+                    p.name, by_name.get((p.namespace, p.name), p))
+        in_flight: list[Sequence[PodState]] = [list(g.values()) for g in flight.values()]
         waiting = []
         for req in list(self.waiting.values()):
             if (req.key, req.restart) in self.released:

@@ -233,6 +233,38 @@ def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_s
     assert asyncio.run(admitter.reserve(late)) is True
 
 
+def test_a_gang_being_created_that_the_watch_shows_in_part_is_counted_once():
+    # A full cluster: the gang being created takes two of four nodes, the other two are free.
+    ns = nodes(*(node_body(n, cpu="8") for n in "abcd"))
+    admitter = admitter_on(ns)
+    creating = request("creating", [member(pod(f"c{i}", cpu="6"), "creating") for i in range(2)])
+    assert asyncio.run(admitter.reserve(creating))
+    # The watch shows its first pod (created released) while the second is being created:
+    # that pod is counted once, not once from the watch and again from memory.
+    admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True))]  # type: ignore[list-item]
+    second = request("second", [member(pod(f"s{i}", cpu="6"), "second") for i in range(2)], age=1)
+    assert asyncio.run(admitter.reserve(second))
+    # Both hold their room: a third finds none.
+    third = request("third", [member(pod("t0", cpu="6"), "third")], age=2)
+    assert not asyncio.run(admitter.reserve(third))
+    # The first pod is bound where the plan did not put it: it counts as bound, still once.
+    admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True, node="d", phase="Running"))]  # type: ignore[list-item]
+    assert not asyncio.run(admitter.reserve(third))
+
+
+def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_gang_waits():
+    admitter = admitter_on(nodes(node_body("a", cpu="8")))
+    admitter.request(request("waiting", [member(pod("w0", cpu="6"), "waiting", gated=True)]))
+    admitter._kick.clear()
+    other = member(pod("o0", cpu="6"), "other", released=True)
+    admitter._on_pod_change(other, dataclasses.replace(other, phase="Running"))
+    assert not admitter._kick.is_set(), "a change the plan does not see"
+    for new in (dataclasses.replace(other, node="a"), dataclasses.replace(other, gated=True), None):
+        admitter._on_pod_change(other, new)
+        assert admitter._kick.is_set(), new
+        admitter._kick.clear()
+
+
 def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     kube = PatchingKube()
