@@ -100,6 +100,13 @@ class JobLoop:
         if newer:
             self.body = body
 
+    def first_seen(self, body: dict[str, Any]) -> None:
+        """The job as the watch showed it when the loop started. A job never reconciled (no status)
+        is taken as it is, without a GET: its first pass writes the status, guarded by the
+        resourceVersion, before it acts, so a body that lags costs only a conflict and a read."""
+        if not body.get("status"):
+            self.body, self.body_read = body, time.monotonic()
+
     def awaits_finalizer(self, body: dict[str, Any]) -> bool:
         """Whether this new job's first status write should wait: kopf adds its finalizer just after
         it starts the loop, and a write racing that patch loses (409) and is done over. The watch
@@ -234,10 +241,13 @@ class Controller:
 
     # ------------------------------------------------------------------ the per-job loop
 
-    async def run_job(self, namespace: str, name: str, stopped: Any) -> None:
-        """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us."""
+    async def run_job(self, namespace: str, name: str, stopped: Any, body: dict[str, Any] | None = None) -> None:
+        """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us.
+        `body` is the job as kopf's watch last showed it."""
         key = (namespace, name)
         loop = self.jobs[key] = JobLoop(key)
+        if body is not None:
+            loop.first_seen(body)
         wake = loop.wake
         failures = 0
         delay: float | None = 0.0
@@ -277,9 +287,10 @@ class Controller:
 
         The pods come from the informer, except on a loop's first pass (unless the job was never
         reconciled), once per resync period, and whenever a decision rests on a pod being absent:
-        then from a consistent LIST. The job is
-        the newest body the loop has seen, GET on its first pass, once per resync period and after
-        a status write lost to a newer version (the write's resourceVersion guard catches any lag).
+        then from a consistent LIST. The job is the newest body the loop has seen: GET on its
+        first pass (unless never reconciled: `JobLoop.first_seen`), once per resync period and
+        after a status write lost to a newer version (the write's resourceVersion guard catches
+        any lag).
         """
         started = time.perf_counter()
         key = namespace, name = loop.key
@@ -294,7 +305,7 @@ class Controller:
         if loop.awaits_finalizer(body):
             return 0.05  # the watch event carrying it updates loop.body
         now = datetime.now(UTC)
-        nodes = {n.name: n for n in self.nodes()}
+        nodes = self.node_informer.items  # by name; decide only reads it
         stale = loop.list_due(body, self.settings.resync_seconds)
         if not body.get("status"):
             loop.last_listed = time.monotonic()  # a new job's resync period starts with its first pass

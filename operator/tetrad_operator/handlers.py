@@ -65,5 +65,6 @@ async def job_changed(namespace: str | None, name: str, body: kopf.Body, event: 
 
 
 @kopf.daemon(*JOBS, cancellation_backoff=10.0, cancellation_timeout=5.0)  # finish the pass, then stop
-async def job_loop(namespace: str | None, name: str, stopped: kopf.DaemonStopped, memo: Any, **_: Any) -> None:
-    await memo.controller.run_job(namespace, name, stopped)
+async def job_loop(namespace: str | None, name: str, body: kopf.Body, stopped: kopf.DaemonStopped, memo: Any,
+                   **_: Any) -> None:
+    await memo.controller.run_job(namespace, name, stopped, dict(body))  # the body as the watch showed it

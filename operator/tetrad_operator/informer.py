@@ -22,8 +22,9 @@ RETRY_SECONDS = (0.5, 1.0, 2.0, 5.0, 10.0)  # after a failed LIST or a broken wa
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
+    """namespace/name, or the name alone for a cluster-scoped object (a node's store is by name)."""
     meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    return f"{meta['namespace']}/{meta.get('name', '')}" if meta.get("namespace") else meta.get("name", "")
 
 
 class Informer(Generic[V]):
@@ -37,7 +38,7 @@ class Informer(Generic[V]):
         # An object that stops matching a field selector (a pod that ends) comes as DELETED.
         self.query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v}
         self.group_of = group
-        self.items: dict[str, V] = {}  # by namespace/name
+        self.items: dict[str, V] = {}  # by object_key
         self.groups: dict[Hashable, dict[str, V]] = {}  # by group_of(view), then namespace/name
         self.synced = asyncio.Event()  # set once the first LIST is in
 

@@ -341,6 +341,18 @@ def test_a_new_jobs_first_pass_waits_for_kopfs_finalizer_before_writing_anything
     assert not loop.awaits_finalizer(new), "nor for longer than FINALIZER_WAIT_SECONDS"
 
 
+def test_a_new_jobs_first_pass_reads_the_body_kopf_brought_and_a_reconciled_one_gets_it():
+    new = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "5"}}
+    loop = JobLoop(("ns", "j"))
+    loop.first_seen(new)
+    assert loop.body is new, "never reconciled: its first pass writes the status, guarded, before acting"
+    ctl = Controller(NoCallsKube(), OperatorSettings())  # type: ignore[arg-type]
+    assert asyncio.run(ctl.reconcile(loop)) == 0.05, "no GET: the pass waits for kopf's finalizer from this body"
+    reconciled = JobLoop(("ns", "k"))
+    reconciled.first_seen({**new, "status": {"phase": "Running"}})
+    assert reconciled.body is None, "a job with a status may act without writing: its first pass GETs"
+
+
 def test_a_job_loop_resolves_the_spec_once_per_generation():
     body = job_body(nodes=2)
     loop = JobLoop(("ns", "job"))
