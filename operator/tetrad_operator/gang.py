@@ -12,7 +12,6 @@ operator only creates the PodGroup or the labels the renderer puts on the pods.
 
 from __future__ import annotations
 
-from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -113,7 +112,6 @@ def _place(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str,
     the nodes (a plan places every in-flight gang): the room it takes is kept apart from `free`
     until the whole placement succeeds."""
     taken: dict[str, Resources] = {}  # the room left on the nodes this placement uses
-    room = ChainMap(taken, free)
     placement: dict[str, str] = {}
     groups: dict[tuple[str, str], list[PodState]] = {}
     for pod in pods:
@@ -121,25 +119,25 @@ def _place(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str,
             groups.setdefault(pod.colocated, []).append(pod)
     for (key, _), members in sorted(groups.items()):
         domains = sorted({n.label_map.get(key) for n in order} - {None}, key=str)
-        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], room) for d in domains)
+        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], free, dict(taken)) for d in domains)
         got = next((f for f in fits if f is not None), None)
         if got is None:
             return None
         placement.update(got[0])
-        taken.update(got[1])
-    got = _first_fit([p for p in pods if not p.colocated], order, room, full)
+        taken = got[1]
+    got = _first_fit([p for p in pods if not p.colocated], order, free, taken, full)
     if got is None:
         return None
-    taken.update(got[1])
-    free.update(taken)
+    free.update(got[1])
     return placement | got[0]
 
 
 def _first_fit(pods: Sequence[PodState], order: Sequence[NodeState], free: Mapping[str, Resources],
-               full: dict[tuple[Any, ...], int] | None = None) -> tuple[dict[str, str], dict[str, Resources]] | None:
-    """The placement of `pods` over nodes in this order, ignoring co-location, and the room it
-    leaves on the nodes it uses; None if some pod fits nowhere. `full` changes only on success."""
-    left: dict[str, Resources] = {}
+               left: dict[str, Resources], full: dict[tuple[Any, ...], int] | None = None,
+               ) -> tuple[dict[str, str], dict[str, Resources]] | None:
+    """The placement of `pods` over nodes in this order, ignoring co-location, and `left` (the
+    room left on nodes used so far, over `free`) with theirs; None if some pod fits nowhere.
+    `full` changes only on success."""
     placement: dict[str, str] = {}
     # Pods of one gang are usually identical: remember, per shape, the first node that may
     # still fit it (capacity only shrinks during a plan, so earlier nodes stay full for it).
