@@ -13,7 +13,7 @@ default settings) and measures:
 - for one job of each size (pods of 8 GPUs, so one per node and the built-in gang must pack the
   whole cluster): apply -> every pod created, -> every gate removed (the gang released), -> every
   pod bound by the kube-scheduler, -> every pod Running (kwok), -> status.phase Running;
-- `--concurrent` jobs of 4 pods applied at once: apply -> all Running (CPU and requests are
+- `--concurrent` jobs of 4 pods applied at once: apply -> all pods created, -> all Running (CPU and requests are
   counted until then, as for the peers), and after the benchmark (playing the kubelet) marks
   every pod Succeeded, -> all Succeeded; with the reconciles per second the operator did over
   both (from its own metrics); `--rounds N` runs them N times (bare
@@ -33,8 +33,9 @@ training-operator v1, JobSet and Kubeflow Trainer v2 (bench/peers.py), each star
 `hack/cluster.sh peer` at its release manifests' settings; a peer that cannot be started is
 reported with the reason and the others still run.
 
-For every job: its controller's CPU seconds (the operator's, or the peer's processes') and the
-apiserver's requests by verb (apiserver_request_total from its /metrics, every client's: the
+For every job: its controller's CPU seconds (the operator's, or the peer's processes'), the
+control plane's (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok: on two
+shared cores what a controller makes them do slows every pod), and the apiserver's requests by verb (apiserver_request_total from its /metrics, every client's: the
 scheduler's, kwok's and the controller-manager's too), from the first POST until all is Running;
 each namespace is deleted after its figures are taken.
 
@@ -53,7 +54,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, now  # noqa: E402
 
 CLUSTER = "bench-operator"
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 GANGS = {"builtin": {}, "coscheduling": {"scheduler": "coscheduling", "timeoutSeconds": 1800},
@@ -213,24 +215,27 @@ def peer_job(api: Api, ns: str, peer: Peer, size: int) -> dict[str, float]:
     return timeline(api, ns, size, t0, running and (lambda: running(api.get(f"{peer.jobs(ns)}/big") or {})))
 
 
-def apply_many(api: Api, ns: str, collection: str, body: Callable[[str, int], dict[str, Any]], n: int) -> tuple[float, float]:
-    """n jobs of 4 pods POSTed at once (8 in flight): the seconds until all are applied and until
-    all their pods are Running, counted from just before the first POST."""
+def apply_many(api: Api, ns: str, collection: str, body: Callable[[str, int], dict[str, Any]], n: int) -> dict[str, float]:
+    """n jobs of 4 pods POSTed at once (8 in flight): the seconds until all are applied, until all
+    their pods exist and until all are Running, counted from just before the first POST."""
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda i: api.create(collection, body(f"j{i:03d}", 4)), range(n)))
-    applied = time.monotonic() - t0
-    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < 4 * n:
+    figures = {"applied": time.monotonic() - t0}
+    while True:
+        pods = api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")
+        if len(pods) >= 4 * n:
+            figures.setdefault("created", time.monotonic() - t0)
+        if sum(p["status"].get("phase") == "Running" for p in pods) >= 4 * n:
+            return figures | {"pods_running": time.monotonic() - t0}
         if time.monotonic() - t0 > 1800:
             raise TimeoutError(f"not all pods of {n} jobs in {ns} Running after 1800 s")
         time.sleep(0.5)
-    return applied, time.monotonic() - t0
 
 
 def many_peer_jobs(api: Api, ns: str, peer: Peer, n: int) -> dict[str, float]:
     namespace(api, ns)
-    applied, pods_running = apply_many(api, ns, peer.jobs(ns), peer.body, n)
-    return {"jobs": n, "applied": applied, "pods_running": pods_running}
+    return {"jobs": n, **apply_many(api, ns, peer.jobs(ns), peer.body, n)}
 
 
 def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
@@ -238,10 +243,10 @@ def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
     namespace(api, ns)
     reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count")
     t0 = time.monotonic()
-    applied, pods_running = apply_many(api, ns, f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job, n)
+    figures = apply_many(api, ns, f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job, n)
     wait_phases(api, ns, n, "Running", t0)
     all_running = time.monotonic() - t0
-    return {"jobs": n, "applied": applied, "pods_running": pods_running, "all_running": all_running,
+    return {"jobs": n, **figures, "all_running": all_running,
             "jobs_per_second": n / all_running, "_t0": t0, "_reconciles_before": reconciles}
 
 
@@ -288,9 +293,12 @@ def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable
     the apiserver requests made meanwhile, by verb; then `then(ns, figures)`'s figures, and the
     namespace is deleted, both outside the CPU and request figures. Keys starting with "_" are
     run's notes for `then`, left out of the figures."""
+    control_plane = component_pids(cluster, CONTROL_PLANE)
     cpu0, requests0 = sum(map(cpu_seconds, pids)), apiserver_requests(cluster)
+    control_plane0 = sum(map(cpu_seconds, control_plane))
     r = run(ns)
     r["cpu_seconds"] = sum(map(cpu_seconds, pids)) - cpu0
+    r["control_plane_cpu_seconds"] = sum(map(cpu_seconds, control_plane)) - control_plane0
     r["requests"] = {verb: int(n - requests0.get(verb, 0)) for verb, n in sorted(apiserver_requests(cluster).items())
                      if n > requests0.get(verb, 0)}
     if then is not None:
@@ -304,8 +312,13 @@ def start_peer(cluster: Cluster, peer: Peer) -> list[int]:
     up = cluster_script("peer", peer.name, name=CLUSTER)
     if up.returncode:
         raise RuntimeError(up.stderr.strip().splitlines()[-1] if up.stderr.strip() else f"exit {up.returncode}")
+    return component_pids(cluster, peer.components)
+
+
+def component_pids(cluster: Cluster, components: Iterable[str]) -> list[int]:
+    """The pids of processes `hack/cluster.sh` started for the cluster, by component name."""
     run = Path(cluster.env["TETRAD_CLUSTER_STATE"]) / "run"
-    return [int((run / f"{c}.pid").read_text().split()[0]) for c in peer.components]
+    return [int((run / f"{c}.pid").read_text().split()[0]) for c in components]
 
 
 def requests_text(requests: dict[str, int]) -> str:
@@ -416,16 +429,18 @@ def main() -> int:
             round_["builtin"] = r = measured(cluster, api, f"bench-many-{i}", [op.pid],
                                              lambda ns: many_jobs(api, ns, a.concurrent, port),
                                              lambda ns, r: many_jobs_finish(api, ns, a.concurrent, port, r))
-            print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods Running "
+            print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods created {r['created']:.1f}s, Running "
                   f"{r['pods_running']:.1f}s (bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, "
                   f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "
-                  f"{r['reconciles_per_second']:.1f} reconciles/s", flush=True)
+                  f"{r['reconciles_per_second']:.1f} reconciles/s; CPU {r['cpu_seconds']:.1f}s, control plane "
+                  f"{r['control_plane_cpu_seconds']:.1f}s", flush=True)
             for peer in running_peers:
                 round_[peer.name] = r = measured(cluster, api, f"bench-many-{peer.name}-{i}", ready(peer),
                                                  lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
                 note_peak_rss(peer.name)
                 print(f"round {i + 1}: {a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, all pods "
-                      f"Running {r['pods_running']:.1f}s", flush=True)
+                      f"created {r['created']:.1f}s, Running {r['pods_running']:.1f}s; CPU {r['cpu_seconds']:.1f}s, "
+                      f"control plane {r['control_plane_cpu_seconds']:.1f}s", flush=True)
         results["concurrent_rounds"] = rounds
         results.update({f"operator_{k}": v for k, v in rss_kib(op.pid).items()})
     finally:
@@ -466,9 +481,9 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
         def ratios(system: str) -> list[float]:
             return [r[system]["pods_running"] / r["bare"]["pods_running"] for r in rounds]
 
-        print(f"\n| {concurrent} x 4-pod jobs at once, median of {len(rounds)} | applied | all pods Running "
-              "(each round) | / bare (each round) | all jobs Running | controller CPU s | apiserver requests (round 1) |"
-              "\n|---|---|---|---|---|---|---|")
+        print(f"\n| {concurrent} x 4-pod jobs at once, median of {len(rounds)} | applied | all pods created | all pods Running "
+              "(each round) | / bare (each round) | all jobs Running | controller CPU s | control plane CPU s | "
+              "apiserver requests (round 1) |\n|---|---|---|---|---|---|---|---|---|")
         for system in ["bare", *(s for s in systems if s in rounds[0])]:
             first = rounds[0][system]
 
@@ -478,9 +493,9 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
             each = " / ".join(f"{r[system]['pods_running']:.1f}" for r in rounds)
             each_ratio = " / ".join(f"{x:.2f}" for x in ratios(system))
             label = f"bare pods ({4 * concurrent}, baseline)" if system == "bare" else name(system)
-            print(f"| {label} | {figure('applied')} | {med(system, 'pods_running'):.1f} ({each}) | "
+            print(f"| {label} | {figure('applied')} | {figure('created')} | {med(system, 'pods_running'):.1f} ({each}) | "
                   f"{statistics.median(ratios(system)):.2f}x ({each_ratio}) | {figure('all_running')} | "
-                  f"{figure('cpu_seconds')} | {requests_text(first['requests'])} |")
+                  f"{figure('cpu_seconds')} | {med(system, 'control_plane_cpu_seconds'):.1f} | {requests_text(first['requests'])} |")
         print(f"\nTetrad: all Succeeded {med('builtin', 'all_succeeded_after_finish'):.1f}s after the pods finished; "
               f"reconciles/s: {med('builtin', 'reconciles_per_second'):.1f}; "
               f"jobs/s to Running: {med('builtin', 'jobs_per_second'):.2f}")
