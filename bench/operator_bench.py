@@ -13,11 +13,11 @@ default settings) and measures:
 - for one job of each size (pods of 8 GPUs, so one per node and the built-in gang must pack the
   whole cluster): apply -> every pod created, -> every gate removed (the gang released), -> every
   pod bound by the kube-scheduler, -> every pod Running (kwok), -> status.phase Running;
-- `--concurrent` jobs of 4 pods applied at once: apply -> all pods created, -> all Running (CPU and requests are
-  counted until then, as for the peers), and after the benchmark (playing the kubelet) marks
-  every pod Succeeded, -> all Succeeded; with the reconciles per second the operator did over
-  both (from its own metrics); `--rounds N` runs them N times (bare
-  pods, Tetrad, then each peer, in every round) and reports each system's median, every round's
+- `--concurrent` jobs of 4 pods applied at once: apply -> all pods created, -> all Running (CPU
+  and requests are counted until then, as for the peers), and after the benchmark (playing the
+  kubelet) marks every pod Succeeded, -> all Succeeded; with the reconciles per second the
+  operator did over both (from its own metrics); `--rounds N` runs them N times (bare pods,
+  Tetrad, then each peer, in every round) and reports each system's median, every round's
   figure beside it, each round's ratio against that round's bare pods;
 - the operator's peak RSS (VmHWM);
 - the baseline, in the same run: each job's pods POSTed directly (no gate, no operator, 16 in
@@ -35,9 +35,10 @@ reported with the reason and the others still run.
 
 For every job: its controller's CPU seconds (the operator's, or the peer's processes'), the
 control plane's (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok: on two
-shared cores what a controller makes them do slows every pod), and the apiserver's requests by verb (apiserver_request_total from its /metrics, every client's: the
-scheduler's, kwok's and the controller-manager's too), from the first POST until all is Running;
-each namespace is deleted after its figures are taken.
+shared cores what a controller makes them do slows every pod), and the apiserver's requests by
+verb (apiserver_request_total from its /metrics, every client's: the scheduler's, kwok's and the
+controller-manager's too), from the first POST until all is Running; each namespace is deleted
+after its figures are taken.
 
 Times are wall-clock seconds from just before the first POST, polled every 0.1 s (0.5 s above 500
 pods), so they carry that much resolution. Results go to stdout (a markdown table) and --json.

@@ -160,9 +160,10 @@ class GangAdmitter:
         return True
 
     def _on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
+        # A pod ended or went (room freed), a release shows in the watch, or a pod is bound (the
+        # scheduler may have placed it elsewhere than a plan counted it).
         if new is None or (old is not None and (old.gated != new.gated or old.node != new.node)):
-            self.kick()  # a pod ended or went (room freed), a release shows in the watch, or a pod
-            # is bound: the scheduler may have placed it elsewhere than a plan counted it
+            self.kick()
 
     def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest]]:
         """From the informer and the releases it may not show yet: the bound pods, the gangs
