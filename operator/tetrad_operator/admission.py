@@ -2,7 +2,8 @@
 
 Job reconciles register complete, gated gangs here. A single task, woken by capacity changes
 (pods ending, nodes changing) and by new requests, reads every unfinished pod in the cluster
-from its own informer, asks `gang.plan_admission` which gangs fit, and removes their gates.
+from the operator's pod informer, asks `gang.plan_admission` which gangs fit, and removes their
+gates.
 Decisions are serialized, and a gang released but not yet bound counts as taking its room: the
 informer shows it by the pods' release annotation, and until the watch shows that, the admitter
 counts the gang from its own memory (`released`). A watch that lags can then only make room
@@ -34,7 +35,6 @@ from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
-UNFINISHED = "status.phase!=Succeeded,status.phase!=Failed"
 MIN_INTERVAL = 0.25  # seconds between two admission rounds
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 RELEASE_SEEN_SECONDS = 30.0  # how long a gang released here counts from memory if the watch never shows it
@@ -87,7 +87,8 @@ class GangAdmitter:
         # released yet: (key, restart) -> (time.monotonic() of the release, its pods).
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
-        self.informers: list[Informer[PodState]] = []  # every unfinished pod, from `start`
+        # The operator's pod informers over `scopes()`: every unfinished pod, and the operator's own.
+        self.informers: list[Informer[PodState]] = []
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
         self._last = 0.0
@@ -123,11 +124,10 @@ class GangAdmitter:
             except Exception:
                 log.exception("gang admission failed; retrying in %ss", self.retry_seconds)
 
-    async def start(self) -> list[asyncio.Task[None]]:
-        """Watch every unfinished pod, cluster-wide (or, where the operator may not and watches
-        namespaces, in those only); returns the watch tasks once their first LIST is in. Raises
-        PermissionError, naming the rule to grant, when it may not list and watch pods there."""
-        scopes: list[str | None] = [None]
+    async def scopes(self) -> list[str | None]:
+        """Where the pods must be watched: cluster-wide (None), or, where the operator may not and
+        watches namespaces, in those only. Raises PermissionError, naming the rule to grant, when
+        it may not list and watch pods there."""
         if not await self.may_watch_pods(None):
             if not self.namespaces:
                 raise PermissionError("the gang admission must list and watch pods in every namespace: grant the "
@@ -139,12 +139,8 @@ class GangAdmitter:
                                       f"operator's ServiceAccount pods [list, watch] there (the chart's Role)")
             log.warning("may not list and watch pods in every namespace: the gang admission counts only the pods of "
                         "%s; other namespaces' pods on the same nodes are invisible to it", ", ".join(self.namespaces))
-            scopes = list(self.namespaces)
-        self.informers = [Informer(self.kube, path("v1", "pods", ns), PodState.from_body, self._on_pod_change,
-                                   fields=UNFINISHED) for ns in scopes]
-        tasks = [asyncio.create_task(i.run(), name=f"watch {i.url_path} (gang admission)") for i in self.informers]
-        await asyncio.gather(*(i.synced.wait() for i in self.informers))
-        return tasks
+            return list(self.namespaces)
+        return [None]
 
     async def may_watch_pods(self, namespace: str | None) -> bool:
         """Whether the API server lets this operator list and watch pods in `namespace` (None: in
@@ -159,17 +155,19 @@ class GangAdmitter:
                 return False
         return True
 
-    def _on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
+    def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         # A pod ended or went (room freed), a release shows in the watch, or a pod is bound (the
         # scheduler may have placed it elsewhere than a plan counted it).
-        if new is None or (old is not None and (old.gated != new.gated or old.node != new.node)):
+        if old is None or old.terminal:
+            return  # a new pod takes no room until it is released or bound
+        if new is None or new.terminal or old.gated != new.gated or old.node != new.node:
             self.kick()
 
     def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest]]:
         """From the informer and the releases it may not show yet: the bound pods, the gangs
         released and not all bound (reservations included), and the waiting gangs whose pods
         are all still gated as requested."""
-        pods = [p for i in self.informers for p in i.items.values()]
+        pods = [p for i in self.informers for p in i.items.values() if not p.terminal]
         by_name = {(p.namespace, p.name): p for p in pods}
         bound = [p for p in pods if p.node]
         groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -150,10 +150,8 @@ class Controller:
         self.metrics = OperatorMetrics(lambda: self.phases)
         kube.on_error = self.metrics.api_error
         self.limit = asyncio.Semaphore(settings.api_concurrency)
-        # The operator's pods (in each watched namespace, or cluster-wide) grouped by job, and every node.
-        self.pod_informers = [Informer(kube, path("v1", "pods", ns), PodState.from_body, self.on_pod_change,
-                                       selector=names.pod_selector(), group=lambda p: (p.namespace, p.job))
-                              for ns in (namespaces if namespaces is not None else [None])]
+        # Every unfinished pod and the operator's own (theirs grouped by job), from `start`; every node.
+        self.pod_informers: list[Informer[PodState]] = []
         self.node_informer = Informer(kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
         self.session: aiohttp.ClientSession | None = None
         self.admission = GangAdmitter(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
@@ -172,10 +170,13 @@ class Controller:
     async def start(self) -> None:
         """Start watching; returns once every informer holds its first LIST."""
         self.session = aiohttp.ClientSession()
+        # One pod watch serves the job loops and the gang admission: its scopes are the admission's.
+        self.pod_informers = self.admission.informers = [
+            Informer(self.kube, path("v1", "pods", ns), pod_view, self.on_pod_change, group=job_key)
+            for ns in await self.admission.scopes()]
         informers: list[Informer[Any]] = [*self.pod_informers, self.node_informer]
         self._tasks += [asyncio.create_task(i.run(), name=f"watch {i.url_path}") for i in informers]
         await asyncio.gather(*(i.synced.wait() for i in informers))
-        self._tasks += await self.admission.start()
         self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
 
     async def stop(self) -> None:
@@ -223,9 +224,11 @@ class Controller:
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         if old == new:
             return  # e.g. a condition's probe time: nothing the decisions look at changed
+        self.admission.on_pod_change(old, new)
         pod = new or old
         assert pod is not None
-        self.wake((pod.namespace, pod.job))  # the admission's own informer sees room freed
+        if pod.job:
+            self.wake((pod.namespace, pod.job))
 
     def on_node_change(self, old: NodeState | None, new: NodeState | None) -> None:
         if old == new:
@@ -572,6 +575,16 @@ class Controller:
         except ApiError as e:
             self.metrics.scrapes.labels("error").inc()
             log.warning("could not write training figures of %s/%s: %s", key[0], key[1], e)
+
+
+def pod_view(body: Mapping[str, Any]) -> PodState | None:
+    """The operator's pods, all of them; another's only while it may take room on a node."""
+    pod = PodState.from_body(body)
+    return pod if pod.job or not pod.terminal else None
+
+
+def job_key(pod: PodState) -> Key | None:
+    return (pod.namespace, pod.job) if pod.job else None
 
 
 async def _sleep(wake: asyncio.Event, stopped: Any, timeout: float) -> None:

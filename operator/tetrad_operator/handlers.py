@@ -1,7 +1,7 @@
 """kopf registrations: thin adapters from kopf's watch events to the Controller.
 
-- the startup handler starts the Controller, whose own informers watch the operator's pods and
-  every node (kopf watches only the jobs);
+- the startup handler starts the Controller, whose own informers watch the pods and every node
+  (kopf watches only the jobs);
 - the job event handler only wakes the job's loop;
 - one daemon per ParallelTrainingJob runs that job's reconcile loop; kopf stops it when the
   job is deleted or when peering pauses this replica, and starts it again on resume.

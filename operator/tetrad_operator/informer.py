@@ -4,7 +4,8 @@ stream breaks.
 
 Each change reaches `on_change(old, new)` (None where the object is absent) in the event loop,
 one JSON parse and one view per event: the operator's own informer, because kopf's per-object
-machinery cost far more than the views for a thousand pods and nodes.
+machinery cost far more than the views for a thousand pods and nodes. A view of None leaves the
+object out, as if absent; a group of None leaves it ungrouped.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 
 class Informer(Generic[V]):
-    def __init__(self, kube: Kube, url_path: str, view: Callable[[Mapping[str, Any]], V],
+    def __init__(self, kube: Kube, url_path: str, view: Callable[[Mapping[str, Any]], V | None],
                  on_change: Callable[[V | None, V | None], None], *, selector: str | None = None,
-                 fields: str | None = None, group: Callable[[V], Hashable] | None = None):
+                 fields: str | None = None, group: Callable[[V], Hashable | None] | None = None):
         self.kube = kube
         self.url_path = url_path
         self.view = view
@@ -91,8 +92,8 @@ class Informer(Generic[V]):
                 members.pop(key, None)
                 if not members:
                     del self.groups[self.group_of(old)]
-            if new is not None:
-                self.groups.setdefault(self.group_of(new), {})[key] = new
+            if new is not None and (group := self.group_of(new)) is not None:
+                self.groups.setdefault(group, {})[key] = new
         if old is not None or new is not None:
             try:
                 self.on_change(old, new)

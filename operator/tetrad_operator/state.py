@@ -39,7 +39,7 @@ def format_time(value: datetime) -> str:
 class PodState:
     name: str
     uid: str
-    job: str
+    job: str  # the Tetrad job it belongs to; "" for a pod Tetrad does not manage
     restart: int
     rank: int
     phase: str  # Pending, Running, Succeeded, Failed, Unknown
@@ -93,7 +93,7 @@ class PodState:
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
-            job=labels.get(contract.LABEL_JOB, ""),
+            job=labels.get(contract.LABEL_JOB, "") if labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY else "",
             namespace=meta.get("namespace", ""),
             restart=_int(labels.get(contract.LABEL_RESTART)),
             rank=_int(labels.get(contract.LABEL_RANK)),

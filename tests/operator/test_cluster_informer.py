@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from tetrad_operator.controller import job_key, pod_view
 from tetrad_operator.informer import Informer
 from tetrad_operator.kube import Kube, load_configuration, path
 from tetrad_operator.state import PodState
@@ -17,9 +18,10 @@ pytestmark = pytest.mark.cluster
 
 
 def fake_pod(name: str, job: str | None) -> dict[str, Any]:
-    """A pod no node selects (it stays Pending), labelled with its job when it has one."""
+    """A pod no node selects (it stays Pending), labelled as Tetrad's with its job when it has one."""
+    labels = {contract.LABEL_JOB: job, contract.LABEL_MANAGED_BY: contract.MANAGED_BY} if job else {}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {contract.LABEL_JOB: job} if job else {}},
+            "metadata": {"name": name, "labels": labels},
             "spec": {"nodeSelector": {"tetrad.dev/test": "nowhere"},
                      "containers": [{"name": "c", "image": "registry.invalid/none"}]}}
 
@@ -90,3 +92,28 @@ def test_a_list_after_a_gap_tells_what_went_meanwhile(operator_cluster, api, nam
 
     seen = asyncio.run(run())
     assert [(o and o.name, n and n.name) for o, n in seen] == [("gone-0", None), (None, "kept-0")]
+
+
+def test_the_operators_one_pod_watch_keeps_its_finished_pods_and_lets_anothers_go(operator_cluster, api, namespace):
+    """The job loops need their finished pods; the gang admission needs every pod that takes room."""
+    async def run() -> dict[str, Any]:
+        kube = kube_for(operator_cluster)
+        gone: list[str] = []
+        informer = Informer(kube, path("v1", "pods", namespace), pod_view,
+                            lambda o, n: gone.append(o.name) if o is not None and n is None else None, group=job_key)
+        task = asyncio.create_task(informer.run())
+        try:
+            await asyncio.wait_for(informer.synced.wait(), 30)
+            for name, job in (("ours-0", "ours"), ("theirs", None)):
+                api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod(name, job=job))
+            await until(lambda: len(informer.items) == 2)
+            assert informer.groups == {(namespace, "ours"): {f"{namespace}/ours-0": informer.items[f"{namespace}/ours-0"]}}
+            for name in ("ours-0", "theirs"):
+                api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {"phase": "Succeeded"}})
+            await until(lambda: gone == ["theirs"] and informer.items[f"{namespace}/ours-0"].terminal)
+            return informer.items
+        finally:
+            task.cancel()
+            await kube.close()
+
+    assert list(asyncio.run(run())) == [f"{namespace}/ours-0"]

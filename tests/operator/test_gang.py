@@ -228,8 +228,8 @@ def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_s
     assert asyncio.run(admitter.reserve(late)) is False and not admitter.released
     admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Running") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
     assert asyncio.run(admitter.reserve(late)) is False
-    # They end (an unfinished-pod watch drops them): the room is free.
-    admitter.informers = [Watch()]  # type: ignore[list-item]
+    # They end (the informer keeps the operator's finished pods): the room is free.
+    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Succeeded") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
     assert asyncio.run(admitter.reserve(late)) is True
 
 
@@ -257,10 +257,13 @@ def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_g
     admitter.request(request("waiting", [member(pod("w0", cpu="6"), "waiting", gated=True)]))
     admitter._kick.clear()
     other = member(pod("o0", cpu="6"), "other", released=True)
-    admitter._on_pod_change(other, dataclasses.replace(other, phase="Running"))
-    assert not admitter._kick.is_set(), "a change the plan does not see"
-    for new in (dataclasses.replace(other, node="a"), dataclasses.replace(other, gated=True), None):
-        admitter._on_pod_change(other, new)
+    admitter.on_pod_change(other, dataclasses.replace(other, phase="Running"))
+    admitter.on_pod_change(None, other)
+    ended = dataclasses.replace(other, phase="Failed")
+    admitter.on_pod_change(ended, None)
+    assert not admitter._kick.is_set(), "changes the plan does not see: a new pod, a finished one going"
+    for new in (dataclasses.replace(other, node="a"), dataclasses.replace(other, gated=True), ended, None):
+        admitter.on_pod_change(other, new)
         assert admitter._kick.is_set(), new
         admitter._kick.clear()
 
@@ -308,6 +311,10 @@ def test_the_admission_asks_the_api_server_for_both_list_and_watch_before_choosi
     assert asyncio.run(admitter.may_watch_pods(None))
     assert not asyncio.run(admitter.may_watch_pods("a")), "list without watch is not enough"
     assert kube.asked == [("list", ""), ("watch", ""), ("list", "a"), ("watch", "a")]
+    assert asyncio.run(admitter.scopes()) == [None], "cluster-wide where it may"
+    namespaced = GangAdmitter(ReviewingKube({("list", "a"), ("watch", "a")}), list, lambda key: None,  # type: ignore[arg-type]
+                              OperatorMetrics(dict), asyncio.Semaphore(1), ["a"])
+    assert asyncio.run(namespaced.scopes()) == ["a"], "else in the watched namespaces"
 
 
 @pytest.mark.parametrize(("namespaces", "allowed", "named"), [
@@ -318,5 +325,4 @@ def test_an_admission_that_may_not_watch_pods_stops_the_start_naming_the_rule(na
     admitter = GangAdmitter(ReviewingKube(allowed), list, lambda key: None, OperatorMetrics(dict),  # type: ignore[arg-type]
                             asyncio.Semaphore(1), namespaces)
     with pytest.raises(PermissionError, match=named):
-        asyncio.run(admitter.start())
-    assert admitter.informers == [], "nothing started"
+        asyncio.run(admitter.scopes())

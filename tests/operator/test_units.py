@@ -20,6 +20,8 @@ from tetrad_operator.controller import (
     QUEUE_READ_SECONDS,
     Controller,
     JobLoop,
+    job_key,
+    pod_view,
 )
 from tetrad_operator.kube import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
@@ -34,7 +36,8 @@ from .fakes import T0, job_body
 
 def pod_body(**status) -> dict:
     return {"metadata": {"name": "j-r2-1", "uid": "u", "namespace": "ns",
-                         "labels": {contract.LABEL_JOB: "j", contract.LABEL_RESTART: "2", contract.LABEL_RANK: "1"}},
+                         "labels": {contract.LABEL_JOB: "j", contract.LABEL_RESTART: "2", contract.LABEL_RANK: "1",
+                                    contract.LABEL_MANAGED_BY: contract.MANAGED_BY}},
             "spec": {"containers": [{"name": "trainer"}], "schedulingGates": [{"name": contract.GANG_GATE}, {"name": "other"}]},
             "status": status}
 
@@ -59,6 +62,16 @@ def test_pod_state_reads_labels_gates_and_exit_codes():
     unplaced = PodState.from_body(pod_body(phase="Pending", conditions=[
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes are available"}]))
     assert unplaced.unschedulable == "0/4 nodes are available"
+
+
+def test_the_pod_watch_keeps_the_operators_pods_in_any_phase_and_others_while_they_take_room():
+    ours, ended = pod_body(phase="Running"), pod_body(phase="Succeeded")
+    assert pod_view(ours).job == "j" and pod_view(ended).phase == "Succeeded"
+    assert job_key(pod_view(ended)) == ("ns", "j")
+    foreign = pod_body(phase="Running")
+    del foreign["metadata"]["labels"][contract.LABEL_MANAGED_BY]  # a job label alone is not Tetrad's
+    assert pod_view(foreign).job == "" and job_key(pod_view(foreign)) is None
+    assert pod_view({**foreign, "status": {"phase": "Failed"}}) is None
 
 
 def test_node_state():
