@@ -72,7 +72,7 @@ def node_matches(pod: PodState, node: NodeState) -> bool:
     """Whether the scheduler may place the pod on the node at all (ignoring free resources)."""
     if not node.ready or node.unschedulable:
         return False
-    if any(t.get("effect") in BLOCKING_EFFECTS and not tolerates(pod.tolerations, t) for t in node.taints):
+    if node.taints and any(t.get("effect") in BLOCKING_EFFECTS and not tolerates(pod.tolerations, t) for t in node.taints):
         return False
     labels = node.label_map
     if any(labels.get(k) != v for k, v in pod.node_selector):

@@ -19,7 +19,7 @@ PREFIX = "TETRAD_OPERATOR_"
 class OperatorSettings:
     resync_seconds: float = 30.0  # reconcile every job at least this often
     batch_seconds: float = 0.05  # gather a burst of pod events into one reconcile
-    api_concurrency: int = 64  # parallel API calls (pod creations, deletions, ungates)
+    api_concurrency: int = 16  # parallel API calls (pod creations, deletions, ungates)
     admission_retry_seconds: float = 5.0  # re-try waiting gangs this often even without events
     scrape_interval_seconds: float = 15.0  # read rank 0's metrics this often while Running
     scrape_timeout_seconds: float = 2.0
