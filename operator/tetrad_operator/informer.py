@@ -31,13 +31,12 @@ def object_key(obj: Mapping[str, Any]) -> str:
 class Informer(Generic[V]):
     def __init__(self, kube: Kube, url_path: str, view: Callable[[Mapping[str, Any]], V | None],
                  on_change: Callable[[V | None, V | None], None], *, selector: str | None = None,
-                 fields: str | None = None, group: Callable[[V], Hashable | None] | None = None):
+                 group: Callable[[V], Hashable | None] | None = None):
         self.kube = kube
         self.url_path = url_path
         self.view = view
         self.on_change = on_change
-        # An object that stops matching a field selector (a pod that ends) comes as DELETED.
-        self.query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", fields)) if v}
+        self.query = {"labelSelector": selector} if selector else {}
         self.group_of = group
         self.items: dict[str, V] = {}  # by object_key
         self.groups: dict[Hashable, dict[str, V]] = {}  # by group_of(view), then namespace/name

@@ -1,15 +1,18 @@
 """The operator's informer against the real API server: changes arrive as (old, new) views grouped
-by job, and a LIST after a gap tells what went meanwhile."""
+by job, and a LIST after a gap, or after the server forgot the watch's version, tells what went
+meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
+from urllib.request import Request, urlopen
 
 import pytest
 from tetrad_operator.controller import job_key, pod_view
 from tetrad_operator.informer import Informer
-from tetrad_operator.kube import Kube, load_configuration, path
+from tetrad_operator.kube import Gone, Kube, load_configuration, path
 from tetrad_operator.state import PodState
 
 from tetrad.api import contract
@@ -117,3 +120,68 @@ def test_the_operators_one_pod_watch_keeps_its_finished_pods_and_lets_anothers_g
             await kube.close()
 
     assert list(asyncio.run(run())) == [f"{namespace}/ours-0"]
+
+
+def compact_etcd(cluster: Any) -> None:
+    """Forget every older revision, as the API server has etcd do every five minutes."""
+    url = f"http://127.0.0.1:{cluster.env['ETCD_PORT']}/v3/kv"
+    with urlopen(Request(f"{url}/range", data=b'{"key": "AA=="}')) as rsp:
+        revision = json.load(rsp)["header"]["revision"]
+    with urlopen(Request(f"{url}/compaction", data=json.dumps({"revision": revision, "physical": True}).encode())):
+        pass
+
+
+def event(name: str, namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace}, "reason": "Test", "message": name}
+
+
+class Forgetful(Informer[str]):
+    """Its first watch starts from a version etcd has forgotten, as after a long disconnection;
+    later LISTs are as usual."""
+
+    lists = 0
+
+    async def _relist(self) -> str:
+        version = await super()._relist()
+        self.lists += 1
+        return "1" if self.lists == 1 else version
+
+
+def test_a_watch_from_a_forgotten_version_lists_again_and_tells_what_changed_meanwhile(operator_cluster, api, namespace):
+    """410 Gone from the real API server: the watch raises Gone, the informer lists again, and a
+    change made in between arrives as a difference of the new LIST. Events, because the API
+    server keeps no watch cache for them: their watches read etcd, whose history is compacted."""
+    compact_etcd(operator_cluster)
+    events = f"/api/v1/namespaces/{namespace}/events"
+
+    async def run() -> tuple[Forgetful, list[tuple[Any, Any]]]:
+        kube = kube_for(operator_cluster)
+        with pytest.raises(Gone):
+            async with asyncio.timeout(30):
+                async for _ in kube.watch(events, "1"):
+                    pass
+        api.create(events, event("early", namespace))
+        seen: list[tuple[Any, Any]] = []
+
+        def on_change(old: str | None, new: str | None) -> None:
+            seen.append((old, new))
+            if len(seen) == 1:  # between the first LIST and its watch, which the server refuses
+                api.delete(f"{events}/early")
+                api.create(events, event("late", namespace))
+
+        informer = Forgetful(kube, events, lambda body: body["metadata"]["name"], on_change)
+        task = asyncio.create_task(informer.run())
+        try:
+            await until(lambda: informer.lists == 2 and seen[-1] == (None, "late"))
+            api.create(events, event("later", namespace))  # the watch goes on from the new LIST
+            await until(lambda: seen[-1] == (None, "later"))
+            return informer, seen
+        finally:
+            task.cancel()
+            await kube.close()
+
+    informer, seen = asyncio.run(run())
+    assert informer.lists == 2
+    assert sorted(informer.items.values()) == ["late", "later"]
+    assert seen == [(None, "early"), ("early", None), (None, "late"), (None, "later")]
