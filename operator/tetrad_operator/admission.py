@@ -10,10 +10,12 @@ counts the gang from its own memory (`released`). A watch that lags can then onl
 look taken that is free, never the reverse, so two gangs that fit only one at a time can never
 both be released.
 
-A new incarnation asks first (`reserve`), before its pods exist: if it fits now, by the same
+A new incarnation asks first (`reserve`), before its pods exist: if it fits, by the same
 decision, its pods are created already released, one write each instead of a create and an
 ungating patch, and count as a released gang while they are created (`reserved`) and then until
-the watch shows them (`unreserve`).
+the watch shows them (`unreserve`). Its answer comes from the loop's next round, which plans
+every gang that asked since the last one, and every waiting gang, at once: a burst of new jobs
+costs a plan per round, not one each.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class GangAdmitter:
         # released yet: (key, restart) -> (time.monotonic() of the release, its pods).
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
+        # New incarnations asking to be created released, answered by the next round.
+        self.asks: dict[Key, tuple[gang.GangRequest, asyncio.Future[bool]]] = {}
         # The operator's pod informers over `scopes()`: every unfinished pod, and the operator's own.
         self.informers: list[Informer[PodState]] = []
         self.lock = asyncio.Lock()
@@ -115,7 +119,7 @@ class GangAdmitter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), timeout=self.retry_seconds if self.waiting else None)
             self._kick.clear()
-            if not self.waiting:
+            if not self.waiting and not self.asks:
                 continue
             await asyncio.sleep(max(self.batch_seconds, MIN_INTERVAL - (time.monotonic() - self._last)))
             self._last = time.monotonic()
@@ -206,19 +210,31 @@ class GangAdmitter:
         return unseen
 
     async def reserve(self, req: gang.GangRequest) -> bool:
-        """Whether a new incarnation's gang (its rendered pods, none created yet) fits now beside the
-        waiting gangs, decided as a release is; if so it counts as released until `unreserve`."""
-        async with self.lock:
-            bound, in_flight, waiting = self._snapshot()
-            plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, req])
-            if not any(a.request is req for a in plan):
-                return False
-            self.reserved[req.key] = req.pods
-            self.metrics.gangs_admitted.inc()
-            self.metrics.gang_wait.observe(0.0)
-            log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
-                     req.namespace, req.name, req.restart, len(req.pods))
-            return True
+        """Whether a new incarnation's gang (its rendered pods, none created yet) fits beside the
+        waiting gangs, decided by the next round as a release is; if so it counts as released
+        until `unreserve`."""
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.asks[req.key] = (req, answer)
+        self._kick.set()
+        try:
+            return await answer
+        except asyncio.CancelledError:  # the job's loop stopped: the round must not hold room for it
+            if self.asks.get(req.key, (None, None))[1] is answer:
+                del self.asks[req.key]
+            raise
+
+    def _answer(self, asks: dict[Key, tuple[gang.GangRequest, asyncio.Future[bool]]], fits: set[Key]) -> None:
+        """Tell each asking gang whether it fits; one that fits counts as released from now on."""
+        for key, (req, answer) in asks.items():
+            if answer.done():  # its loop stopped meanwhile
+                continue
+            if key in fits:
+                self.reserved[key] = req.pods
+                self.metrics.gangs_admitted.inc()
+                self.metrics.gang_wait.observe(0.0)
+                log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
+                         req.namespace, req.name, req.restart, len(req.pods))
+            answer.set_result(key in fits)
 
     def unreserve(self, key: Key) -> None:
         """The reserved gang's creations are over: it counts until the watch shows its pods."""
@@ -230,8 +246,16 @@ class GangAdmitter:
         async with self.lock:
             started = time.monotonic()
             bound, in_flight, waiting = self._snapshot()
-            plan = gang.plan_admission(self.nodes(), bound, in_flight, waiting)
+            asks, self.asks = self.asks, {}
+            asking = {id(r) for r, _ in asks.values()}
+            fits: set[Key] = set()
+            try:
+                plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asks.values())])
+                fits = {a.request.key for a in plan if id(a.request) in asking}
+            finally:
+                self._answer(asks, fits)
             planned = time.monotonic()
+            plan = [a for a in plan if id(a.request) not in asking]  # the new gangs that fit are created released
             for a in plan:
                 req = a.request
                 t = time.monotonic()

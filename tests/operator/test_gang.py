@@ -204,33 +204,77 @@ def member(p: PodState, job: str, **state: object) -> PodState:
     return dataclasses.replace(p, namespace="ns", job=job, **state)
 
 
+real_plan = gang.plan_admission
+
+
+def ask(admitter: GangAdmitter, *gangs: gang.GangRequest) -> list[bool]:
+    """Whether each new gang may be created released: they ask, then one admission round answers."""
+    async def run() -> list[bool]:
+        asking = [asyncio.create_task(admitter.reserve(g)) for g in gangs]
+        await asyncio.sleep(0)
+        await admitter.admit_once()
+        return [await a for a in asking]
+
+    return asyncio.run(run())
+
+
 def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_shows_them():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     admitter = admitter_on(ns)
     gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}"), member(pod(f"g{i}-1", cpu="6"), f"g{i}")], age=i)
              for i in range(3)]
 
-    async def ask_all() -> list[bool]:
-        return list(await asyncio.gather(*(admitter.reserve(g) for g in gangs)))
-
     # Each fits alone, only one at a time: the oldest goes, released; the others are created gated.
-    assert asyncio.run(ask_all()) == [True, False, False]
+    assert ask(admitter, *reversed(gangs)) == [False, False, True]
     assert set(admitter.reserved) == {("ns", "g0")}
     # While its pods are being created it holds the room: a gang asking now is refused.
     late = request("late", [member(pod("l0", cpu="6"), "late")], age=9)
-    assert asyncio.run(admitter.reserve(late)) is False
+    assert ask(admitter, late)[0] is False
     # Created, but the watch does not show them yet: still counted, from memory.
     admitter.unreserve(("ns", "g0"))
-    assert asyncio.run(admitter.reserve(late)) is False
+    assert ask(admitter, late)[0] is False
     # The watch shows them released and unbound, then bound: counted from the watch.
     shown = [dataclasses.replace(p, released=True) for p in gangs[0].pods]
     admitter.informers = [Watch(*shown)]  # type: ignore[list-item]
-    assert asyncio.run(admitter.reserve(late)) is False and not admitter.released
+    assert ask(admitter, late)[0] is False and not admitter.released
     admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Running") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
-    assert asyncio.run(admitter.reserve(late)) is False
+    assert ask(admitter, late)[0] is False
     # They end (the informer keeps the operator's finished pods): the room is free.
     admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Succeeded") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
-    assert asyncio.run(admitter.reserve(late)) is True
+    assert ask(admitter, late)[0] is True
+
+
+def test_new_gangs_asking_together_are_answered_by_one_plan(monkeypatch):
+    admitter = admitter_on(nodes(node_body("a", cpu="8"), node_body("b", cpu="8")))
+    gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}")], age=i) for i in range(3)]
+    plans = []
+    monkeypatch.setattr(gang, "plan_admission", lambda *a: plans.append(a) or real_plan(*a))
+
+    async def run() -> list[bool]:
+        rounds = asyncio.create_task(admitter.run())  # the operator's one admission loop
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*(admitter.reserve(g) for g in gangs)), 10))
+        finally:
+            rounds.cancel()
+
+    assert asyncio.run(run()) == [True, True, False]
+    assert len(plans) == 1 and set(admitter.reserved) == {("ns", "g0"), ("ns", "g1")}
+
+
+def test_a_gang_whose_loop_stops_while_it_asks_holds_no_room():
+    admitter = admitter_on(nodes(node_body("a", cpu="8")))
+    stopped, later = (request(n, [member(pod(f"{n}-0", cpu="6"), n)], age=i) for i, n in enumerate(("stopped", "later")))
+
+    async def stop_asking() -> None:
+        asking = asyncio.create_task(admitter.reserve(stopped))
+        await asyncio.sleep(0)
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+
+    asyncio.run(stop_asking())
+    assert not admitter.asks
+    assert ask(admitter, later) == [True] and set(admitter.reserved) == {("ns", "later")}
 
 
 def test_a_gang_being_created_that_the_watch_shows_in_part_is_counted_once():
@@ -238,18 +282,18 @@ def test_a_gang_being_created_that_the_watch_shows_in_part_is_counted_once():
     ns = nodes(*(node_body(n, cpu="8") for n in "abcd"))
     admitter = admitter_on(ns)
     creating = request("creating", [member(pod(f"c{i}", cpu="6"), "creating") for i in range(2)])
-    assert asyncio.run(admitter.reserve(creating))
+    assert ask(admitter, creating)[0]
     # The watch shows its first pod (created released) while the second is being created:
     # that pod is counted once, not once from the watch and again from memory.
     admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True))]  # type: ignore[list-item]
     second = request("second", [member(pod(f"s{i}", cpu="6"), "second") for i in range(2)], age=1)
-    assert asyncio.run(admitter.reserve(second))
+    assert ask(admitter, second)[0]
     # Both hold their room: a third finds none.
     third = request("third", [member(pod("t0", cpu="6"), "third")], age=2)
-    assert not asyncio.run(admitter.reserve(third))
+    assert not ask(admitter, third)[0]
     # The first pod is bound where the plan did not put it: it counts as bound, still once.
     admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True, node="d", phase="Running"))]  # type: ignore[list-item]
-    assert not asyncio.run(admitter.reserve(third))
+    assert not ask(admitter, third)[0]
 
 
 def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_gang_waits():
