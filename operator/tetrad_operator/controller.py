@@ -326,9 +326,9 @@ class Controller:
             return 0.05  # the job changed under us: read it again
         self._count(old, decision.status)
         loop.phase = decision.status.get("phase") or ""
-        if decision.events:
-            await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events))
-        await self._apply(body, loop, pods, decision.actions, decision.release_at_creation)
+        # The events go beside the actions: a new job's pods need not wait for its Created event.
+        await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events),
+                             self._apply(body, loop, pods, decision.actions, decision.release_at_creation))
         if decision.gang is not None:
             self.admission.request(decision.gang)
         else:
