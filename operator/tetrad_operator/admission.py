@@ -245,11 +245,11 @@ class GangAdmitter:
     async def admit_once(self) -> list[gang.GangRelease]:
         async with self.lock:
             started = time.monotonic()
-            bound, in_flight, waiting = self._snapshot()
             asks, self.asks = self.asks, {}
             asking = {id(r) for r, _ in asks.values()}
             fits: set[Key] = set()
-            try:
+            try:  # a round that fails answers no: those gangs are created gated, and wait
+                bound, in_flight, waiting = self._snapshot()
                 plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asks.values())])
                 fits = {a.request.key for a in plan if id(a.request) in asking}
             finally:

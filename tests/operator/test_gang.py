@@ -261,6 +261,23 @@ def test_new_gangs_asking_together_are_answered_by_one_plan(monkeypatch):
     assert len(plans) == 1 and set(admitter.reserved) == {("ns", "g0"), ("ns", "g1")}
 
 
+def test_a_round_that_fails_answers_no_and_the_gang_is_created_gated():
+    def broken() -> list[NodeState]:
+        raise RuntimeError("a bug in a round")
+
+    admitter = GangAdmitter(None, broken, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
+
+    async def run() -> bool:
+        asking = asyncio.create_task(admitter.reserve(request("asking", [member(pod("a-0", cpu="6"), "asking")])))
+        await asyncio.sleep(0)
+        with pytest.raises(RuntimeError):
+            await admitter.admit_once()
+        return await asking
+
+    assert asyncio.run(run()) is False
+    assert not admitter.asks and not admitter.reserved
+
+
 def test_a_gang_whose_loop_stops_while_it_asks_holds_no_room():
     admitter = admitter_on(nodes(node_body("a", cpu="8")))
     stopped, later = (request(n, [member(pod(f"{n}-0", cpu="6"), n)], age=i) for i, n in enumerate(("stopped", "later")))
