@@ -218,9 +218,11 @@ class GangAdmitter:
         self._kick.set()
         try:
             return await answer
-        except asyncio.CancelledError:  # the job's loop stopped: the round must not hold room for it
+        except asyncio.CancelledError:  # the job's loop stopped: no round may hold room for it
             if self.asks.get(req.key, (None, None))[1] is answer:
                 del self.asks[req.key]
+            elif answer.done() and not answer.cancelled() and answer.result():
+                del self.reserved[req.key]  # answered yes just as it stopped: none of its pods exists
             raise
 
     def _answer(self, asks: dict[Key, tuple[gang.GangRequest, asyncio.Future[bool]]], fits: set[Key]) -> None:

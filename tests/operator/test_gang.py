@@ -289,8 +289,18 @@ def test_a_gang_whose_loop_stops_while_it_asks_holds_no_room():
         with pytest.raises(asyncio.CancelledError):
             await asking
 
-    asyncio.run(stop_asking())
-    assert not admitter.asks
+    async def stop_when_answered() -> None:  # the round said yes; the loop stops before it reads that
+        asking = asyncio.create_task(admitter.reserve(stopped))
+        await asyncio.sleep(0)
+        await admitter.admit_once()
+        assert set(admitter.reserved) == {("ns", "stopped")}
+        asking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asking
+
+    for stop in (stop_asking, stop_when_answered):
+        asyncio.run(stop())
+        assert not admitter.asks and not admitter.reserved, stop
     assert ask(admitter, later) == [True] and set(admitter.reserved) == {("ns", "later")}
 
 
