@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tetrad_trainer.train import write_whole_lines
 
 from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
@@ -52,6 +54,35 @@ def test_local_command_is_the_pods_command() -> None:
     assert local_command(Path("/w/config.json")) == [sys.executable, "-m", "tetrad_trainer.preemption",
                                                      sys.executable, "-m", "torch.distributed.run", "-m",
                                                      "tetrad_trainer.train", "--config", "/w/config.json"]
+
+
+class Writes(io.RawIOBase):
+    """A file that records each write it gets (each one a write(2) on the node's shared log)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:  # type: ignore[override]
+        data = bytes(b)
+        self.writes.append(data)
+        return len(data)
+
+
+def test_a_worker_writes_each_line_in_one_write_so_ranks_sharing_a_log_do_not_split_each_others_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # What PYTHONUNBUFFERED gives a worker: write-through text over the raw file.
+    out, err = Writes(), Writes()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(out, write_through=True))  # type: ignore[type-var]
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(err, write_through=True))  # type: ignore[type-var]
+    write_whole_lines()
+    print(json.dumps({"event": "collective_timeout", "rank": 2}), flush=True)
+    print("[tetrad rank 3]", "a warning", file=sys.stderr)
+    print(json.dumps({"step": 1}))
+    assert out.writes == [b'{"event": "collective_timeout", "rank": 2}\n', b'{"step": 1}\n']
+    assert err.writes == [b"[tetrad rank 3] a warning\n"]
 
 
 def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -373,8 +374,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_whole_lines() -> None:
+    """A node's workers share its stdout and stderr, which PYTHONUNBUFFERED makes write-through:
+    print's text and its newline are two writes, and two ranks printing at once interleave them
+    (`{...}{...}` then two newlines: a JSON line no reader parses). Line buffering makes each line
+    one write."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGKILL)  # torchrun gone: nobody waits for this worker any more
+    write_whole_lines()
     code = run(parse_args(argv))
     report_exit(code)  # for the node's exit-code supervisor (tetrad_trainer.preemption)
     return code
