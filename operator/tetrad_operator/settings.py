@@ -18,7 +18,9 @@ PREFIX = "TETRAD_OPERATOR_"
 @dataclass(frozen=True)
 class OperatorSettings:
     resync_seconds: float = 30.0  # reconcile every job at least this often
-    batch_seconds: float = 0.05  # gather a burst of pod events into one reconcile
+    # A job's loop waits this long after a wake-up, so a burst of pod events makes one pass; the
+    # admission's round waits as long after an ask.
+    batch_seconds: float = 0.3
     api_concurrency: int = 16  # parallel API calls (pod creations, deletions, ungates)
     admission_retry_seconds: float = 5.0  # re-try waiting gangs this often even without events
     scrape_interval_seconds: float = 15.0  # read rank 0's metrics this often while Running
