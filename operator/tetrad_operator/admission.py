@@ -34,6 +34,7 @@ from tetrad_operator import gang
 from tetrad_operator.informer import Informer
 from tetrad_operator.kube import STRATEGIC, Kube, path
 from tetrad_operator.metrics import OperatorMetrics
+from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], li
 class GangAdmitter:
     def __init__(self, kube: Kube, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
                  metrics: OperatorMetrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
-                 retry_seconds: float = 5.0, batch_seconds: float = 0.05):
+                 retry_seconds: float = OperatorSettings.admission_retry_seconds,
+                 batch_seconds: float = OperatorSettings.batch_seconds):
         self.kube = kube
         self.nodes = nodes
         self.wake = wake
