@@ -304,7 +304,7 @@ def test_every_rendered_env_name_is_reserved():
     from tetrad.api import ParallelTrainingJob
 
     pod = render(ParallelTrainingJob.model_validate(manifest()), restart=1).pods[1]
-    rendered = {e["name"] for c in pod["spec"]["containers"] + pod["spec"]["initContainers"] for e in c["env"]}
+    rendered = {e["name"] for c in pod["spec"]["containers"] for e in c["env"]}
     assert rendered
     for name in rendered:
         assert name in contract.RESERVED_ENV or name.startswith(contract.RESERVED_ENV_PREFIXES), name

@@ -2,7 +2,7 @@
 
     cli (tetrad.cli: commands, the plan report)         top
     launch (tetrad.launch: `tetrad run`)
-    render (tetrad.render: pure renderer), rendezvous
+    render (tetrad.render: pure renderer)
     resolve (tetrad.resolve: validation and resolution)
     plan (tetrad.plan: estimates, step time, the solver)
     api (tetrad.api: model, contract, rules, quantity)   bottom
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-LAYERS = [("tetrad.api",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render", "tetrad.rendezvous"),
+LAYERS = [("tetrad.api",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render",),
           ("tetrad.launch",), ("tetrad.cli",)]
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 

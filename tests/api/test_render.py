@@ -88,8 +88,7 @@ def test_pod_security_and_volumes():
     assert c["command"] == ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train",
                             "--config", "/etc/tetrad/config.json"]
     assert env_of(pod)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
-    assert spec["initContainers"][0]["command"] == ["python", "-m", "tetrad.rendezvous"]
-    assert render(job_of(doc)).pods[0]["spec"]["initContainers"] == []
+    assert "initContainers" not in spec  # a worker waits for the master inside the supervisor
 
 
 def test_builtin_gang_gates_every_pod():

@@ -50,8 +50,8 @@ def test_pod_state_reads_labels_gates_and_exit_codes():
     assert p.gated and not p.released
     assert (p.exit_code, p.container) == (75, "trainer")  # the trainer's code wins
     init = PodState.from_body(pod_body(phase="Failed", initContainerStatuses=[
-        {"name": "wait-for-master", "state": {"terminated": {"exitCode": 1}}}]))
-    assert (init.exit_code, init.container) == (1, "wait-for-master")
+        {"name": "setup", "state": {"terminated": {"exitCode": 1}}}]))
+    assert (init.exit_code, init.container) == (1, "setup")
     evicted = PodState.from_body(pod_body(phase="Failed", reason="Evicted", conditions=[
         {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}]))
     assert evicted.exit_code is None and evicted.disrupted == "TerminationByKubelet"

@@ -95,11 +95,11 @@ def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp
     r = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, ENV_CONFIG: str(config), "PET_MASTER_ADDR": "gate-0.no-such-service.invalid",
-                            "PET_NODE_RANK": "1", ENV_NODE_NAME: "node-b", ENV_TERMINATION_LOG: str(log)})
+                            "PET_NODE_RANK": "0", ENV_NODE_NAME: "node-b", ENV_TERMINATION_LOG: str(log)})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr
     assert not started.exists(), "torchrun must not start on a node that failed the gate"
     (failure,) = parse_termination_message(log.read_text())
-    assert (failure.node, failure.node_rank) == ("node-b", 1)
+    assert (failure.node, failure.node_rank) == ("node-b", 0)  # rank 0: a worker first waits for the name (test_rendezvous)
     assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not resolve within 2 s")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
-from tetrad.api.contract import API_VERSION, ENV_RDZV_TIMEOUT, KIND
+from tetrad.api.contract import API_VERSION, KIND
 from tetrad.render import gang, names
 from tetrad.render.env import torchrun_env
 from tetrad.resolve import resolve
@@ -19,12 +19,11 @@ from tetrad.resolve import resolve
 RUN_AS_USER = 1000
 CONFIG_PATH = f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"
 CHECKPOINT_REQUEST_PATH = f"{contract.POD_INFO_DIR}/{contract.CHECKPOINT_REQUEST_FILE}"
-# The supervisor runs torchrun and exits with the workers' own code (75 preempted, 78 config error);
-# torchrun alone exits 1 for any worker failure.
+# The supervisor (a worker first waits for the master's name) runs torchrun and exits with the
+# workers' own code (75 preempted, 78 config error); torchrun alone exits 1 for any worker failure.
 TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
 # torchrun's grace for workers after SIGTERM: the pod's grace period less time to exit.
 SHUTDOWN_MARGIN_SECONDS = 10
-WAIT_COMMAND = ["python", "-m", "tetrad.rendezvous"]
 
 
 def _copy(data: Any) -> Any:
@@ -187,16 +186,6 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         "volumeMounts": mounts,
         "securityContext": _copy(SECURE_CONTAINER),
     }
-    # Workers wait, without crash-looping, until pod 0's DNS name resolves.
-    wait = {
-        "name": "wait-for-master",
-        "image": spec.image,
-        "imagePullPolicy": spec.image_pull_policy,
-        "command": WAIT_COMMAND,
-        "env": [dict(e) for e in env_list if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", ENV_RDZV_TIMEOUT)],
-        "securityContext": _copy(SECURE_CONTAINER),
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
-    }
     labels = {contract.LABEL_RANK: str(rank), contract.LABEL_RESTART: str(restart), **spec.template.labels}
     meta = _meta(job, names.pod(name, restart, rank), labels)
     meta["annotations"].update(spec.template.annotations)
@@ -211,7 +200,6 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
             "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "initContainers": [wait] if rank else [],
         "containers": [trainer],
         "volumes": volumes,
     }

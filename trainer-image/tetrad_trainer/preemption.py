@@ -10,7 +10,8 @@ workers' exit codes were. Two pieces turn that into EXIT_PREEMPTED (75):
   stop after the same step even when only some of them were signalled. The trainer then saves,
   unless its last save's duration says the save cannot finish in the time left, and returns 75,
   which it reports with `report_exit`.
-- `python -m tetrad_trainer.preemption torchrun ...` runs torchrun as a child, forwards SIGTERM,
+- `python -m tetrad_trainer.preemption torchrun ...` (the pods' command: on a worker node it first
+  waits for the master's name, tetrad_trainer.rendezvous) runs torchrun as a child, forwards SIGTERM,
   SIGINT and SIGHUP, and exits with the workers' own code: 75 when every local worker reported
   75, 78 (EXIT_CONFIG_ERROR) or else 77 (EXIT_OOM) when any reported it, 79 (EXIT_COLLECTIVE_TIMEOUT)
   when one reported it or left an NCCL flight-recorder dump (tetrad_trainer.collective), torchrun's
@@ -53,7 +54,7 @@ from tetrad.api.contract import (
     TERMINATION_LOG,
     TERMINATION_MESSAGE_MAX,
 )
-from tetrad_trainer import collective, preflight
+from tetrad_trainer import collective, preflight, rendezvous
 
 # torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
 ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
@@ -173,7 +174,10 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
 
 
 def supervise(command: list[str]) -> int:
-    """Run `command` (torchrun ...) with signals forwarded; return the node's exit code."""
+    """Wait for the master's name (a worker node), check the node, then run `command` (torchrun ...)
+    with signals forwarded; return the node's exit code."""
+    if (failed := rendezvous.wait_for_master()) is not None:
+        return failed
     if (failed := preflight.before_torchrun()) is not None:
         return failed
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:

@@ -25,7 +25,6 @@ import os
 import socket
 import statistics
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
@@ -45,9 +44,9 @@ from tetrad.api.contract import (
 from tetrad.api.preflight import NodeFailure, parse_termination_message, slow_nodes, termination_message
 from tetrad.api.resolved import ResolvedConfig
 from tetrad_trainer.config import ConfigError, load_config
+from tetrad_trainer.rendezvous import resolves
 
 WARMUP, ITERATIONS = 1, 3
-RESOLVE_RETRY_S = 1.0
 
 
 class PreflightFailed(Exception):
@@ -82,30 +81,6 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def _lookup(name: str, answer: list[str]) -> None:
-    try:
-        socket.getaddrinfo(name, None)
-        answer.append("")
-    except OSError as e:
-        answer.append(str(e) or type(e).__name__)
-
-
-def resolves(name: str, timeout_s: float) -> str | None:
-    """None when `name` resolves within `timeout_s` (retrying), else the last resolver error."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        answer: list[str] = []
-        thread = threading.Thread(target=_lookup, args=(name, answer), daemon=True)  # getaddrinfo has no timeout
-        thread.start()
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if answer and not answer[0]:
-            return None
-        error = answer[0] if answer else f"no answer in {timeout_s:g} s"
-        if time.monotonic() + RESOLVE_RETRY_S >= deadline:
-            return error
-        time.sleep(RESOLVE_RETRY_S)
 
 
 def node_problems(cfg: ResolvedConfig) -> list[str]:

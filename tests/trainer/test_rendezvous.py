@@ -1,0 +1,65 @@
+"""A worker node waits for pod 0's name inside its supervisor, before torchrun: the real resolver,
+the real `python -m tetrad_trainer.preemption`."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tetrad_trainer import rendezvous
+from tetrad_trainer.rendezvous import wait_for_master
+
+from tetrad.api.contract import ENV_RDZV_TIMEOUT
+
+NOWHERE = "pod-0.no-such-service.invalid"  # .invalid never resolves (RFC 2606)
+
+
+def test_rank_0_and_a_node_without_a_master_do_not_wait(capsys: pytest.CaptureFixture[str]) -> None:
+    assert wait_for_master({"PET_MASTER_ADDR": NOWHERE, "PET_NODE_RANK": "0", ENV_RDZV_TIMEOUT: "60"}) is None
+    assert wait_for_master({}) is None
+    assert wait_for_master({"PET_MASTER_ADDR": "localhost", "PET_NODE_RANK": "1"}) is None
+    assert capsys.readouterr().out == "", "a name that resolves at once is not announced"
+
+
+def test_a_worker_goes_on_once_the_name_resolves(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    real, calls = socket.getaddrinfo, []
+
+    def late_dns(host: str, *args: object) -> object:  # pod 0's record appears on the third lookup
+        calls.append(host)
+        if len(calls) < 3:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real("localhost", *args)
+
+    monkeypatch.setattr(socket, "getaddrinfo", late_dns)
+    env = {"PET_MASTER_ADDR": "j-0.j.ns.svc", "PET_NODE_RANK": "2", ENV_RDZV_TIMEOUT: "30"}
+    assert wait_for_master(env, retry_s=0.05) is None
+    assert calls == ["j-0.j.ns.svc"] * 3
+    out = capsys.readouterr().out
+    assert "waiting up to 30 s for pod 0's name j-0.j.ns.svc" in out and "j-0.j.ns.svc resolves" in out
+
+
+def test_a_worker_whose_master_never_resolves_exits_1_without_starting_torchrun(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PET_MASTER_ADDR": NOWHERE, "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2"})
+    assert r.returncode == 1, r.stderr
+    assert not started.exists(), "torchrun must not start before pod 0's name resolves"
+    assert time.monotonic() - t >= 2, "it waited the rendezvous timeout"
+    assert f"pod 0's name {NOWHERE} did not resolve within 2 s" in r.stderr
+    ok = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+                        capture_output=True, text=True, timeout=60,
+                        env={**os.environ, "PET_MASTER_ADDR": "localhost", "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2"})
+    assert ok.returncode == 0 and started.exists(), ok.stderr
+
+
+def test_the_preflight_gate_and_the_wait_share_one_resolver() -> None:
+    from tetrad_trainer import preflight
+
+    assert preflight.resolves is rendezvous.resolves

@@ -1,0 +1,65 @@
+"""Pod 0's name, which every node's torchrun needs to reach the rendezvous.
+
+Pod 0's name appears in DNS once it has an IP (the Service publishes not-ready addresses), so a
+worker scheduled before it waits, bounded by the rendezvous timeout, instead of failing: the
+supervisor (`python -m tetrad_trainer.preemption`) calls `wait_for_master` before anything else,
+with the PET_* env the pods get from tetrad.render.env. The wait runs in the trainer's container
+rather than an init container of its own: a second container, with its status and managed
+fields, made each worker pod a sixth larger for every watcher of pods to decode.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from tetrad.api.contract import ENV_RDZV_TIMEOUT
+
+RESOLVE_RETRY_S = 1.0
+FIRST_LOOKUP_S = 0.5  # how long the first lookup may take before the wait is announced
+
+
+def _lookup(name: str, answer: list[str]) -> None:
+    try:
+        socket.getaddrinfo(name, None)
+        answer.append("")
+    except OSError as e:
+        answer.append(str(e) or type(e).__name__)
+
+
+def resolves(name: str, timeout_s: float, retry_s: float = RESOLVE_RETRY_S) -> str | None:
+    """None when `name` resolves within `timeout_s` (retrying), else the last resolver error."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer: list[str] = []
+        thread = threading.Thread(target=_lookup, args=(name, answer), daemon=True)  # getaddrinfo has no timeout
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if answer and not answer[0]:
+            return None
+        error = answer[0] if answer else f"no answer in {timeout_s:g} s"
+        if time.monotonic() + retry_s >= deadline:
+            return error
+        time.sleep(retry_s)
+
+
+def wait_for_master(env: Mapping[str, str] = os.environ, retry_s: float = RESOLVE_RETRY_S) -> int | None:
+    """On a worker node (PET_NODE_RANK above 0), wait for pod 0's name (PET_MASTER_ADDR) up to the
+    rendezvous timeout. None to go on, or the node's exit code (1) when it never resolved."""
+    host = env.get("PET_MASTER_ADDR")
+    if not host or env.get("PET_NODE_RANK", "0") == "0":
+        return None
+    if resolves(host, FIRST_LOOKUP_S) is None:  # pod 0 usually exists already: say nothing
+        return None
+    timeout = float(env.get(ENV_RDZV_TIMEOUT, "900"))
+    print(f"[tetrad] waiting up to {timeout:g} s for pod 0's name {host} to resolve", flush=True)
+    if (error := resolves(host, timeout, retry_s)) is None:
+        print(f"[tetrad] {host} resolves", flush=True)
+        return None
+    print(f"[tetrad] pod 0's name {host} did not resolve within {timeout:g} s ({error}); is pod 0 scheduled?",
+          file=sys.stderr, flush=True)
+    return 1
