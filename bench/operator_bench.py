@@ -31,7 +31,9 @@ room for everything), each started beside the cluster by `hack/cluster.sh schedu
 `--peers` runs the same jobs, one after the other in the same run, through Kubeflow
 training-operator v1, JobSet and Kubeflow Trainer v2 (bench/peers.py), each started by
 `hack/cluster.sh peer` at its release manifests' settings; a peer that cannot be started is
-reported with the reason and the others still run.
+reported with the reason and the others still run. Their pods are minimal (one container), or
+with `--peer-pods tetrad` carry the content of Tetrad's pod (env, ports, volumes, security), so
+that the controllers are compared on pods of one size.
 
 For every job: its controller's CPU seconds (the operator's, or the peer's processes'), the
 control plane's (etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok: on two
@@ -57,13 +59,14 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.peers import PEERS, Peer  # noqa: E402
+from bench.peers import PEERS, Peer, with_pod  # noqa: E402
 from tests.cluster_fixtures import Cluster, cluster_script, start_cluster, stop_cluster  # noqa: E402
 from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, now  # noqa: E402
@@ -149,6 +152,14 @@ def drop_namespace(api: Api, name: str, timeout: float = 600) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"namespace {name} not gone")
         time.sleep(1)
+
+
+def tetrad_pod() -> dict[str, Any]:
+    """A worker pod as the operator renders it for the concurrent jobs (job j000's rank 1)."""
+    from tetrad.api import ParallelTrainingJob
+    from tetrad.render.objects import render
+
+    return render(ParallelTrainingJob.model_validate({**job("j000", 4), "metadata": {"name": "j000", "namespace": "ns"}})).pods[1]
 
 
 def bare_pods(api: Api, ns: str, size: int) -> dict[str, float]:
@@ -338,6 +349,9 @@ def main() -> int:
     p.add_argument("--nodes", type=int, help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
     p.add_argument("--gangs", default="builtin", help=f"gang backends, comma-separated, of {','.join(GANGS)}")
     p.add_argument("--peers", default="", help=f"peers to run beside Tetrad, comma-separated, of {','.join(PEERS)}")
+    p.add_argument("--peer-pods", choices=("minimal", "tetrad"), default="minimal",
+                   help="the peers' pods: minimal (one container, what bench/peers.py writes), or with the "
+                        "content of Tetrad's pod (env, ports, volumes, security), the same size as Tetrad's")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
@@ -346,6 +360,8 @@ def main() -> int:
     if unknown := set(gangs) - set(GANGS):
         p.error(f"--gangs: unknown {sorted(unknown)}; choose from {','.join(GANGS)}")
     peers = [PEERS[n] for n in a.peers.split(",") if n in PEERS]
+    if a.peer_pods == "tetrad":
+        peers = [replace(peer, body=with_pod(peer.body, tetrad_pod())) for peer in peers]
     if unknown := {n for n in a.peers.split(",") if n} - set(PEERS):
         p.error(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     nodes = a.nodes or max([*sizes, 4 * a.concurrent])
@@ -353,7 +369,9 @@ def main() -> int:
     t = time.monotonic()
     cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
-    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {}}
+    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {}, "peer_pods": a.peer_pods}
+    if peers and a.peer_pods == "tetrad":
+        print("the peers' pods carry Tetrad's pod content (a TrainJob's come from its runtime: unchanged)", flush=True)
     op = None
     peer_pids: dict[str, list[int]] = {}
     try:

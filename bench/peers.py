@@ -10,6 +10,10 @@ job has (8 GPUs, 8 CPUs, 64Gi each):
 - jobset: a JobSet of one replicated Job of N indexed pods;
 - kubeflow-trainer: a TrainJob of N nodes on the torch-distributed ClusterTrainingRuntime (Kubeflow
   Trainer v2, which makes a JobSet of it).
+
+Each gets a minimal pod (one container: image, command, resources), or with `with_pod` the content
+of Tetrad's own pod (its env, ports, volumes and security settings), so that the controllers are
+compared on pods of the same size.
 """
 
 from __future__ import annotations
@@ -50,6 +54,36 @@ def trainjob(name: str, pods: int, resources: Resources = RESOURCES) -> dict[str
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name},
             "spec": {"runtimeRef": {"name": "torch-distributed"},
                      "trainer": {"numNodes": pods, "image": IMAGE, "resourcesPerNode": resources}}}
+
+
+def with_pod(body: Callable[..., dict[str, Any]], pod: dict[str, Any]) -> Callable[..., dict[str, Any]]:
+    """`body`'s job with `pod`'s content in each of its pod templates: the first container's env,
+    ports, mounts and security context, the pod's volumes and security settings (its own name,
+    image, command and resources stay). A job without a pod template in it (a TrainJob: its
+    runtime holds the template) is left as it is."""
+    container_keys = ("env", "ports", "volumeMounts", "securityContext")
+    pod_keys = ("volumes", "securityContext", "enableServiceLinks", "automountServiceAccountToken",
+                "terminationGracePeriodSeconds")
+    content = pod["spec"]
+
+    def fill(node: Any) -> None:
+        if isinstance(node, dict):
+            if "containers" in node:  # a PodSpec
+                node.update({k: content[k] for k in pod_keys if k in content})
+                node["containers"][0].update({k: content["containers"][0][k] for k in container_keys
+                                              if k in content["containers"][0]})
+            for v in node.values():
+                fill(v)
+        elif isinstance(node, list):
+            for v in node:
+                fill(v)
+
+    def job(name: str, pods: int, *args: Any) -> dict[str, Any]:
+        out = body(name, pods, *args)
+        fill(out)
+        return out
+
+    return job
 
 
 def _condition_running(obj: dict[str, Any]) -> bool:

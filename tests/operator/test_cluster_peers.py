@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench.peers import PEERS
+from bench.operator_bench import tetrad_pod
+from bench.peers import PEERS, with_pod
 from tests.cluster_fixtures import cluster_script
 
 from .helpers import wait_for
@@ -56,3 +57,21 @@ def test_a_peer_runs_the_benchmarks_job_on_kwok_nodes(operator_cluster, api, nam
         jobsets = api.list(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets")
         assert [(s["metadata"]["name"], s["metadata"]["ownerReferences"][0]["kind"]) for s in jobsets] == [("j", "TrainJob")]
         assert {env(p, "PET_NNODES") for p in pods} == {str(WORKERS)}
+
+
+def test_jobset_runs_pods_with_tetrads_content(operator_cluster, api, namespace):
+    """`--peer-pods tetrad`: JobSet's pod template takes the env, ports, volumes and security
+    settings of Tetrad's pod (its own name, image and resources stay), and JobSet runs it."""
+    up = cluster_script("peer", "jobset", name=operator_cluster.name, timeout=1800)
+    assert up.returncode == 0, up.stderr[-4000:]
+    peer, content = PEERS["jobset"], tetrad_pod()
+    api.create(peer.jobs(namespace), with_pod(peer.body, content)("t", WORKERS, SMALL))
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS and all(p["status"].get("phase") == "Running" for p in ps)
+                             else None)(api.list(f"/api/v1/namespaces/{namespace}/pods")),
+                    timeout=120, what=f"{WORKERS} Running pods of the JobSet")
+    for p in pods:
+        c = p["spec"]["containers"][0]
+        assert c["name"] == "node" and c["resources"]["requests"] == SMALL["requests"]
+        assert env(p, "PET_NNODES") == "4" and len(c["ports"]) == 8  # Tetrad's rank-1 pod of a 4-node job
+        assert {v["name"] for v in p["spec"]["volumes"]} >= {v["name"] for v in content["spec"]["volumes"]}
+    assert with_pod(PEERS["kubeflow-trainer"].body, content)("t", 2) == PEERS["kubeflow-trainer"].body("t", 2)
