@@ -166,14 +166,16 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
     label = {"tetrad.dev/test-pool": namespace}
     created: list[str] = []
 
-    def add(n: int = 1, cpu: str = "8", labels: dict[str, str] | None = None) -> list[str]:
-        """Returns once kwok has made them Ready: a gang's fit counts Ready nodes only."""
+    def add(n: int = 1, cpu: str = "8", labels: dict[str, str] | None = None,
+            taints: list[dict[str, str]] | None = None) -> list[str]:
+        """Returns once kwok has made them Ready: a gang's fit counts Ready nodes only. Tainted,
+        they take only pods that tolerate the taints (no other test's pod lands there)."""
         from tests.operator.helpers import wait_for
 
         names = []
         for _ in range(n):
             name = f"{namespace}-n{len(created)}"
-            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}))
+            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}, taints=taints))
             created.append(name)
             names.append(name)
         from tetrad_operator.state import NodeState

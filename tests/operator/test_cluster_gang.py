@@ -38,11 +38,14 @@ def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator
 
 def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api, operator, namespace, pool):
     ns = namespace
-    names = pool(2)
+    # Only this job's pods may use the pool: another test's pod there would make the gang wait.
+    taint = {"key": "tetrad.dev/test-pool", "value": ns, "effect": "NoSchedule"}
+    names = pool(2, taints=[taint])
     # The fit at creation reads the operator's own view of the nodes, which may lag the API's.
     wait_for(lambda: {n.name for n in operator.controller.nodes() if n.ready} >= set(names),
              what="the operator's node view shows the pool Ready")
-    api.create_job(ns, pool_job("fits", pool, nodes=2))
+    api.create_job(ns, ptj("fits", nodes=2, cpu="6", template={
+        "nodeSelector": pool.label, "tolerations": [{**taint, "operator": "Equal"}]}))
     pods = wait_running(api, ns, "fits", 2)
     st = api.status(ns, "fits")
     assert condition(st, "GangReleased")["status"] == "True" and condition(st, "GangReleased")["reason"] == "Admitted"
