@@ -154,35 +154,42 @@ def drop_namespace(api: Api, name: str, timeout: float = 600) -> None:
         time.sleep(1)
 
 
-def tetrad_pod() -> dict[str, Any]:
-    """A worker pod as the operator renders it for the concurrent jobs (job j000's rank 1)."""
+def rendered_pods(name: str, namespace: str, nodes: int) -> list[dict[str, Any]]:
+    """The pods the operator renders for the benchmark's job `name` of `nodes` pods."""
     from tetrad.api import ParallelTrainingJob
     from tetrad.render.objects import render
 
-    return render(ParallelTrainingJob.model_validate({**job("j000", 4), "metadata": {"name": "j000", "namespace": "ns"}})).pods[1]
+    return render(ParallelTrainingJob.model_validate({**job(name, nodes), "metadata": {"name": name, "namespace": namespace}})).pods
+
+
+def tetrad_pod() -> dict[str, Any]:
+    """A worker pod as the operator renders it for the concurrent jobs (job j000's rank 1)."""
+    return rendered_pods("j000", "ns", 4)[1]
+
+
+def post_until_running(api: Api, ns: str, pods: list[dict[str, Any]]) -> float:
+    """POST `pods` (16 in flight); seconds until the scheduler and kwok have every one Running."""
+    interval = 0.1 if len(pods) <= 500 else 0.5
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: api.create(f"/api/v1/namespaces/{ns}/pods", p), pods))
+    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < len(pods):
+        if time.monotonic() - t0 > 1800:
+            raise TimeoutError(f"{len(pods)} bare pods in {ns} not Running after 1800 s")
+        time.sleep(interval)
+    return time.monotonic() - t0
 
 
 def bare_pods(api: Api, ns: str, size: int) -> dict[str, float]:
     """Baseline: the same pods POSTed directly (16 in flight, no gate, no operator, no gang);
     seconds until the scheduler and kwok have every one Running. The floor the operator is held to."""
-    from tetrad.api import ParallelTrainingJob
-    from tetrad.render.objects import render
-
     namespace(api, ns)
-    pods = render(ParallelTrainingJob.model_validate({**job("bare", size), "metadata": {"name": "bare", "namespace": ns}})).pods
+    pods = rendered_pods("bare", ns, size)
     for pod in pods:
         pod["metadata"]["labels"] = {"bench": "bare"}  # not the operator's: its pod watch must not see them
         pod["metadata"].pop("ownerReferences", None)
         pod["spec"].pop("schedulingGates", None)
-    interval = 0.1 if size <= 500 else 0.5
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda p: api.create(f"/api/v1/namespaces/{ns}/pods", p), pods))
-    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < size:
-        if time.monotonic() - t0 > 1800:
-            raise TimeoutError(f"{size} bare pods not Running after 1800 s")
-        time.sleep(interval)
-    return {"pods_running": time.monotonic() - t0}
+    return {"pods_running": post_until_running(api, ns, pods)}
 
 
 def timeline(api: Api, ns: str, size: int, t0: float, job_running: Callable[[], bool] | None) -> dict[str, float]:
@@ -361,7 +368,8 @@ def main() -> int:
         p.error(f"--gangs: unknown {sorted(unknown)}; choose from {','.join(GANGS)}")
     peers = [PEERS[n] for n in a.peers.split(",") if n in PEERS]
     if a.peer_pods == "tetrad":
-        peers = [replace(peer, body=with_pod(peer.body, tetrad_pod())) for peer in peers]
+        content = tetrad_pod()
+        peers = [replace(peer, body=with_pod(peer.body, content)) for peer in peers]
     if unknown := {n for n in a.peers.split(",") if n} - set(PEERS):
         p.error(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     nodes = a.nodes or max([*sizes, 4 * a.concurrent])

@@ -27,16 +27,14 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.operator_bench import drop_namespace, job, namespace  # noqa: E402
+from bench.operator_bench import drop_namespace, namespace, post_until_running, rendered_pods  # noqa: E402
 from bench.peers import RESOURCES, _container  # noqa: E402
 from tests.cluster_fixtures import start_cluster, stop_cluster  # noqa: E402
 from tests.operator.helpers import Api  # noqa: E402
@@ -47,13 +45,7 @@ Pod = dict[str, Any]
 
 def rendered(ns: str, pods: int) -> list[Pod]:
     """The renderer's pods of pods/4 four-pod jobs, as bare pods (no gate, no owner)."""
-    from tetrad.api import ParallelTrainingJob
-    from tetrad.render.objects import render
-
-    out = []
-    for j in range(pods // 4):
-        name = f"j{j:03d}"
-        out += render(ParallelTrainingJob.model_validate({**job(name, 4), "metadata": {"name": name, "namespace": ns}})).pods
+    out = [p for j in range(pods // 4) for p in rendered_pods(f"j{j:03d}", ns, 4)]
     for p in out:
         p["metadata"].pop("ownerReferences", None)
         p["spec"].pop("schedulingGates", None)
@@ -83,17 +75,6 @@ SHAPES: dict[str, Callable[[list[Pod]], list[Pod]]] = {
     "tetrad": lambda pods: pods, "tetrad+init": with_init, "minimal": minimal}
 
 
-def all_running(api: Api, ns: str, pods: list[Pod]) -> float:
-    t0 = time.monotonic()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda p: api.create(f"/api/v1/namespaces/{ns}/pods", p), pods))
-    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < len(pods):
-        if time.monotonic() - t0 > 600:
-            raise TimeoutError(f"{len(pods)} pods in {ns} not Running after 600 s")
-        time.sleep(0.1)
-    return time.monotonic() - t0
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pods", type=int, default=400, help="pods per shape and round (a multiple of 4)")
@@ -105,7 +86,7 @@ def main() -> int:
         seconds: dict[str, list[float]] = {s: [] for s in SHAPES}
         sizes: dict[str, tuple[int, int]] = {}
         namespace(api, "shapes-warm-up")  # the first pods of a new cluster start slowly: not counted
-        all_running(api, "shapes-warm-up", minimal(rendered("shapes-warm-up", a.pods)))
+        post_until_running(api, "shapes-warm-up", minimal(rendered("shapes-warm-up", a.pods)))
         drop_namespace(api, "shapes-warm-up")
         order = list(SHAPES)
         for r in range(a.rounds):
@@ -114,7 +95,7 @@ def main() -> int:
                 ns = f"shapes-{shape.replace('+', '-')}-{r}"
                 namespace(api, ns)
                 pods = make(rendered(ns, a.pods))
-                seconds[shape].append(all_running(api, ns, pods))
+                seconds[shape].append(post_until_running(api, ns, pods))
                 worker = api.get(f"/api/v1/namespaces/{ns}/pods/{pods[1]['metadata']['name']}")
                 managed = len(json.dumps(worker["metadata"].pop("managedFields", [])))
                 sizes[shape] = (len(json.dumps(worker)), managed)
