@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("rea
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 OPERATOR_NS = "tetrad-system"
 JOB_TIMEOUT = 1200.0
-STEPS = 40  # the interrupted job: four incarnations, each saving at least once
+STEPS = 48  # the interrupted job: four incarnations, each saving at least once, the third with steps left to stall in
 STALL_TIMEOUT = 30  # seconds without a rank-0 step (steps take about 2 s here)
 RESYNC = OperatorSettings().resync_seconds  # the chart's operator runs with the defaults
 
@@ -145,6 +146,15 @@ class PodLogs:
         path = self.into / f"{self.name}-r{restart}-0.log"
         text = path.read_text() if path.exists() else ""
         return max((r["step"] for r in json_lines(text.rpartition("\n")[0])), default=0)
+
+    def checkpoints(self, restart: int) -> tuple[int, int]:
+        """(the step rank 0 resumed from, the last step it committed) in incarnation `restart`, as
+        far as its log has come in (0 for none)."""
+        path = self.into / f"{self.name}-r{restart}-0.log"
+        text = path.read_text() if path.exists() else ""
+        resumed = [int(n) for n in re.findall(r"checkpoint: resumed step (\d+)", text)]
+        committed = [int(n) for n in re.findall(r"checkpoint: committed step (\d+)", text)]
+        return max(resumed, default=0), max(committed, default=0)
 
     def rank0(self) -> dict[int, str]:
         """Rank 0's whole log of each followed incarnation, once every stream has ended with its container."""
@@ -475,18 +485,25 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     logs = PodLogs(c, ns, "resume", 2, tmp_path_factory.mktemp("logs"))
 
     def saved_since_start(restart: int) -> bool:
-        """Incarnation `restart` runs and has committed a checkpoint of its own."""
+        """Incarnation `restart` runs, its rank 0 has logged a commit of its own, and the job's status
+        tells where it resumed from."""
         status = job_status(c, ns, "resume")
         assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
         running = [p for p in trainer_pods(c, ns, "resume", restart) if p["status"].get("phase") == "Running"]
         if len(running) == 2:
             logs.follow(restart)
+        # The commit is read from rank 0's log, not from the status the operator scrapes every 15 s:
+        # each scrape's lag let an incarnation train on, and a fault could come so late that the
+        # last incarnation had no steps left to stall in.
+        resumed, committed = logs.checkpoints(restart)
         ckpt = status.get("checkpoint") or {}
-        # ... and the committed step's record has reached our copy of rank 0's log: a fault right
-        # after it deletes the pod, and the log with it, before a stream lagging behind catches up.
         return (len(running) == 2 and (ckpt.get("resumedAtRestart") or 0) == restart
-                and ckpt.get("step", 0) >= (ckpt.get("resumedFrom") or 0) + 4
-                and logs.last_step(restart) >= ckpt["step"])
+                and committed >= resumed + 4)
+
+    def room_to_fail(restart: int) -> None:
+        """Steps left after the fault: a frozen rank 1 stalls rank 0 only before its last step."""
+        step = logs.last_step(restart)
+        assert step <= STEPS - 6, f"incarnation {restart} reached step {step} of {STEPS} before its fault"
 
     def restarted(restart: int) -> dict[str, Any] | None:
         status = job_status(c, ns, "resume")
@@ -495,6 +512,7 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
 
     # A preemption: the pod is deleted, its trainer saves on SIGTERM and exits 75.
     wait_until(lambda: saved_since_start(0), timeout=JOB_TIMEOUT, interval=2, what="a checkpoint in incarnation 0")
+    room_to_fail(0)
     watch = ExitWatch(c, ns, "resume-r0-1")
     c.kubectl("delete", "pod", "resume-r0-1", "-n", ns, "--wait=false")
     preempted = watch.terminated()
@@ -502,6 +520,7 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     wait_until(lambda: saved_since_start(1), timeout=JOB_TIMEOUT, interval=2,
                what="a new checkpoint in incarnation 1")
     after_preemption = job_status(c, ns, "resume")
+    room_to_fail(1)
     watch = ExitWatch(c, ns, "resume-r1-1")
     signal_pod(c, ns, "resume", 1, signal.SIGKILL)
     killed = watch.terminated()
@@ -509,6 +528,7 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     # collective and rank 0 completes no step; the operator restarts the gang as Stalled.
     wait_until(lambda: saved_since_start(2), timeout=JOB_TIMEOUT, interval=2,
                what="a new checkpoint in incarnation 2")
+    room_to_fail(2)
     signal_pod(c, ns, "resume", 2, signal.SIGSTOP)
     frozen = time.monotonic()
     stalled = wait_until(lambda: restarted(3), timeout=STALL_TIMEOUT + 300, interval=1, what="the stall's restart")
