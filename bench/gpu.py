@@ -235,7 +235,7 @@ def measure(name: str, cfg: Config, system: str, args: argparse.Namespace, work:
     path.write_text(resolve(job).to_json())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", __file__,
            "--worker", system, "--config", str(path), "--result", str(result), "--warmup", str(args.warmup)]
-    if args.profile and cfg.compile:
+    if args.profile:
         cmd += ["--profile-to", str(args.profile / f"profile-{name}-{system}.txt")]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TETRAD_METRICS_PORT": str(args.metrics_port)})
     if not result.exists():
@@ -275,7 +275,7 @@ def main() -> None:
     p.add_argument("--metrics-port", type=int, default=19600)
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON, after each row")
     p.add_argument("--profile", type=Path, default=None,
-                   help="directory for a torch.profiler table of 3 more steps of each compiled row (CUDA only)")
+                   help="directory for a torch.profiler table of 3 more steps of each row (CUDA only)")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)

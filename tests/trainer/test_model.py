@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from tetrad_trainer.cp import shard_sequence
-from tetrad_trainer.model import Transformer, canonical_name, init_weights, initial_slice, initial_value
+from tetrad_trainer.model import (
+    Transformer,
+    apply_rope,
+    canonical_name,
+    init_weights,
+    initial_slice,
+    initial_value,
+    rope_tables,
+)
 from tetrad_trainer.parallelize import pipeline_split, stage_ids, stage_layers
 
 from tests.trainer.harness import job
@@ -62,6 +70,21 @@ def test_init_statistics_follow_the_recipe() -> None:
 
 def test_canonical_name_strips_wrapper_prefixes() -> None:
     assert canonical_name("layers.3._orig_mod._checkpoint_wrapped_module.attention.wq.weight") == "layers.3.attention.wq.weight"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_rotates_each_consecutive_pair_by_its_positions_angle(dtype: torch.dtype) -> None:
+    """The rotation as complex numbers: pair (a, b) of frequency i at position p is (a + ib) e^(i p f_i),
+    computed in fp32 and cast back to the input's dtype."""
+    head_dim, theta, positions = 16, 10_000.0, torch.arange(6) + 3
+    x = torch.randn(2, 6, 3, head_dim).to(dtype)
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    turn = torch.polar(torch.ones(6, head_dim // 2, dtype=torch.float64), positions[:, None] * freqs[None, :])
+    pairs = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
+    expected = torch.view_as_real(pairs * turn[None, :, None, :]).flatten(-2)
+    rotated = apply_rope(x, rope_tables(head_dim, theta, positions))
+    assert rotated.dtype == dtype
+    torch.testing.assert_close(rotated.double(), expected, rtol=0, atol=1e-6 if dtype == torch.float32 else 2e-2)
 
 
 def test_rope_follows_the_context_parallel_positions() -> None:

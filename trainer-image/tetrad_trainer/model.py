@@ -27,19 +27,27 @@ from tetrad.api.resolved import ModelConfig
 
 
 def rope_tables(head_dim: int, theta: float, positions: torch.Tensor) -> torch.Tensor:
-    """cos and sin of every (position, frequency) pair, stacked: (len(positions), head_dim/2, 2)."""
+    """The rotation of every (position, channel), as two factors: (len(positions), head_dim, 2).
+
+    [..., 0] is cos of the channel's pair's angle, [..., 1] is -sin for the pair's first channel and
+    +sin for its second, so that rotating the pair (a, b) is (a, b) * cos + (b, a) * (-sin, sin).
+    """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
-    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
+    cos = angles.cos().repeat_interleave(2, dim=-1)
+    sin = torch.stack((-angles.sin(), angles.sin()), dim=-1).flatten(-2)
+    return torch.stack((cos, sin), dim=-1).float()
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs of x (batch, seq, heads, head_dim) by the angles of rope."""
-    pairs = x.float().unflatten(-1, (-1, 2))
+    """Rotate consecutive pairs of x (batch, seq, heads, head_dim) by the angles of rope, in fp32.
+
+    Three elementwise passes (x * cos, the pair swap, one multiply-add) and the cast back: in eager
+    mode a quarter of the memory traffic of rotating even and odd halves one product at a time.
+    """
     cos, sin = rope[None, : x.shape[1], None, :, 0], rope[None, : x.shape[1], None, :, 1]
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return torch.addcmul(x * cos, swapped, sin).type_as(x)
 
 
 class CausalAttention(nn.Module):
