@@ -43,7 +43,7 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     """Rotate consecutive pairs of x (batch, seq, heads, head_dim) by the angles of rope, in fp32.
 
     Three elementwise passes (x * cos, the pair swap, one multiply-add) and the cast back: in eager
-    mode a quarter of the memory traffic of rotating even and odd halves one product at a time.
+    mode about half the memory traffic of rotating even and odd halves one product at a time.
     """
     cos, sin = rope[None, : x.shape[1], None, :, 0], rope[None, : x.shape[1], None, :, 1]
     swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
