@@ -141,17 +141,19 @@ class PodLogs:
                     [str(self.c.kubectl_path), "--kubeconfig", str(self.c.kubeconfig), "logs", "-f", "-n", self.ns,
                      pod, "-c", "trainer"], stdout=out, stderr=subprocess.STDOUT))
 
+    def _rank0_log(self, restart: int) -> str:
+        """Rank 0's log of incarnation `restart`, as far as its stream has brought it in ("": none yet)."""
+        path = self.into / f"{self.name}-r{restart}-0.log"
+        return path.read_text() if path.exists() else ""
+
     def last_step(self, restart: int) -> int:
         """The last step record of rank 0 that its stream has brought in so far (0: none)."""
-        path = self.into / f"{self.name}-r{restart}-0.log"
-        text = path.read_text() if path.exists() else ""
-        return max((r["step"] for r in json_lines(text.rpartition("\n")[0])), default=0)
+        return max((r["step"] for r in json_lines(self._rank0_log(restart).rpartition("\n")[0])), default=0)
 
     def checkpoints(self, restart: int) -> tuple[int, int]:
         """(the step rank 0 resumed from, the last step it committed) in incarnation `restart`, as
         far as its log has come in (0 for none)."""
-        path = self.into / f"{self.name}-r{restart}-0.log"
-        text = path.read_text() if path.exists() else ""
+        text = self._rank0_log(restart)
         resumed = [int(n) for n in re.findall(r"checkpoint: resumed step (\d+)", text)]
         committed = [int(n) for n in re.findall(r"checkpoint: committed step (\d+)", text)]
         return max(resumed, default=0), max(committed, default=0)
@@ -161,7 +163,7 @@ class PodLogs:
         for procs in self.streams.values():
             for proc in procs:
                 proc.wait(timeout=120)
-        return {r: (self.into / f"{self.name}-r{r}-0.log").read_text() for r in self.streams}
+        return {r: self._rank0_log(r) for r in self.streams}
 
 
 # ---------------------------------------------------------------- the chart's operator

@@ -168,9 +168,9 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
 
     def add(n: int = 1, cpu: str = "8", labels: dict[str, str] | None = None,
             taints: list[dict[str, str]] | None = None) -> list[str]:
-        """Returns once kwok has made them Ready: a gang's fit counts Ready nodes only. Tainted,
+        """Returns once they take pods (`takes_pods`): a gang's fit counts those only. Tainted,
         they take only pods that tolerate the taints (no other test's pod lands there)."""
-        from tests.operator.helpers import wait_for
+        from tests.operator.helpers import takes_pods, wait_for
 
         names = []
         for _ in range(n):
@@ -182,9 +182,9 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
 
         def ready(name: str) -> bool:
             node = api.get(f"/api/v1/nodes/{name}")
-            return node is not None and NodeState.from_body(node).ready
+            return node is not None and takes_pods(NodeState.from_body(node))
 
-        wait_for(lambda: all(map(ready, names)), what=f"nodes {names} Ready")
+        wait_for(lambda: all(map(ready, names)), what=f"nodes {names} Ready without the not-ready taint")
         return names
 
     add.label = label  # type: ignore[attr-defined]

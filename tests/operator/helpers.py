@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from kubernetes import client
 from tetrad_operator.kube import load_configuration
+from tetrad_operator.state import NodeState
 
 from tetrad.api import contract
 
@@ -159,6 +160,13 @@ def wait_running(api: Api, ns: str, job: str, nodes: int, restart: int = 0, time
 def finish_all(api: Api, ns: str, job: str, exit_code: int = 0) -> None:
     for p in running_pods(api, ns, job):
         terminate(api, ns, p["metadata"]["name"], exit_code)
+
+
+def takes_pods(node: NodeState) -> bool:
+    """Ready, and no longer carrying the node lifecycle controller's `node.kubernetes.io/not-ready`
+    taint, which outlives Readiness for a moment: until then neither the scheduler nor a gang's fit
+    counts the node."""
+    return node.ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in node.taints)
 
 
 def fake_node(name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, labels: dict[str, str] | None = None,

@@ -8,7 +8,7 @@ import pytest
 
 from tetrad.api import contract
 
-from .helpers import condition, finish_all, ptj, wait_for, wait_phase, wait_running
+from .helpers import condition, finish_all, ptj, takes_pods, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -42,8 +42,8 @@ def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api,
     taint = {"key": "tetrad.dev/test-pool", "value": ns, "effect": "NoSchedule"}
     names = pool(2, taints=[taint])
     # The fit at creation reads the operator's own view of the nodes, which may lag the API's.
-    wait_for(lambda: {n.name for n in operator.controller.nodes() if n.ready} >= set(names),
-             what="the operator's node view shows the pool Ready")
+    wait_for(lambda: {n.name for n in operator.controller.nodes() if takes_pods(n)} >= set(names),
+             what="the operator's node view shows the pool taking pods")
     api.create_job(ns, ptj("fits", nodes=2, cpu="6", template={
         "nodeSelector": pool.label, "tolerations": [{**taint, "operator": "Equal"}]}))
     pods = wait_running(api, ns, "fits", 2)
