@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -70,6 +70,9 @@ from bench.peers import PEERS, Peer, with_pod  # noqa: E402
 from tests.cluster_fixtures import Cluster, cluster_script, start_cluster, stop_cluster  # noqa: E402
 from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, now  # noqa: E402
+
+if TYPE_CHECKING:
+    from tetrad.render.objects import Rendered
 
 CLUSTER = "bench-operator"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -154,12 +157,17 @@ def drop_namespace(api: Api, name: str, timeout: float = 600) -> None:
         time.sleep(1)
 
 
-def rendered_pods(name: str, namespace: str, nodes: int) -> list[dict[str, Any]]:
-    """The pods the operator renders for the benchmark's job `name` of `nodes` pods."""
+def rendered_job(name: str, namespace: str, nodes: int) -> Rendered:
+    """The objects the operator renders for the benchmark's job `name` of `nodes` pods."""
     from tetrad.api import ParallelTrainingJob
     from tetrad.render.objects import render
 
-    return render(ParallelTrainingJob.model_validate({**job(name, nodes), "metadata": {"name": name, "namespace": namespace}})).pods
+    return render(ParallelTrainingJob.model_validate({**job(name, nodes), "metadata": {"name": name, "namespace": namespace}}))
+
+
+def rendered_pods(name: str, namespace: str, nodes: int) -> list[dict[str, Any]]:
+    """The pods the operator renders for the benchmark's job `name` of `nodes` pods."""
+    return rendered_job(name, namespace, nodes).pods
 
 
 def tetrad_pod() -> dict[str, Any]:

@@ -57,11 +57,11 @@ def trainjob(name: str, pods: int, resources: Resources = RESOURCES) -> dict[str
 
 
 def with_pod(body: Callable[..., dict[str, Any]], pod: dict[str, Any]) -> Callable[..., dict[str, Any]]:
-    """`body`'s job with `pod`'s content in each of its pod templates: the first container's env,
-    ports, mounts and security context, the pod's volumes and security settings (its own name,
+    """`body`'s job with `pod`'s content in each of its pod templates: the first container's envFrom,
+    env, ports, mounts and security context, the pod's volumes and security settings (its own name,
     image, command and resources stay). A job without a pod template in it (a TrainJob: its
     runtime holds the template) is left as it is."""
-    container_keys = ("env", "ports", "volumeMounts", "securityContext")
+    container_keys = ("envFrom", "env", "ports", "volumeMounts", "securityContext")
     pod_keys = ("volumes", "securityContext", "enableServiceLinks", "automountServiceAccountToken",
                 "terminationGracePeriodSeconds")
     content = pod["spec"]

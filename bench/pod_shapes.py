@@ -10,7 +10,9 @@ each POSTed as 100 jobs of 4 pods (16 in flight, no gate, no operator), in turn 
 (each shape first in turn: the first of a round follows the previous round's deletions):
 
 - tetrad: the pods the renderer makes for the operator's benchmark job (tetrad.render);
-- tetrad+init: the same with the `wait-for-master` init container the workers had before the
+- tetrad+env: the same with the job's shared environment written into every pod, as before it
+  moved into the job's environment ConfigMap (envFrom);
+- tetrad+init: tetrad+env with the `wait-for-master` init container the workers had before the
   wait moved into the trainer's supervisor (tetrad_trainer.rendezvous);
 - minimal: one container with the same image, command and resources, what bench/peers.py gives
   JobSet and Kubeflow (their controllers add their own labels and env on top).
@@ -34,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.operator_bench import drop_namespace, namespace, post_until_running, rendered_pods  # noqa: E402
+from bench.operator_bench import drop_namespace, namespace, post_until_running, rendered_job  # noqa: E402
 from bench.peers import RESOURCES, _container  # noqa: E402
 from tests.cluster_fixtures import start_cluster, stop_cluster  # noqa: E402
 from tests.operator.helpers import Api  # noqa: E402
@@ -43,12 +45,20 @@ CLUSTER = "bench-shapes"
 Pod = dict[str, Any]
 
 
-def rendered(ns: str, pods: int) -> list[Pod]:
-    """The renderer's pods of pods/4 four-pod jobs, as bare pods (no gate, no owner)."""
-    out = [p for j in range(pods // 4) for p in rendered_pods(f"j{j:03d}", ns, 4)]
-    for p in out:
-        p["metadata"].pop("ownerReferences", None)
-        p["spec"].pop("schedulingGates", None)
+def rendered(ns: str, pods: int, inline_env: bool = False) -> list[Pod]:
+    """The renderer's pods of pods/4 four-pod jobs, as bare pods (no gate, no owner); with
+    `inline_env`, each carries its job's shared environment in its own env instead of envFrom."""
+    out = []
+    for j in range(pods // 4):
+        r = rendered_job(f"j{j:03d}", ns, 4)
+        for p in r.pods:
+            p["metadata"].pop("ownerReferences", None)
+            p["spec"].pop("schedulingGates", None)
+            if inline_env:
+                c = p["spec"]["containers"][0]
+                del c["envFrom"]
+                c["env"] = [{"name": k, "value": v} for k, v in r.environment["data"].items()] + c["env"]
+        out += r.pods
     return out
 
 
@@ -71,8 +81,10 @@ def minimal(pods: list[Pod]) -> list[Pod]:
              "spec": {"restartPolicy": "Never", "containers": [_container("node", RESOURCES)]}} for p in pods]
 
 
-SHAPES: dict[str, Callable[[list[Pod]], list[Pod]]] = {
-    "tetrad": lambda pods: pods, "tetrad+init": with_init, "minimal": minimal}
+# Each shape: whether its pods carry the shared environment themselves, and what it makes of them.
+SHAPES: dict[str, tuple[bool, Callable[[list[Pod]], list[Pod]]]] = {
+    "tetrad": (False, lambda pods: pods), "tetrad+env": (True, lambda pods: pods),
+    "tetrad+init": (True, with_init), "minimal": (False, minimal)}
 
 
 def main() -> int:
@@ -91,10 +103,10 @@ def main() -> int:
         order = list(SHAPES)
         for r in range(a.rounds):
             for shape in order[r % len(order):] + order[:r % len(order)]:  # each shape goes first in turn
-                make = SHAPES[shape]
+                inline_env, make = SHAPES[shape]
                 ns = f"shapes-{shape.replace('+', '-')}-{r}"
                 namespace(api, ns)
-                pods = make(rendered(ns, a.pods))
+                pods = make(rendered(ns, a.pods, inline_env))
                 seconds[shape].append(post_until_running(api, ns, pods))
                 worker = api.get(f"/api/v1/namespaces/{ns}/pods/{pods[1]['metadata']['name']}")
                 managed = len(json.dumps(worker["metadata"].pop("managedFields", [])))

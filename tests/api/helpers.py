@@ -23,3 +23,15 @@ def manifest(**spec: Any) -> dict[str, Any]:
         else:
             doc["spec"][key] = value
     return doc
+
+
+def container_env(pod: dict[str, Any], configmaps: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The environment the kubelet gives the pod's first container: each envFrom ConfigMap's data
+    (`configmaps`: by name), then its env, which wins; a valueFrom stays as written."""
+    c = pod["spec"]["containers"][0]
+    env: dict[str, Any] = {}
+    for source in c.get("envFrom") or []:
+        ref = source["configMapRef"]["name"]
+        env.update({source.get("prefix", "") + k: v for k, v in configmaps[ref].items()})
+    env.update({e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env") or []})
+    return env

@@ -68,7 +68,7 @@ def test_render_prints_objects(tmp_path):
     r = tetrad("render", write(tmp_path, "j.yaml", manifest()))
     assert r.returncode == 0, r.stderr
     objs = list(yaml.safe_load_all(r.stdout))
-    assert [o["kind"] for o in objs] == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert [o["kind"] for o in objs] == ["Service", "ConfigMap", "ConfigMap", "Pod", "Pod"]
     assert "&id" not in r.stdout
 
 

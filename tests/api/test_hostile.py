@@ -149,7 +149,7 @@ def test_the_longest_name_leaves_room_for_every_derived_name():
     assert errors_of(with_meta(name=job)) == {}
     for label in (names.service(job), names.hostname(job, last), names.pod_group(job)):
         assert is_dns_label(label), label  # Service names, hostnames and the job-name label value
-    for subdomain in (names.configmap(job), names.pod(job, 10**9, last), names.master_addr(job, "a" * 63),
+    for subdomain in (names.configmap(job), names.environment(job), names.pod(job, 10**9, last), names.master_addr(job, "a" * 63),
                       names.incarnation(job, 10**9)):
         assert is_dns_subdomain(subdomain) or len(subdomain) <= 253, subdomain
     assert not is_dns_label(names.hostname("a" * (JOB_NAME_MAX + 1), last))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.api.helpers import manifest
+from tests.api.helpers import container_env, manifest
 from tetrad.api import parse
 from tetrad.render import render
 from tetrad.render.gang import gang_resources
@@ -24,15 +24,16 @@ def job_of(doc, uid="0b5e2d1c-aaaa-bbbb-cccc-000000000000"):
     return job
 
 
-def env_of(pod):
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
+def env_of(rendered, rank):
+    """What the pod of `rank` sees: its env over the job's environment ConfigMap."""
+    cm = rendered.environment
+    return container_env(rendered.pods[rank], {cm["metadata"]["name"]: cm["data"]})
 
 
 @pytest.mark.parametrize("restart,rank", [(0, 0), (0, 1), (3, 1)])
 def test_golden_env(restart, rank):
-    pod = render(job_of(manifest()), restart=restart).pods[rank]
     golden = GOLDEN / f"env-r{restart}-{rank}.yaml"
-    text = yaml.safe_dump(env_of(pod), sort_keys=True)
+    text = yaml.safe_dump(env_of(render(job_of(manifest()), restart=restart), rank), sort_keys=True)
     if UPDATE:
         golden.write_text(text)
     assert text == golden.read_text(), f"rendered env changed; if intended, rerun with TETRAD_UPDATE_GOLDEN=1 ({golden})"
@@ -40,18 +41,34 @@ def test_golden_env(restart, rank):
 
 def test_restart_changes_pod_name_and_rendezvous_id_only():
     job = job_of(manifest())
-    a, b = render(job, restart=0).pods[1], render(job, restart=1).pods[1]
+    ra, rb = render(job, restart=0), render(job, restart=1)
+    a, b = ra.pods[1], rb.pods[1]
     assert (a["metadata"]["name"], b["metadata"]["name"]) == ("t-r0-1", "t-r1-1")
     assert a["spec"]["hostname"] == b["spec"]["hostname"] == "t-1"
-    ea, eb = env_of(a), env_of(b)
+    ea, eb = env_of(ra, 1), env_of(rb, 1)
     changed = {k for k in ea if ea[k] != eb[k]}
     assert changed == {"PET_RDZV_ID", "TETRAD_RESTART"}
+    assert ra.environment == rb.environment, "the shared environment is the same in every incarnation"
+
+
+def test_a_pod_carries_only_what_sets_it_apart_and_takes_the_rest_from_the_environment_configmap():
+    r = render(job_of(manifest()))
+    assert r.environment["metadata"]["name"] == "t-env"
+    shared = r.environment["data"]
+    for pod in r.pods:
+        c = pod["spec"]["containers"][0]
+        assert c["envFrom"] == [{"configMapRef": {"name": "t-env"}}]
+        own = {e["name"] for e in c["env"]}
+        assert own == {"PET_NODE_RANK", "PET_RDZV_ID", "TETRAD_RESTART", "POD_IP", "TETRAD_NODE_NAME"}
+        assert not own & set(shared), "a variable lives in one place"
+    assert shared["PET_NNODES"] == "2" and shared["WORLD_SIZE"] == "8" and shared["PET_MASTER_ADDR"] == "t-0.t.ns.svc"
+    assert [env_of(r, rank)["PET_NODE_RANK"] for rank in (0, 1)] == ["0", "1"]
 
 
 def test_objects_and_owner_references():
     r = render(job_of(manifest()))
     kinds = [o["kind"] for o in r.objects()]
-    assert kinds == ["Service", "ConfigMap", "Pod", "Pod"]
+    assert kinds == ["Service", "ConfigMap", "ConfigMap", "Pod", "Pod"]
     for o in r.objects():
         ref = o["metadata"]["ownerReferences"][0]
         assert (ref["kind"], ref["name"], ref["controller"]) == ("ParallelTrainingJob", "t", True)
@@ -73,7 +90,8 @@ def test_pod_security_and_volumes():
                    template={"nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
                              "env": [{"name": "EXTRA", "value": "1"}], "serviceAccountName": "trainer"},
                    resources={"cpu": "8", "memory": "32Gi", "gpu": 4})
-    pod = render(job_of(doc)).pods[1]
+    r = render(job_of(doc))
+    pod = r.pods[1]
     spec, c = pod["spec"], pod["spec"]["containers"][0]
     assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
@@ -83,11 +101,11 @@ def test_pod_security_and_volumes():
     assert vols["checkpoints"]["persistentVolumeClaim"] == {"claimName": "c"}
     assert c["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 4}
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["serviceAccountName"] == "trainer"
-    assert env_of(pod)["EXTRA"] == "1"
+    assert env_of(r, 1)["EXTRA"] == "1"
     assert spec["restartPolicy"] == "Never"
     assert c["command"] == ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train",
                             "--config", "/etc/tetrad/config.json"]
-    assert env_of(pod)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
+    assert env_of(r, 1)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
     assert "initContainers" not in spec  # a worker waits for the master inside the supervisor
 
 

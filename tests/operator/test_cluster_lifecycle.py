@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from tests.api.helpers import container_env
 from tetrad.api import contract
 
 from .helpers import (
@@ -35,6 +36,8 @@ def test_job_runs_to_success_with_every_object_correct(api, operator, namespace)
 
     pods = wait_running(api, ns, "train", 3)
     assert sorted(p["metadata"]["name"] for p in pods) == ["train-r0-0", "train-r0-1", "train-r0-2"]
+    shared = api.get(f"/api/v1/namespaces/{ns}/configmaps/train-env")
+    assert shared["metadata"]["ownerReferences"][0]["uid"] == uid
     for p in pods:
         meta = p["metadata"]
         assert meta["ownerReferences"] == [{"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
@@ -43,7 +46,7 @@ def test_job_runs_to_success_with_every_object_correct(api, operator, namespace)
         assert not p["spec"].get("schedulingGates"), "the gang was released"
         assert "tetrad.dev/gang-released" in meta["annotations"]
         assert p["spec"]["nodeName"]
-        env = {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
+        env = container_env(p, {"train-env": shared["data"]})
         assert env["PET_NNODES"] == "3" and env["TETRAD_RESTART"] == "0"
         assert env["PET_MASTER_ADDR"] == f"train-0.train.{ns}.svc"
     svc = api.get(f"/api/v1/namespaces/{ns}/services/train")

@@ -72,6 +72,7 @@ def test_jobset_runs_pods_with_tetrads_content(operator_cluster, api, namespace)
     for p in pods:
         c = p["spec"]["containers"][0]
         assert c["name"] == "node" and c["resources"]["requests"] == SMALL["requests"]
-        assert env(p, "PET_NNODES") == "4" and len(c["ports"]) == 8  # Tetrad's rank-1 pod of a 4-node job
+        assert c["envFrom"] == content["spec"]["containers"][0]["envFrom"]
+        assert env(p, "PET_NODE_RANK") == "1" and len(c["ports"]) == 8  # Tetrad's rank-1 pod of a 4-node job
         assert {v["name"] for v in p["spec"]["volumes"]} >= {v["name"] for v in content["spec"]["volumes"]}
     assert with_pod(PEERS["kubeflow-trainer"].body, content)("t", 2) == PEERS["kubeflow-trainer"].body("t", 2)

@@ -37,8 +37,8 @@ def test_first_reconcile_creates_every_object_and_fills_status():
     c = FakeCluster(job_body(nodes=3))
     d = c.reconcile(admit=False)
     kinds = [type(a).__name__ for a in d.actions]
-    assert kinds == ["Ensure", "Ensure", "CreatePod", "CreatePod", "CreatePod"]
-    assert {a.obj["kind"] for a in d.actions if isinstance(a, Ensure)} == {"Service", "ConfigMap"}
+    assert kinds == ["Ensure", "Ensure", "Ensure", "CreatePod", "CreatePod", "CreatePod"]
+    assert [a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Ensure)] == ["job", "job-config", "job-env"]
     assert [a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-0", "job-r0-1", "job-r0-2"]
     s = c.status
     assert s["phase"] == "Pending" and s["restarts"] == 0 and s["observedGeneration"] == 1

@@ -19,6 +19,11 @@ def configmap(job: str) -> str:
     return f"{job}-config"
 
 
+def environment(job: str) -> str:
+    """The ConfigMap of the environment every pod of the job shares."""
+    return f"{job}-env"
+
+
 def pod_group(job: str) -> str:
     return job
 

@@ -1,7 +1,10 @@
 """render(job) -> the Kubernetes objects the operator creates. A pure function of the job.
 
 Objects: a headless Service (publishNotReadyAddresses, so pod 0's DNS name resolves before it
-is Ready), a ConfigMap with the resolved trainer config, one Pod per node, and the gang objects.
+is Ready), a ConfigMap with the resolved trainer config, a ConfigMap with the environment every
+pod shares (`env.job_env`, taken through envFrom: each pod carries only what sets it apart, which
+makes it about a fifth smaller for every client that reads it), one Pod per node, and the gang
+objects.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, KIND
 from tetrad.render import gang, names
-from tetrad.render.env import torchrun_env
+from tetrad.render.env import job_env, node_env
 from tetrad.resolve import resolve
 
 RUN_AS_USER = 1000
@@ -41,6 +44,7 @@ class Rendered:
     config: ResolvedConfig
     service: dict[str, Any]
     configmap: dict[str, Any]
+    environment: dict[str, Any]  # a ConfigMap: the environment every pod takes through envFrom
     pods: list[dict[str, Any]]
     pod_group: dict[str, Any] | None
     workload: dict[str, Any] | None = None  # gang.scheduler=workload: created before its PodGroup
@@ -49,7 +53,7 @@ class Rendered:
         return [o for o in (self.workload, self.pod_group) if o]
 
     def objects(self) -> list[dict[str, Any]]:
-        return [self.service, self.configmap, *self.gang_objects(), *self.pods]
+        return [self.service, self.configmap, self.environment, *self.gang_objects(), *self.pods]
 
 
 def owner_references(job: ParallelTrainingJob) -> list[dict[str, Any]]:
@@ -96,6 +100,16 @@ def service(job: ParallelTrainingJob) -> dict[str, Any]:
 def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap(job.metadata.name)),
             "data": {contract.CONFIG_FILE: cfg.to_json()}}
+
+
+def environment(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
+    """The job's `env.job_env` as a ConfigMap, the same for every pod of every incarnation."""
+    spec, name = job.spec, job.metadata.name
+    env = job_env(cfg, master_addr=names.master_addr(name, job.metadata.namespace), master_port=spec.rendezvous.port,
+                  config_path=CONFIG_PATH, rdzv_timeout=spec.rendezvous.timeout_seconds,
+                  shutdown_timeout=shutdown_timeout(spec))
+    env[contract.ENV_CHECKPOINT_REQUEST_FILE] = CHECKPOINT_REQUEST_PATH  # rank 0 reads it
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.environment(name)), "data": env}
 
 
 def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
@@ -160,17 +174,11 @@ def avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str,
 
 def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int,
         excluded_nodes: Sequence[str] = ()) -> dict[str, Any]:
-    spec, name, ns = job.spec, job.metadata.name, job.metadata.namespace
-    env = torchrun_env(
-        cfg, node_rank=rank, master_addr=names.master_addr(name, ns), master_port=spec.rendezvous.port,
-        rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart, config_path=CONFIG_PATH,
-        rdzv_timeout=spec.rendezvous.timeout_seconds,
-        shutdown_timeout=shutdown_timeout(spec),
-    )
+    spec, name = job.spec, job.metadata.name
+    env = node_env(node_rank=rank, rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart)
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env_list.append({"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
-    env_list.append({"name": contract.ENV_CHECKPOINT_REQUEST_FILE, "value": CHECKPOINT_REQUEST_PATH})  # rank 0 reads it
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)
     ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []
@@ -180,6 +188,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": TRAIN_COMMAND,
+        "envFrom": [{"configMapRef": {"name": names.environment(name)}}],
         "env": env_list,
         "ports": ports,
         "resources": _resources(job),
@@ -227,6 +236,7 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
         config=cfg,
         service=service(job),
         configmap=configmap(job, cfg),
+        environment=environment(job, cfg),
         pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes) for r in range(job.spec.nodes)],
         pod_group=pg,
         workload=wl,

@@ -143,9 +143,10 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         if m.phase == Phase.RESTARTING:
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
         new: list[dict[str, Any]] = []
-        if not current:  # a new incarnation: its Service, ConfigMap and PodGroup, then every pod
+        if not current:  # a new incarnation: its Service, ConfigMaps and PodGroup, then every pod
             rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
-            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, *rendered.gang_objects()))
+            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.environment,
+                                                            *rendered.gang_objects()))
             if spec.gang.scheduler in GROUP_PER_INCARNATION and restart > 0:  # a PodGroup before its Workload
                 kinds = tuple((o["apiVersion"], o["kind"]) for o in reversed(rendered.gang_objects()))
                 m.decision.actions.append(DeleteStaleGang(keep=restart, kinds=kinds))
