@@ -12,6 +12,7 @@ from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
 from tetrad.api.spec import Phase, RunPolicy, Scheduler
 from tetrad.render import render
 from tetrad.render.gang import GROUP_PER_INCARNATION
+from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
 from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight, queue
@@ -153,6 +154,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
             new = rendered.pods
         else:  # only the missing pods (rendering a 1024-pod gang takes a while)
+            # An operator older than the environment ConfigMap may have begun this incarnation.
+            m.decision.actions.append(Ensure(render_environment(job, cfg)))
             avoid = preflight.excluded(m.status)
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
                                       for r in missing)
