@@ -25,6 +25,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -392,7 +393,7 @@ class InterruptedRun:
     after_preemption: dict[str, Any]  # the job's status once the next incarnation was Running
     killed: dict[str, Any]  # the SIGKILLed pod as it terminated
     stalled: dict[str, Any]  # the job's status when the operator restarted the frozen gang
-    stall_seconds: float  # from freezing a pod's processes to that restart
+    stall_seconds: float  # from freezing a pod's processes to the operator's decision to restart
     events: list[dict[str, Any]]
     logs: dict[int, str]  # rank 0's log of each incarnation
     local: list[float]
@@ -532,9 +533,12 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
                what="a new checkpoint in incarnation 2")
     room_to_fail(2)
     signal_pod(c, ns, "resume", 2, signal.SIGSTOP)
-    frozen = time.monotonic()
+    frozen = time.time()
     stalled = wait_until(lambda: restarted(3), timeout=STALL_TIMEOUT + 300, interval=1, what="the stall's restart")
-    stall_seconds = time.monotonic() - frozen
+    # Timed by the operator's own Restarting transition (whole seconds, rounded down), not by when
+    # this test's poll happened to see it.
+    decided = next(c for c in stalled["conditions"] if c["type"] == "Restarting")["lastTransitionTime"]
+    stall_seconds = datetime.strptime(decided, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() - frozen
     wait_until(lambda: saved_since_start(3) or job_status(c, ns, "resume").get("phase") == "Succeeded",
                timeout=JOB_TIMEOUT, interval=1, what="incarnation 3 running")
     status = wait_for_phase(c, ns, "resume", "Succeeded")
