@@ -35,3 +35,9 @@ def container_env(pod: dict[str, Any], configmaps: dict[str, dict[str, str]]) ->
         env.update({source.get("prefix", "") + k: v for k, v in configmaps[ref].items()})
     env.update({e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env") or []})
     return env
+
+
+def rendered_env(rendered: Any, rank: int) -> dict[str, Any]:
+    """What the rendered pod of `rank` sees: its env over the job's environment ConfigMap."""
+    cm = rendered.environment
+    return container_env(rendered.pods[rank], {cm["metadata"]["name"]: cm["data"]})

@@ -7,7 +7,7 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.api.helpers import container_env
+from tests.api.helpers import rendered_env
 from tetrad.api import parse
 from tetrad.render import render
 from tetrad.resolve import validate_document
@@ -50,7 +50,7 @@ def test_validation_never_crashes_and_admitted_jobs_render(doc):
                        for p in rendered.pods)
     assert env_ranks == list(range(spec.nodes))
     layout = rendered.config.layout
-    for p in rendered.pods:
-        env = container_env(p, {rendered.environment["metadata"]["name"]: rendered.environment["data"]})
+    for rank in range(spec.nodes):
+        env = rendered_env(rendered, rank)
         assert int(env["WORLD_SIZE"]) == math.prod(layout.shape) == spec.nodes * spec.nproc_per_node
     assert len({p["metadata"]["name"] for p in rendered.pods}) == spec.nodes

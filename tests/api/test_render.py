@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.api.helpers import container_env, manifest
+from tests.api.helpers import manifest, rendered_env
 from tetrad.api import parse
 from tetrad.render import render
 from tetrad.render.gang import gang_resources
@@ -24,16 +24,10 @@ def job_of(doc, uid="0b5e2d1c-aaaa-bbbb-cccc-000000000000"):
     return job
 
 
-def env_of(rendered, rank):
-    """What the pod of `rank` sees: its env over the job's environment ConfigMap."""
-    cm = rendered.environment
-    return container_env(rendered.pods[rank], {cm["metadata"]["name"]: cm["data"]})
-
-
 @pytest.mark.parametrize("restart,rank", [(0, 0), (0, 1), (3, 1)])
 def test_golden_env(restart, rank):
     golden = GOLDEN / f"env-r{restart}-{rank}.yaml"
-    text = yaml.safe_dump(env_of(render(job_of(manifest()), restart=restart), rank), sort_keys=True)
+    text = yaml.safe_dump(rendered_env(render(job_of(manifest()), restart=restart), rank), sort_keys=True)
     if UPDATE:
         golden.write_text(text)
     assert text == golden.read_text(), f"rendered env changed; if intended, rerun with TETRAD_UPDATE_GOLDEN=1 ({golden})"
@@ -45,7 +39,7 @@ def test_restart_changes_pod_name_and_rendezvous_id_only():
     a, b = ra.pods[1], rb.pods[1]
     assert (a["metadata"]["name"], b["metadata"]["name"]) == ("t-r0-1", "t-r1-1")
     assert a["spec"]["hostname"] == b["spec"]["hostname"] == "t-1"
-    ea, eb = env_of(ra, 1), env_of(rb, 1)
+    ea, eb = rendered_env(ra, 1), rendered_env(rb, 1)
     changed = {k for k in ea if ea[k] != eb[k]}
     assert changed == {"PET_RDZV_ID", "TETRAD_RESTART"}
     assert ra.environment == rb.environment, "the shared environment is the same in every incarnation"
@@ -62,7 +56,7 @@ def test_a_pod_carries_only_what_sets_it_apart_and_takes_the_rest_from_the_envir
         assert own == {"PET_NODE_RANK", "PET_RDZV_ID", "TETRAD_RESTART", "POD_IP", "TETRAD_NODE_NAME"}
         assert not own & set(shared), "a variable lives in one place"
     assert shared["PET_NNODES"] == "2" and shared["WORLD_SIZE"] == "8" and shared["PET_MASTER_ADDR"] == "t-0.t.ns.svc"
-    assert [env_of(r, rank)["PET_NODE_RANK"] for rank in (0, 1)] == ["0", "1"]
+    assert [rendered_env(r, rank)["PET_NODE_RANK"] for rank in (0, 1)] == ["0", "1"]
 
 
 def test_objects_and_owner_references():
@@ -101,11 +95,11 @@ def test_pod_security_and_volumes():
     assert vols["checkpoints"]["persistentVolumeClaim"] == {"claimName": "c"}
     assert c["resources"]["limits"] == {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": 4}
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["serviceAccountName"] == "trainer"
-    assert env_of(r, 1)["EXTRA"] == "1"
+    assert rendered_env(r, 1)["EXTRA"] == "1"
     assert spec["restartPolicy"] == "Never"
     assert c["command"] == ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train",
                             "--config", "/etc/tetrad/config.json"]
-    assert env_of(r, 1)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
+    assert rendered_env(r, 1)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
     assert "initContainers" not in spec  # a worker waits for the master inside the supervisor
 
 
