@@ -36,30 +36,36 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.operator_bench import drop_namespace, namespace, post_until_running, rendered_job  # noqa: E402
+from bench.operator_bench import drop_namespace, namespace, post_until_running, rendered_job, rendered_pods  # noqa: E402
 from bench.peers import RESOURCES, _container  # noqa: E402
 from tests.cluster_fixtures import start_cluster, stop_cluster  # noqa: E402
 from tests.operator.helpers import Api  # noqa: E402
+from tetrad.api.contract import LABEL_JOB  # noqa: E402
 
 CLUSTER = "bench-shapes"
 Pod = dict[str, Any]
 
 
-def rendered(ns: str, pods: int, inline_env: bool = False) -> list[Pod]:
-    """The renderer's pods of pods/4 four-pod jobs, as bare pods (no gate, no owner); with
-    `inline_env`, each carries its job's shared environment in its own env instead of envFrom."""
-    out = []
-    for j in range(pods // 4):
-        r = rendered_job(f"j{j:03d}", ns, 4)
-        for p in r.pods:
-            p["metadata"].pop("ownerReferences", None)
-            p["spec"].pop("schedulingGates", None)
-            if inline_env:
-                c = p["spec"]["containers"][0]
-                del c["envFrom"]
-                c["env"] = [{"name": k, "value": v} for k, v in r.environment["data"].items()] + c["env"]
-        out += r.pods
+def rendered(ns: str, pods: int) -> list[Pod]:
+    """The renderer's pods of pods/4 four-pod jobs, as bare pods (no gate, no owner)."""
+    out = [p for j in range(pods // 4) for p in rendered_pods(f"j{j:03d}", ns, 4)]
+    for p in out:
+        p["metadata"].pop("ownerReferences", None)
+        p["spec"].pop("schedulingGates", None)
     return out
+
+
+def inline_env(pods: list[Pod]) -> list[Pod]:
+    """Each pod with its job's shared environment in its own env instead of envFrom."""
+    shared: dict[str, dict[str, str]] = {}  # by job, rendered once
+    for p in pods:
+        meta, c = p["metadata"], p["spec"]["containers"][0]
+        job = meta["labels"][LABEL_JOB]
+        if job not in shared:
+            shared[job] = rendered_job(job, meta["namespace"], 4).environment["data"]
+        del c["envFrom"]
+        c["env"] = [{"name": k, "value": v} for k, v in shared[job].items()] + c["env"]
+    return pods
 
 
 def with_init(pods: list[Pod]) -> list[Pod]:
@@ -81,10 +87,9 @@ def minimal(pods: list[Pod]) -> list[Pod]:
              "spec": {"restartPolicy": "Never", "containers": [_container("node", RESOURCES)]}} for p in pods]
 
 
-# Each shape: whether its pods carry the shared environment themselves, and what it makes of them.
-SHAPES: dict[str, tuple[bool, Callable[[list[Pod]], list[Pod]]]] = {
-    "tetrad": (False, lambda pods: pods), "tetrad+env": (True, lambda pods: pods),
-    "tetrad+init": (True, with_init), "minimal": (False, minimal)}
+SHAPES: dict[str, Callable[[list[Pod]], list[Pod]]] = {
+    "tetrad": lambda pods: pods, "tetrad+env": inline_env, "tetrad+init": lambda pods: with_init(inline_env(pods)),
+    "minimal": minimal}
 
 
 def main() -> int:
@@ -103,10 +108,10 @@ def main() -> int:
         order = list(SHAPES)
         for r in range(a.rounds):
             for shape in order[r % len(order):] + order[:r % len(order)]:  # each shape goes first in turn
-                inline_env, make = SHAPES[shape]
+                make = SHAPES[shape]
                 ns = f"shapes-{shape.replace('+', '-')}-{r}"
                 namespace(api, ns)
-                pods = make(rendered(ns, a.pods, inline_env))
+                pods = make(rendered(ns, a.pods))
                 seconds[shape].append(post_until_running(api, ns, pods))
                 worker = api.get(f"/api/v1/namespaces/{ns}/pods/{pods[1]['metadata']['name']}")
                 managed = len(json.dumps(worker["metadata"].pop("managedFields", [])))
