@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -164,7 +165,8 @@ def _operator_runs_with_the_chart_rbac(api, cluster, ns, release, tmp_path) -> N
 
     text = _a_job_succeeds(api, ns, _service_account_kubeconfig(cluster, ns, release, tmp_path), "rbac",
                            tmp_path / "operator.log")
-    assert "403" not in text and "Forbidden" not in text, text[-3000:]
+    # 403 as a number of its own: the log's random peering priority may hold the digits (1964037304).
+    assert not re.search(r"\b403\b", text) and "Forbidden" not in text, text[-3000:]
     assert "may not list and watch pods in every namespace" not in text
 
 
