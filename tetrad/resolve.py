@@ -8,6 +8,7 @@ rules; these checks add the rest. Every problem names the field, the values and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import PRESETS, model_name
 from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
-from tetrad.api.resolved import ModelConfig, ResolvedConfig
+from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.rules import check_layout, microbatches, stages_per_rank
 from tetrad.api.spec import DataSource, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
 from tetrad.plan.estimate import Estimate, GiB
@@ -25,32 +26,92 @@ from tetrad.plan.solver import Solution, solve
 DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
 
 
+# The dims a model definition of one's own (spec.model.module) must give; the rest have defaults.
+PLUGIN_DIMS = ("dim", "layers", "heads", "vocab", "seqLen")
+
+
 def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> ModelConfig | None:
-    """The model's dims from its preset and explicit fields; None (and problems) when they make no model."""
+    """The model's dims from its preset (debug when none is named) and explicit fields, or a plug-in's
+    explicit dims; None (and problems) when they make no model."""
     m = spec.model
-    base: dict[str, Any] = {}
-    if m.preset is not None:
-        if m.preset not in PRESETS:
-            problems.append(Problem("spec.model.preset", f"unknown preset {m.preset!r}; use one of {', '.join(PRESETS)} or give explicit dims"))
+    explicit = m.model_dump(by_alias=True, exclude={"preset", "module"}, exclude_none=True)
+    if m.module is not None:
+        if m.preset is not None:
+            problems.append(Problem("spec.model.preset", f"module={m.module} is a model definition of your own: its dims"
+                                    " come from spec.model, not a preset; remove preset"))
+        if missing := [k for k in PLUGIN_DIMS if k not in explicit]:
+            problems.append(Problem("spec.model", f"module={m.module} needs its dims in spec.model: {', '.join(missing)}"
+                                    " missing (kvHeads defaults to heads, ffnDim to 4 x dim)"))
             return None
-        base = dict(PRESETS[m.preset])
-    explicit = m.model_dump(by_alias=True, exclude={"preset"}, exclude_none=True)
-    dims = base | explicit
+        dims = {"kvHeads": explicit["heads"], "ffnDim": 4 * explicit["dim"]} | explicit
+        name, preset = m.module, None
+    else:
+        preset = m.preset or "debug"
+        if preset not in PRESETS:
+            problems.append(Problem("spec.model.preset", f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or give explicit dims"))
+            return None
+        dims = dict(PRESETS[preset]) | explicit
+        name = model_name(preset, explicit)
     dims.setdefault("ropeTheta", 500000.0)
     dims.setdefault("normEps", 1e-5)
-    missing = [k for k in ("dim", "layers", "heads", "kvHeads", "vocab", "ffnDim", "seqLen") if k not in dims]
-    if missing:
-        problems.append(Problem("spec.model", f"no preset and missing dims {', '.join(missing)}; set model.preset or give every dim"))
-        return None
-    cfg = ModelConfig(name=model_name(m.preset, explicit), **dims)
+    cfg = ModelConfig(name=name, module=m.module, **dims)
     before = len(problems)
     if cfg.heads % cfg.kv_heads:
         problems.append(Problem("spec.model.kvHeads", f"kvHeads={cfg.kv_heads} does not divide heads={cfg.heads}; use a divisor of heads"))
     if cfg.dim % cfg.heads:
         problems.append(Problem("spec.model.dim", f"dim={cfg.dim} is not a multiple of heads={cfg.heads}; make dim a multiple of heads"))
-    elif cfg.head_dim % 2:
+    elif cfg.head_dim % 2 and m.module is None:
         problems.append(Problem("spec.model.dim", f"head dim {cfg.dim}/{cfg.heads}={cfg.head_dim} is odd, RoPE needs it even; change dim or heads"))
     return cfg if len(problems) == before else None
+
+
+# The sections that configure Tetrad's trainer: a script job (spec.script) may not give them.
+TRAINER_ONLY = ("model", "training", "data")
+
+
+def check_script(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
+    """A script job names what runs in one way: its own entry point, none of the trainer's settings."""
+    given = spec.model_fields_set
+    for name in TRAINER_ONLY:
+        if name in given:
+            problems.append(Problem(f"spec.{name}", (
+                f"spec.script runs your own training code; spec.{name} configures Tetrad's trainer: remove it and"
+                " pass your settings in spec.script.args (or use spec.model.module to train your model in Tetrad's"
+                " trainer)")))
+    if spec.checkpoint.enabled:
+        problems.append(Problem("spec.checkpoint.enabled", (
+            "spec.script saves its own checkpoints; checkpoint.enabled turns on Tetrad's trainer's: remove it (checkpoint.path"
+            " and .volume are still mounted, and passed as $TETRAD_CHECKPOINT_DIR)")))
+    p = spec.parallelism
+    for name, value in (("ppMicrobatches", p.pp_microbatches), ("ppStagesPerRank", p.pp_stages_per_rank)):
+        if value is not None:
+            problems.append(Problem(f"spec.parallelism.{name}", f"{name} configures Tetrad's trainer's pipeline schedule;"
+                                    " a script job (spec.script) schedules its own: remove it"))
+
+
+def script_layout(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> Layout | None:
+    """A script job's degrees: as given; without a model to plan for, `auto` is 1 except dpShard, which
+    takes what the others leave."""
+    world = spec.nodes * spec.nproc_per_node
+    fixed = {name: 1 if getattr(spec.parallelism, name) == "auto" else getattr(spec.parallelism, name)
+             for name, _ in DEGREES if name != "dp_shard"}
+    rest = math.prod(fixed.values())
+    shard = spec.parallelism.dp_shard
+    if shard == "auto":
+        if world % rest:
+            problems.append(Problem("spec.parallelism", (
+                f"dpShard: auto takes what the other degrees leave of nodes*nprocPerNode = {world}, but their product"
+                f" {rest} does not divide it; change a degree")))
+            return None
+        shard = world // rest
+    layout = Layout(dp_shard=shard, **fixed)
+    if layout.world_size != world:
+        problems.append(Problem("spec.parallelism", (
+            f"the product of the degrees dpReplicate*dpShard*tp*cp*pp = {layout.dp_replicate}*{layout.dp_shard}*"
+            f"{layout.tp}*{layout.cp}*{layout.pp} = {layout.world_size} must equal nodes*nprocPerNode = {spec.nodes}*"
+            f"{spec.nproc_per_node} = {world}; change a degree or set dpShard: auto")))
+        return None
+    return layout
 
 
 def check_explicit_degrees(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
@@ -140,6 +201,11 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     checked = Checked([])
     check_other(spec, checked.problems)
     check_explicit_degrees(spec, checked.problems)
+    if spec.script is not None:
+        check_script(spec, checked.problems)
+        if not checked.degrees_invalid and (layout := script_layout(spec, checked.problems)) is not None:
+            checked.solution = Solution(layout=layout, estimate=None, reason="")
+        return checked
     checked.model = expand_model(spec, checked.problems)
     if checked.model is None or checked.degrees_invalid:
         return checked
@@ -169,7 +235,7 @@ def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
     if not checked.ok:
         raise InvalidJob(checked.problems)
     cfg, layout = checked.model, checked.solution.layout if checked.solution else None
-    assert cfg is not None and layout is not None, "check_spec admitted an unsolvable job"
+    assert (cfg is not None or spec.script is not None) and layout is not None, "check_spec admitted an unsolvable job"
     return ResolvedConfig(
         job_name=job.metadata.name,
         namespace=job.metadata.namespace,
@@ -180,6 +246,7 @@ def resolve(job: ParallelTrainingJob) -> ResolvedConfig:
         pp_microbatches=microbatches(spec, layout),
         pp_stages_per_rank=stages_per_rank(spec) if layout.pp > 1 else 1,
         model=cfg,
+        script=spec.script,
         training=spec.training,
         data=spec.data,
         checkpoint=spec.checkpoint,

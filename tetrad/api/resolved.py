@@ -19,6 +19,7 @@ from tetrad.api.spec import (
     Metrics,
     PPSchedule,
     Preflight,
+    Script,
     Training,
 )
 
@@ -53,7 +54,8 @@ class Layout(CamelModel):
 
 
 class ModelConfig(CamelModel):
-    name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', or 'custom' (tetrad.api.presets.model_name).")
+    name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', 'custom' (tetrad.api.presets.model_name), or a plug-in's import path.")
+    module: str | None = Field(None, description="A plug-in model definition's import path (spec.model.module); None: the built-in Llama.")
     dim: int
     layers: int
     heads: int
@@ -95,7 +97,8 @@ class ResolvedConfig(CamelModel):
     pp_schedule: PPSchedule = PPSchedule.ONE_F_ONE_B
     pp_microbatches: int = Field(1, ge=1)
     pp_stages_per_rank: int = Field(1, ge=1)
-    model: ModelConfig
+    model: ModelConfig | None = Field(description="The model Tetrad's trainer builds; None for a script job.")
+    script: Script | None = Field(None, description="A script job's entry point (spec.script); None: Tetrad's trainer.")
     training: Training
     data: Data
     checkpoint: Checkpoint

@@ -146,6 +146,9 @@ def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout
 def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
     """The pipeline and batch rules for a resolved config (the trainer's check of configs written by hand)."""
     problems: list[Problem] = []
+    if cfg.model is None:
+        problems.append(Problem("script", "the config is a script job's (spec.script): Tetrad's trainer has no model to train"))
+        return problems
     if cfg.layout.pp > 1:
         check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches, cfg.model.layers, problems)
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)

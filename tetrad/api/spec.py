@@ -10,7 +10,7 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from tetrad.api.contract import API_VERSION, CONFIG_DIR, EXIT_CONFIG_ERROR, EXIT_OOM, KIND
@@ -113,8 +113,27 @@ class Parallelism(CamelModel):
     pp_stages_per_rank: int | None = Field(None, ge=1, description="Pipeline stages held by each rank. Defaults to 2 for Interleaved1F1B and ZeroBubble, 1 otherwise.")
 
 
+# A plug-in model's import path in the image: a dotted module, ':', the object's name.
+PLUGIN_PATH: Final = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+# A Python module run as `python -m MODULE`.
+PYTHON_MODULE: Final = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+def _python_module(name: str | None) -> str | None:
+    if name is not None and not re.fullmatch(PYTHON_MODULE, name):
+        raise ValueError("must be a dotted Python module name, e.g. mypkg.train")
+    return name
+
+
+def _plugin_path(path: str | None) -> str | None:
+    if path is not None and not re.fullmatch(PLUGIN_PATH, path):
+        raise ValueError("must be MODULE:NAME, the import path of a model definition in the image, e.g. mypkg.models:gpt2")
+    return path
+
+
 class ModelSpec(CamelModel):
-    preset: str | None = Field("debug", description="Model preset: debug, llama3-125m, llama3-1b, llama3-8b, llama3-70b or llama3-405b. Explicit dims below override the preset's.")
+    preset: str | None = Field(None, description="Model preset: debug, llama3-125m, llama3-1b, llama3-8b, llama3-70b or llama3-405b. Explicit dims below override the preset's. Without a preset, module or every dim: debug.")
+    module: Annotated[str | None, AfterValidator(_plugin_path)] = Field(None, json_schema_extra={"pattern": PLUGIN_PATH}, description="Your own model in Tetrad's trainer: the import path, in the image, of its tetrad_trainer.models.ModelDefinition, e.g. mypkg.models:gpt2 (docs/bring-your-own.md). Needs dim, layers, heads, vocab and seqLen; kvHeads defaults to heads, ffnDim to 4 x dim. Not with preset.")
     dim: int | None = Field(None, ge=8, description="Hidden size.")
     layers: int | None = Field(None, ge=1, description="Number of transformer blocks.")
     heads: int | None = Field(None, ge=1, description="Attention heads.")
@@ -321,11 +340,48 @@ class Preflight(CamelModel):
                                     "failing node is named in status but the gang restarts without avoiding it.")
 
 
+def _working_dir(path: str | None) -> str | None:
+    if path is not None and (not re.search(_ABSOLUTE_NORMAL, path) or re.search(_DOT_COMPONENT, path)):
+        raise ValueError("script.workingDir must be an absolute, normalized directory in the image, e.g. /app")
+    return path
+
+
+def _entry(items: list[str] | None) -> list[str] | None:
+    if items is not None and (not items or any(not a for a in items)):
+        raise ValueError("script.command must be a non-empty list of non-empty strings, e.g. [/app/train.sh]")
+    return items
+
+
+class Script(CamelModel):
+    """Your own training code under Tetrad's launcher (docs/bring-your-own.md): exactly one entry point."""
+
+    path: str | None = Field(None, min_length=1, description="A Python file in the image that every worker runs as __main__ (torchrun's training script), e.g. /app/train.py; relative to workingDir when relative.")
+    module: Annotated[str | None, AfterValidator(_python_module)] = Field(
+        None, json_schema_extra={"pattern": PYTHON_MODULE},
+        description="A Python module that every worker runs as `python -m MODULE`, e.g. mypkg.train.")
+    command: Annotated[list[str] | None, AfterValidator(_entry)] = Field(
+        None, json_schema_extra={"minItems": 1},
+        description="An executable in the image and its first arguments, run by every worker without Python (torchrun --no-python), e.g. [/app/train.sh].")
+    args: list[str] = Field(default_factory=list, description="Arguments after the entry point, the same for every worker.")
+    working_dir: Annotated[str | None, AfterValidator(_working_dir)] = Field(
+        None, json_schema_extra={"pattern": _ABSOLUTE_NORMAL},
+        description="The workers' working directory in the image; default: the image's.")
+
+    @model_validator(mode="after")
+    def _one_entry_point(self) -> Script:
+        given = [name for name in ("path", "module", "command") if getattr(self, name) is not None]
+        if len(given) != 1:
+            named = f"{' and '.join(given)} are both given" if given else "none is given"
+            raise ValueError(f"give exactly one entry point of path, module or command: {named}")
+        return self
+
+
 class ParallelTrainingJobSpec(CamelModel):
     nodes: int = Field(1, ge=1, le=MAX_NODES, description="Number of pods (one torchrun agent per pod).")
     nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="The 4D layout. The product of the degrees must equal nodes * nprocPerNode.")
-    model: ModelSpec = Field(default_factory=ModelSpec, description="The Llama-style model: a preset and optional explicit dims.")
+    script: Script | None = Field(None, description="Your own training code instead of Tetrad's trainer: a Python file, module or command that every worker runs under torchrun, with the job's gang, rendezvous, restarts and exit-code policy (docs/bring-your-own.md). Not with model, training or data, which configure Tetrad's trainer.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The model Tetrad's trainer builds: a Llama preset and optional explicit dims, or your own model definition (module).")
     training: Training = Field(default_factory=Training, description="Optimizer, schedule, batch and numerics.")
     data: Data = Field(default_factory=Data, description="Where training tokens come from.")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="DCP checkpointing and resume.")
