@@ -38,8 +38,9 @@ RUN pip install --no-deps . && rm -rf /src
 USER 1000
 WORKDIR /home/tetrad
 ENTRYPOINT []
-# The pods' command (tetrad.render.objects.TRAIN_COMMAND): the supervisor passes a worker's 75 or 78 on.
-CMD ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", "/etc/tetrad/config.json"]
+# The pods' command with the installed launcher (tetrad.render.command.node_command): the supervisor passes
+# a worker's 75 or 78 on. The pods run the same launcher from their job's ConfigMap.
+CMD ["python3", "-m", "tetrad.node", "supervise", "--", "python3", "-m", "torch.distributed.run", "-m", "tetrad.node", "worker", "--trainer", "--", "--config", "/etc/tetrad/config.json"]
 
 FROM base AS operator
 COPY --from=requirements /src/operator.txt /tmp/requirements.txt

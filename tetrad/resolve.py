@@ -14,20 +14,28 @@ from typing import Any
 
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
-from tetrad.api.presets import PRESETS, model_name
+from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
 from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
-from tetrad.api.rules import check_layout, microbatches, stages_per_rank
+from tetrad.api.rules import (
+    PLUGIN_DIMS,
+    PLUGIN_PRESET_MESSAGE,
+    SCRIPT_CHECKPOINT_MESSAGE,
+    TRAINER_ONLY,
+    TRAINER_PIPELINE,
+    check_layout,
+    microbatches,
+    plugin_dims_message,
+    stages_per_rank,
+    trainer_only_message,
+    trainer_pipeline_message,
+)
 from tetrad.api.spec import DataSource, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
 from tetrad.plan.estimate import Estimate, GiB
 from tetrad.plan.solver import Solution, solve
 
 DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
-
-
-# The dims a model definition of one's own (spec.model.module) must give; the rest have defaults.
-PLUGIN_DIMS = ("dim", "layers", "heads", "vocab", "seqLen")
 
 
 def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> ModelConfig | None:
@@ -37,16 +45,14 @@ def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> Mode
     explicit = m.model_dump(by_alias=True, exclude={"preset", "module"}, exclude_none=True)
     if m.module is not None:
         if m.preset is not None:
-            problems.append(Problem("spec.model.preset", f"module={m.module} is a model definition of your own: its dims"
-                                    " come from spec.model, not a preset; remove preset"))
+            problems.append(Problem("spec.model.preset", PLUGIN_PRESET_MESSAGE))
         if missing := [k for k in PLUGIN_DIMS if k not in explicit]:
-            problems.append(Problem("spec.model", f"module={m.module} needs its dims in spec.model: {', '.join(missing)}"
-                                    " missing (kvHeads defaults to heads, ffnDim to 4 x dim)"))
+            problems.append(Problem("spec.model", plugin_dims_message(missing)))
             return None
         dims = {"kvHeads": explicit["heads"], "ffnDim": 4 * explicit["dim"]} | explicit
         name, preset = m.module, None
     else:
-        preset = m.preset or "debug"
+        preset = m.preset or DEFAULT_PRESET
         if preset not in PRESETS:
             problems.append(Problem("spec.model.preset", f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or give explicit dims"))
             return None
@@ -65,28 +71,13 @@ def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> Mode
     return cfg if len(problems) == before else None
 
 
-# The sections that configure Tetrad's trainer: a script job (spec.script) may not give them.
-TRAINER_ONLY = ("model", "training", "data")
-
-
 def check_script(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
     """A script job names what runs in one way: its own entry point, none of the trainer's settings."""
-    given = spec.model_fields_set
-    for name in TRAINER_ONLY:
-        if name in given:
-            problems.append(Problem(f"spec.{name}", (
-                f"spec.script runs your own training code; spec.{name} configures Tetrad's trainer: remove it and"
-                " pass your settings in spec.script.args (or use spec.model.module to train your model in Tetrad's"
-                " trainer)")))
+    problems += [Problem(f"spec.{name}", trainer_only_message(name)) for name in TRAINER_ONLY if name in spec.model_fields_set]
     if spec.checkpoint.enabled:
-        problems.append(Problem("spec.checkpoint.enabled", (
-            "spec.script saves its own checkpoints; checkpoint.enabled turns on Tetrad's trainer's: remove it (checkpoint.path"
-            " and .volume are still mounted, and passed as $TETRAD_CHECKPOINT_DIR)")))
-    p = spec.parallelism
-    for name, value in (("ppMicrobatches", p.pp_microbatches), ("ppStagesPerRank", p.pp_stages_per_rank)):
-        if value is not None:
-            problems.append(Problem(f"spec.parallelism.{name}", f"{name} configures Tetrad's trainer's pipeline schedule;"
-                                    " a script job (spec.script) schedules its own: remove it"))
+        problems.append(Problem("spec.checkpoint.enabled", SCRIPT_CHECKPOINT_MESSAGE))
+    given = spec.parallelism.model_dump(by_alias=True, exclude_none=True)
+    problems += [Problem(f"spec.parallelism.{name}", trainer_pipeline_message(name)) for name in TRAINER_PIPELINE if name in given]
 
 
 def script_layout(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> Layout | None:
@@ -202,9 +193,9 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     check_other(spec, checked.problems)
     check_explicit_degrees(spec, checked.problems)
     if spec.script is not None:
-        check_script(spec, checked.problems)
         if not checked.degrees_invalid and (layout := script_layout(spec, checked.problems)) is not None:
             checked.solution = Solution(layout=layout, estimate=None, reason="")
+        check_script(spec, checked.problems)
         return checked
     checked.model = expand_model(spec, checked.problems)
     if checked.model is None or checked.degrees_invalid:

@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from tetrad.api import contract
+from tetrad.api.termination import TerminationMessage
 from tetrad.render.gang import KUEUE_RETRIABLE_ANNOTATION
 from tetrad_operator.quantity import Resources, pod_requests
 
@@ -55,7 +56,8 @@ class PodState:
     unschedulable: str | None = None  # the scheduler's last word on why it cannot place the pod
     exit_code: int | None = None
     container: str | None = None  # the container that exited with exit_code
-    message: str | None = None  # that container's termination message (the trainer's supervisor writes it)
+    message: str | None = None  # that container's termination message (the node's launcher writes it)
+    ended: str | None = None  # why the runtime says that container ended, e.g. Error, OOMKilled, StartError
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     checkpoint_request: str | None = None  # the checkpoint-now token the operator copied onto this pod
     queue_group_closed: bool = False  # Kueue was told no pod will replace this group's failed ones
@@ -74,6 +76,11 @@ class PodState:
     def deleting(self) -> bool:
         return self.deleting_since is not None
 
+    @cached_property
+    def said(self) -> TerminationMessage:
+        """What the pod's node said of why it stopped (tetrad.api.termination)."""
+        return TerminationMessage.parse(self.message)
+
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> PodState:
         meta = body.get("metadata", {})
@@ -81,7 +88,7 @@ class PodState:
         status = body.get("status", {})
         labels = meta.get("labels") or {}
         gates = [g.get("name") for g in spec.get("schedulingGates") or []]
-        exit_code, container, message = _exit_code(status)
+        exit_code, container, message, ended = _exit_code(status)
         disrupted = next((_disruption(c) for c in status.get("conditions") or []
                           if c.get("type") in DISRUPTION_CONDITIONS and c.get("status") == "True"), None)
         scheduled = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
@@ -110,6 +117,7 @@ class PodState:
             exit_code=exit_code,
             container=container,
             message=message,
+            ended=ended,
             reason=status.get("reason") or None,
             checkpoint_request=(meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW),
             queue_group_closed=(meta.get("annotations") or {}).get(KUEUE_RETRIABLE_ANNOTATION) == "false",
@@ -149,10 +157,10 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None]:
-    """The exit code that explains the pod's end, its container and termination message: the
-    trainer's, else a failed init container's."""
-    found: tuple[int | None, str | None, str | None] = (None, None, None)
+def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None, str | None, str | None]:
+    """The exit code that explains the pod's end, its container, its termination message and the
+    runtime's reason: the trainer's, else a failed init container's."""
+    found: tuple[int | None, str | None, str | None, str | None] = (None, None, None, None)
     for key in ("containerStatuses", "initContainerStatuses"):
         for cs in status.get(key) or []:
             term = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
@@ -160,9 +168,9 @@ def _exit_code(status: Mapping[str, Any]) -> tuple[int | None, str | None, str |
                 continue
             code = int(term["exitCode"])
             if cs.get("name") == "trainer":
-                return code, "trainer", term.get("message") or None
+                return code, "trainer", term.get("message") or None, term.get("reason") or None
             if code != 0 and found[0] is None:
-                found = (code, cs.get("name"), term.get("message") or None)
+                found = (code, cs.get("name"), term.get("message") or None, term.get("reason") or None)
     return found
 
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.api.helpers import manifest
-from tetrad.api.crd import crd, crd_yaml
+from tetrad.api.crd import PRESENCE_SIGNIFICANT, crd, crd_yaml
 from tetrad.api.presets import PRESETS
 from tetrad.api.problems import Problem
 from tetrad.api.spec import ParallelTrainingJobSpec
@@ -87,8 +87,12 @@ def test_printer_columns_name_schema_fields():
 
 
 def _defaulted(doc: dict[str, Any]) -> Any:
-    """The spec as the apiserver stores it: CRD defaults applied (the model's defaults are the same)."""
+    """The spec as the apiserver stores it: CRD defaults applied (the model's defaults are the same), the
+    sections whose presence counts left out when the manifest leaves them out."""
     spec = ParallelTrainingJobSpec.model_validate(doc["spec"]).model_dump(by_alias=True, exclude_none=True, mode="json")
+    for name in PRESENCE_SIGNIFICANT:
+        if name not in doc["spec"]:
+            spec.pop(name, None)
     return celpy.json_to_cel(spec)
 
 
@@ -116,14 +120,28 @@ def _evaluate(rule: dict[str, str], activation: dict[str, Any]) -> tuple[bool, s
     return False, rule["message"]
 
 
+def spec_rules() -> list[dict[str, str]]:
+    """The spec-level CEL rules of one object (not the transition rules, which compare with oldSelf)."""
+    return [r for r in schema()["properties"]["spec"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+
+
 def spec_rule_results(doc: dict[str, Any]) -> list[tuple[dict[str, str], bool, str]]:
     """(rule, admitted, message) for every spec-level CEL rule."""
     activation = {"self": _defaulted(doc)}
-    return [(r, *_evaluate(r, activation)) for r in schema()["properties"]["spec"]["x-kubernetes-validations"]]
+    return [(r, *_evaluate(r, activation)) for r in spec_rules()]
 
 
 def spec_rule_failures(doc: dict[str, Any]) -> list[str]:
     return [msg for _, ok, msg in spec_rule_results(doc) if not ok]
+
+
+def script_job(**spec: Any) -> dict[str, Any]:
+    doc = manifest(**spec)
+    for name in ("model", "training"):
+        if name not in spec:
+            doc["spec"].pop(name, None)
+    doc["spec"]["script"] = {"path": "/app/train.py"}
+    return doc
 
 
 CASES = [
@@ -145,6 +163,19 @@ CASES = [
     (manifest(parallelism={"pp": 4, "dpShard": 1}, training={"fsdp": {"offload": "cpu"}}),
      ["offload=cpu needs FSDP, but dpShard*cp = 1*1 = 1"]),
     (manifest(parallelism={"pp": 4, "dpShard": 1, "cp": 2, "tp": 1}, training={"fsdp": {"offload": "cpu"}}), []),
+    # A script job: the model-dependent rules do not apply (tp=8 divides no debug head count), the trainer's
+    # sections and settings are refused.
+    (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}), []),
+    (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}, model={"preset": "debug"}, training={"steps": 3},
+                data={"source": "synthetic"}),
+     ["spec.model: spec.script runs your own training code", "spec.training: spec.script", "spec.data: spec.script"]),
+    (script_job(checkpoint={"enabled": True}, parallelism={"ppMicrobatches": 4}),
+     ["spec.checkpoint.enabled: spec.script saves its own", "spec.parallelism.ppMicrobatches: ppMicrobatches configures"]),
+    # A model of one's own: kvHeads defaults to its heads.
+    (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "vocab": 64, "seqLen": 48},
+              nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), []),
+    (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "kvHeads": 2, "vocab": 64, "seqLen": 48},
+              nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), ["tp=3 must divide heads=6 and kvHeads=2"]),
 ]
 
 
@@ -156,16 +187,22 @@ def test_cel_spec_rules(doc, expected):
         assert words in msg
 
 
-# The spec-level rules CEL and Python both express: CEL's fieldPath -> whether a Python problem is that rule.
-SHARED_RULES: dict[str, Any] = {
-    ".parallelism": lambda p: p.field == "spec.parallelism" and "product of the degrees" in p.message,
-    ".parallelism.tp": lambda p: p.field == "spec.parallelism.tp",
-    ".model": lambda p: p.field == "spec.model.seqLen",
-    ".parallelism.pp": lambda p: "stages exceed layers" in p.message,
-    ".parallelism.ppMicrobatches": lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
-    ".resources.gpu": lambda p: p.field == "spec.resources.gpu",
-    ".gang.queue": lambda p: p.field == "spec.gang.queue",
-    ".training.fsdp.offload": lambda p: p.field == "spec.training.fsdp.offload",
+# The spec-level rules CEL and Python both express: CEL's (fieldPath, reason) -> whether a Python problem is that rule.
+SHARED_RULES: dict[tuple[str, str], Any] = {
+    (".parallelism", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism" and "product of the degrees" in p.message,
+    (".parallelism.tp", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism.tp",
+    (".model", "FieldValueInvalid"): lambda p: p.field == "spec.model.seqLen",
+    (".parallelism.pp", "FieldValueInvalid"): lambda p: "stages exceed layers" in p.message,
+    (".parallelism.ppMicrobatches", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
+    (".resources.gpu", "FieldValueInvalid"): lambda p: p.field == "spec.resources.gpu",
+    (".gang.queue", "FieldValueRequired"): lambda p: p.field == "spec.gang.queue",
+    (".training.fsdp.offload", "FieldValueInvalid"): lambda p: p.field == "spec.training.fsdp.offload",
+    **{(f".{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.{name}" and "spec.script runs" in p.message)
+       for name in ("model", "training", "data")},
+    (".checkpoint.enabled", "FieldValueForbidden"): lambda p: p.field == "spec.checkpoint.enabled",
+    **{(f".parallelism.{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.parallelism.{name}"
+                                                         and "configures Tetrad's trainer's pipeline" in p.message)
+       for name in ("ppMicrobatches", "ppStagesPerRank")},
 }
 DEGREE_VALUES = [1, 2, 3, 4, 6, 8]
 
@@ -208,23 +245,32 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
     gang: dict[str, Any] = {"scheduler": draw(st.sampled_from(["builtin", "kueue"]))}
     if draw(st.booleans()):
         gang["queue"] = "team-a"
-    return manifest(nodes=nodes, nprocPerNode=nproc, parallelism=parallelism, model=draw(model_specs()),
-                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
-                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
-                              "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
+    doc = manifest(nodes=nodes, nprocPerNode=nproc, parallelism=parallelism, model=draw(model_specs()),
+                   resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
+                   training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
+                             "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
+    if draw(st.integers(0, 3)) == 0:  # a script job, with or without what only the trainer takes
+        doc["spec"]["script"] = {"path": "/app/train.py"}
+        for name in ("model", "training"):
+            if draw(st.booleans()):
+                del doc["spec"][name]
+        if draw(st.booleans()):
+            doc["spec"]["data"] = {"source": "synthetic"}
+        doc["spec"]["checkpoint"] = {"enabled": draw(st.booleans())}
+    return doc
 
 
-def _python_rejects(problems: list[Problem]) -> set[str]:
+def _python_rejects(problems: list[Problem]) -> set[tuple[str, str]]:
     errors = [p for p in problems if p.severity == "error"]
     return {path for path, matches in SHARED_RULES.items() if any(matches(p) for p in errors)}
 
 
-def _cel_rejects(doc: dict[str, Any]) -> set[str]:
-    return {rule["fieldPath"] for rule, ok, _ in spec_rule_results(doc) if not ok}
+def _cel_rejects(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(rule["fieldPath"], rule["reason"]) for rule, ok, _ in spec_rule_results(doc) if not ok}
 
 
 def test_shared_rules_are_the_crd_spec_rules():
-    assert {r["fieldPath"] for r in schema()["properties"]["spec"]["x-kubernetes-validations"]} == set(SHARED_RULES)
+    assert {(r["fieldPath"], r["reason"]) for r in spec_rules()} == set(SHARED_RULES)
 
 
 def test_cel_agrees_with_python_on_generated_specs():
@@ -232,7 +278,7 @@ def test_cel_agrees_with_python_on_generated_specs():
 
     Guard against passing vacuously: every rule must be seen both admitting and rejecting.
     """
-    seen: Counter[tuple[str, bool]] = Counter()
+    seen: Counter[tuple[tuple[str, str], bool]] = Counter()
 
     @settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(spec_documents(auto=False))
@@ -270,13 +316,38 @@ def test_degree_rule():
 
 def test_immutable_fields():
     props = schema()["properties"]["spec"]["properties"]
-    for name in ("nodes", "nprocPerNode", "parallelism", "model"):
+    for name in ("nodes", "nprocPerNode", "parallelism", "model", "script"):
         rule = next(r for r in props[name]["x-kubernetes-validations"] if "oldSelf" in r["rule"])
         old = celpy.json_to_cel({"x": 1})
         assert _evaluate(rule, {"self": old, "oldSelf": old})[0]
         ok, msg = _evaluate(rule, {"self": celpy.json_to_cel({"x": 2}), "oldSelf": old})
         assert not ok and f"spec.{name} is immutable" in msg
     assert "x-kubernetes-validations" not in props["runPolicy"], "runPolicy (suspend) must stay mutable"
+    # model and script are optional: neither may appear or go (self == oldSelf sees only both present)
+    for name in ("model", "script"):
+        rule = next(r for r in schema()["properties"]["spec"]["x-kubernetes-validations"] if r.get("fieldPath") == f".{name}"
+                    and "oldSelf" in r["rule"])
+        with_it, without = celpy.json_to_cel({name: {"x": 1}}), celpy.json_to_cel({})
+        assert _evaluate(rule, {"self": with_it, "oldSelf": with_it})[0]
+        assert _evaluate(rule, {"self": without, "oldSelf": without})[0]
+        for old, new in ((without, with_it), (with_it, without)):
+            ok, msg = _evaluate(rule, {"self": new, "oldSelf": old})
+            assert not ok and f"spec.{name} is immutable" in msg
+
+
+def test_the_entry_point_and_plugin_rules() -> None:
+    props = schema()["properties"]["spec"]["properties"]
+    (entry,) = [r for r in props["script"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    for entry_point, ok in (({"path": "/a.py"}, True), ({"module": "m"}, True), ({"command": ["x"]}, True),
+                      ({}, False), ({"path": "/a.py", "module": "m"}, False)):
+        assert _evaluate(entry, {"self": celpy.json_to_cel(entry_point)})[0] == ok, entry_point
+    preset, dims = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    full = {"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32}
+    assert _evaluate(preset, {"self": celpy.json_to_cel(full)})[0] and _evaluate(dims, {"self": celpy.json_to_cel(full)})[0]
+    assert not _evaluate(preset, {"self": celpy.json_to_cel({**full, "preset": "debug"})})[0]
+    ok, msg = _evaluate(dims, {"self": celpy.json_to_cel({"module": "m:d", "dim": 64})})
+    assert not ok and "module needs its dims in spec.model" in msg
+    assert _evaluate(dims, {"self": celpy.json_to_cel({"preset": "debug"})})[0], "no module: the preset's dims"
 
 
 def test_crd_yaml_round_trips():

@@ -5,10 +5,12 @@
     render (tetrad.render: pure renderer)
     resolve (tetrad.resolve: validation and resolution)
     plan (tetrad.plan: estimates, step time, the solver)
+    node (tetrad.node: the launcher in every pod)
     api (tetrad.api: model, contract, rules, quantity)   bottom
 
 A module may import its own layer and the layers below it, never above. The core never imports
-the operator or the trainer; the trainer imports only tetrad.api of the core.
+the operator or the trainer; the trainer imports only tetrad.api and tetrad.node of the core
+(tests/api/test_node.py checks what tetrad.node itself may import).
 
 Deferred imports: an import inside a function is allowed for third-party modules (heavy ones such
 as rich, yaml or kopf load only when used) and for a CLI subcommand's module; a deferred import of
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-LAYERS = [("tetrad.api",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render",),
+LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render",),
           ("tetrad.launch",), ("tetrad.cli",)]
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 
@@ -90,12 +92,13 @@ def test_api_and_plan_import_nothing_above_them():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for imported, _ in imports(path, package):
             if module.startswith("tetrad.api"):
-                assert not imported.startswith(("tetrad.plan", "tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
+                assert not imported.startswith(("tetrad.node", "tetrad.plan", "tetrad.resolve", "tetrad.render",
+                                                "tetrad.launch", "tetrad.cli")), (module, imported)
             if module.startswith("tetrad.plan"):
                 assert not imported.startswith(("tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
 
 
-def test_trainer_imports_only_the_api_of_the_core():
+def test_trainer_imports_only_the_api_and_the_node_launcher_of_the_core():
     trainer = ROOT / "trainer-image"
     found = []
     for path in sorted((trainer / "tetrad_trainer").rglob("*.py")):
@@ -104,5 +107,6 @@ def test_trainer_imports_only_the_api_of_the_core():
         for imported, _ in imports(path, package):
             if imported.startswith(("tetrad.", "kopf", "kubernetes", "tetrad_operator")) or imported == "tetrad":
                 found.append(imported)
-                assert imported == "tetrad.api" or imported.startswith("tetrad.api."), f"{module} imports {imported}: the trainer uses only tetrad.api"
+                assert imported.startswith(("tetrad.api.", "tetrad.node.")) or imported in ("tetrad.api", "tetrad.node"), \
+                    f"{module} imports {imported}: the trainer uses only tetrad.api and tetrad.node"
     assert found, "no import of tetrad.api found: the walk is broken"

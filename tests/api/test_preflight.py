@@ -8,9 +8,18 @@ import json
 from tests.api.helpers import manifest
 from tetrad.api import parse
 from tetrad.api.contract import ENV_NODE_NAME, TERMINATION_MESSAGE_MAX
-from tetrad.api.preflight import NodeFailure, parse_termination_message, slow_nodes, termination_message
+from tetrad.api.preflight import slow_nodes
+from tetrad.api.termination import NodeFailure, TerminationMessage
 from tetrad.render import render
 from tetrad.render.objects import avoiding
+
+
+def termination_message(failures: list[NodeFailure]) -> str:
+    return TerminationMessage(preflight=tuple(failures)).encode()
+
+
+def parse_termination_message(text: str | None) -> list[NodeFailure]:
+    return list(TerminationMessage.parse(text).preflight)
 
 
 def test_the_termination_message_round_trips_and_fits_kubernetes_limit() -> None:

@@ -97,7 +97,8 @@ def test_pod_security_and_volumes():
     assert spec["nodeSelector"] == {"gpu": "h100"} and spec["serviceAccountName"] == "trainer"
     assert rendered_env(r, 1)["EXTRA"] == "1"
     assert spec["restartPolicy"] == "Never"
-    assert c["command"] == ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train",
+    assert c["command"] == ["python3", "/etc/tetrad/tetrad-node.pyz", "supervise", "--", "python3", "-m",
+                            "torch.distributed.run", "/etc/tetrad/tetrad-node.pyz", "worker", "--trainer", "--",
                             "--config", "/etc/tetrad/config.json"]
     assert rendered_env(r, 1)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
     assert "initContainers" not in spec  # a worker waits for the master inside the supervisor

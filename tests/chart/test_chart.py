@@ -13,7 +13,10 @@ import pytest
 import yaml
 from tetrad_operator.settings import OperatorSettings
 
-from tetrad.render.objects import TRAIN_COMMAND
+from tetrad.api import parse
+from tetrad.render.command import INSTALLED_LAUNCHER, node_command
+from tetrad.render.objects import CONFIG_PATH, PYTHON
+from tetrad.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tetrad"
@@ -166,7 +169,10 @@ def dockerfile_stage(stage: str) -> dict[str, list[str]]:
 
 def test_the_images_run_what_the_chart_and_the_renderer_expect(k8s_tools):
     trainer = dockerfile_stage("trainer")
-    assert trainer["ENTRYPOINT"] == [] and trainer["CMD"] == TRAIN_COMMAND
+    builtin, _ = parse({"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "j"}})
+    assert builtin is not None
+    pods_command = node_command(resolve(builtin), python=PYTHON, launcher=INSTALLED_LAUNCHER, config_path=CONFIG_PATH)
+    assert trainer["ENTRYPOINT"] == [] and trainer["CMD"] == pods_command
     assert dockerfile_stage("operator")["ENTRYPOINT"] == container(render(k8s_tools))["command"]
 
 

@@ -47,9 +47,9 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
         jsonl, log = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tetrad_trainer.preemption", sys.executable, "-m", "torch.distributed.run",
-                 "--standalone", "--nproc-per-node=2", "-m", "tetrad_trainer.train", "--config", str(config),
-                 "--jsonl", str(jsonl), *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
+                 "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--trainer", "--",
+                 "--config", str(config), "--jsonl", str(jsonl), *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         return proc, jsonl, log
 
     proc, jsonl, log = node("first")

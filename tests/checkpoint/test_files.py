@@ -11,11 +11,11 @@ import pytest
 import torch
 from tetrad_trainer import checkpoint
 from tetrad_trainer.checkpoint import store as ck
-from tetrad_trainer.preemption import node_exit_code
 from torch import nn
 
 from tests.checkpoint import toy
 from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED
+from tetrad.node.exits import node_exit_code
 
 
 def make_step(root: Path, step: int, files: dict[str, bytes] | None = None) -> Path:

@@ -33,9 +33,12 @@ def wait_for_steps(jsonl: Path, n: int, proc: subprocess.Popen[bytes], timeout: 
 
 
 def torchrun(config: Path, jsonl: Path, supervised: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "tetrad_trainer.train", "--config", str(config), "--jsonl", str(jsonl)]
-    return [sys.executable, "-m", "tetrad_trainer.preemption", *cmd] if supervised else cmd
+    if not supervised:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                "-m", "tetrad_trainer.train", "--config", str(config), "--jsonl", str(jsonl)]
+    return [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
+            "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--trainer", "--",
+            "--config", str(config), "--jsonl", str(jsonl)]
 
 
 @pytest.mark.parametrize("supervised", [True, False], ids=["supervised", "bare-torchrun"])
@@ -111,9 +114,9 @@ class Node:
         self.progress.mkdir(parents=True)
         config, self.jsonl, self.log = self.dir / "config.json", self.dir / "steps.jsonl", self.dir / "node.log"
         config.write_text(cfg.to_json())
-        command = [sys.executable, "-m", "tetrad_trainer.preemption", sys.executable, "-m", "torch.distributed.run",
-                   "--standalone", "--nproc-per-node=2", "-m", "tests.checkpoint.probe", "--config", str(config),
-                   "--jsonl", str(self.jsonl)]
+        command = [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m",
+                   "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker",
+                   "--module", "tests.checkpoint.probe", "--", "--config", str(config), "--jsonl", str(self.jsonl)]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                          env={**os.environ, "OMP_NUM_THREADS": "1", "TETRAD_TEST_PROGRESS":

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tetrad.api import contract
-from tetrad.api.preflight import NodeFailure, termination_message
+from tetrad.api.termination import NodeFailure, TerminationMessage
 
 from .conftest import free_port, operator_in_thread
 from .helpers import Api, condition, fake_node, finish_all, now, ptj, wait_for, wait_phase, wait_running
@@ -46,7 +46,7 @@ def test_a_node_that_fails_the_gate_is_named_and_the_next_gang_avoids_it(api, op
         pods = wait_running(api, ns, "gate", 2)
         bad = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"][contract.LABEL_RANK] == "1")
         reason = "devices: 7 CUDA devices visible, the job runs nprocPerNode=8 processes, one per GPU"
-        fail_preflight(api, ns, "gate-r0-1", termination_message([NodeFailure(bad, 1, reason)]))
+        fail_preflight(api, ns, "gate-r0-1", TerminationMessage(preflight=(NodeFailure(bad, 1, reason),)).encode())
 
         st = wait_for(lambda: (lambda s: s if s.get("failedNodes") else None)(api.status(ns, "gate")),
                       what="the failed node in status")

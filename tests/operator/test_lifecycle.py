@@ -12,7 +12,8 @@ from tetrad_operator.admission import created_released
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
 from tetrad_operator.state import PodState, format_time, parse_time
 
-from tetrad.api import collective, contract
+from tetrad.api import contract
+from tetrad.api.termination import TerminationMessage
 from tetrad.render import names
 
 from .fakes import FakeCluster, job_body, node_body, terminated
@@ -756,7 +757,7 @@ def test_a_collective_timeout_restarts_the_gang_naming_the_collective_and_its_pe
             "not answering: rank 1")
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     running(c)
-    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0, message=collective.termination_message(said))
+    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0, message=TerminationMessage(collective_timeout=said).encode())
     c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=1)  # no message: still the same reason
     d = c.reconcile()
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "CollectiveTimeout"

@@ -11,7 +11,7 @@ from prometheus_client.samples import Sample
 from tetrad_operator import scrape
 
 from tetrad.api.contract import EXIT_PREFLIGHT, LABEL_RANK, METRIC_PREFLIGHT_BUS_BANDWIDTH
-from tetrad.api.preflight import NodeFailure, termination_message
+from tetrad.api.termination import NodeFailure, TerminationMessage
 
 from .fakes import FakeCluster, job_body, node_body
 
@@ -37,7 +37,7 @@ def fail_preflight(c: FakeCluster, rank: int, *failures: NodeFailure) -> None:
     c.finish(EXIT_PREFLIGHT, rank=rank)
     pod = next(p for p in c.pods.values() if p["metadata"]["labels"][LABEL_RANK] == str(rank)
                and p["status"]["phase"] == "Failed")
-    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = termination_message(list(failures))
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = TerminationMessage(preflight=failures).encode()
 
 
 def excluded_in(pod: dict[str, Any]) -> list[str]:

@@ -9,18 +9,19 @@ import time
 from pathlib import Path
 
 import pytest
-from tetrad_trainer import collective, faults
+from tetrad_trainer import faults
 from tetrad_trainer.config import ConfigError
 
 from tests.trainer.test_launch import make_job, processes_mentioning
-from tetrad.api.collective import parse_termination_message
 from tetrad.api.contract import (
     ENV_TERMINATION_LOG,
     ENV_TEST_FAULT,
     ENV_TEST_FAULTS_ALLOWED,
     EXIT_COLLECTIVE_TIMEOUT,
 )
+from tetrad.api.termination import TerminationMessage
 from tetrad.launch import run_local
+from tetrad.node import collective
 
 
 def test_a_fault_acts_only_when_tests_allow_faults(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -82,7 +83,7 @@ def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path
     assert "hanging at the start of step 3 (test fault)" in logs[0]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    summary = parse_termination_message(termination.read_text())
+    summary = TerminationMessage.parse(termination.read_text()).collective_timeout
     assert summary is not None and summary.endswith("timed out after 20s; not answering: rank 1"), summary
     assert took < 240, took  # start-up, two steps, the timeout, the peers' exchange, the stop
     assert not processes_mentioning(str(work))

@@ -22,6 +22,9 @@ from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
 from tetrad.launch.local import local_command
+from tetrad.render import render
+from tetrad.render.objects import CONFIG_PATH, LAUNCHER_PATH
+from tetrad.resolve import resolve
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -51,9 +54,11 @@ def processes_mentioning(text: str) -> list[str]:
 
 
 def test_local_command_is_the_pods_command() -> None:
-    assert local_command(Path("/w/config.json")) == [sys.executable, "-m", "tetrad_trainer.preemption",
-                                                     sys.executable, "-m", "torch.distributed.run", "-m",
-                                                     "tetrad_trainer.train", "--config", "/w/config.json"]
+    cfg = resolve(make_job("cmd"))
+    pod = render(make_job("cmd")).pods[0]["spec"]["containers"][0]["command"]
+    here = [sys.executable, "/w/tetrad-node.pyz", "/w/config.json"]
+    assert local_command(cfg, Path("/w")) == [{"python3": here[0], LAUNCHER_PATH: here[1], CONFIG_PATH: here[2]}.get(a, a)
+                                              for a in pod]
 
 
 class Writes(io.RawIOBase):
@@ -143,13 +148,13 @@ def _state(pid: int) -> str:
 
 def workers(work: Path) -> list[int]:
     return [pid for pid, args in run_processes(work).items()
-            if "tetrad_trainer.train" in args and "torch.distributed.run" not in args and "preemption" not in args]
+            if "worker --trainer" in args and "torch.distributed.run" not in args and "supervise" not in args]
 
 
 def frozen(work: Path) -> list[int]:
     """The workers and torchrun agents of the run (the processes a test freezes with SIGSTOP)."""
     return [pid for pid, args in run_processes(work).items()
-            if "tetrad_trainer.train" in args and "preemption" not in args]
+            if "worker --trainer" in args and "supervise" not in args]
 
 
 def wait_until_gone(work: Path, timeout: float) -> None:

@@ -15,19 +15,19 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 from tetrad_trainer.metrics import RankMetrics
-from tetrad_trainer.preflight import NodeFigures
 
 from tests.trainer.harness import free_port_block
 from tetrad.api import parse
 from tetrad.api.contract import (
-    ENV_CONFIG,
     ENV_NODE_NAME,
     ENV_TERMINATION_LOG,
     EXIT_PREFLIGHT,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
     METRIC_PREFLIGHT_SECONDS,
 )
-from tetrad.api.preflight import parse_termination_message
+from tetrad.api.termination import TerminationMessage
+from tetrad.node.gang import NodeFigures
+from tetrad.render.env import job_env
 from tetrad.resolve import resolve
 
 ROOT = Path(__file__).parents[2]
@@ -76,7 +76,7 @@ def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reaso
     r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0},
                    env={ENV_TERMINATION_LOG: str(log), ENV_NODE_NAME: "gpu-node-7"})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr[-3000:]
-    (failure,) = parse_termination_message(log.read_text())
+    (failure,) = TerminationMessage.parse(log.read_text()).preflight
     assert failure.node == "gpu-node-7" and failure.node_rank in (0, 1)
     assert failure.reason == "cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their CPU affinity)"
     node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
@@ -89,16 +89,16 @@ def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reaso
 def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp_path: Path) -> None:
     job, problems = parse(job_doc(preflight={"timeoutSeconds": 2}))
     assert job is not None, problems
-    config = tmp_path / "config.json"
-    config.write_text(resolve(job).to_json())
+    pods = job_env(resolve(job), master_addr="gate-0.no-such-service.invalid", master_port=29500,
+                   config_path="/unused", rdzv_timeout=900)
     log, started = tmp_path / "termination-log", tmp_path / "started"
-    r = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+    r = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", "touch", str(started)],
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, ENV_CONFIG: str(config), "PET_MASTER_ADDR": "gate-0.no-such-service.invalid",
-                            "PET_NODE_RANK": "0", ENV_NODE_NAME: "node-b", ENV_TERMINATION_LOG: str(log)})
+                       env={**os.environ, **pods, "PET_NODE_RANK": "0", ENV_NODE_NAME: "node-b",
+                            ENV_TERMINATION_LOG: str(log)})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr
     assert not started.exists(), "torchrun must not start on a node that failed the gate"
-    (failure,) = parse_termination_message(log.read_text())
+    (failure,) = TerminationMessage.parse(log.read_text()).preflight
     assert (failure.node, failure.node_rank) == ("node-b", 0)  # rank 0: a worker first waits for the name (test_rendezvous)
     assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not resolve within 2 s")
 

@@ -1,5 +1,5 @@
 """A worker node waits for pod 0's name inside its supervisor, before torchrun: the real resolver,
-the real `python -m tetrad_trainer.preemption`."""
+the real `python -m tetrad.node supervise`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from tetrad_trainer import rendezvous
-from tetrad_trainer.rendezvous import wait_for_master
 
 from tetrad.api.contract import ENV_RDZV_TIMEOUT
+from tetrad.node import rendezvous
+from tetrad.node.environment import NodeEnv
+
+
+def wait_for_master(env: dict[str, str], retry_s: float = rendezvous.RESOLVE_RETRY_S) -> int | None:
+    return rendezvous.wait_for_master(NodeEnv.read(env), retry_s)
 
 NOWHERE = "pod-0.no-such-service.invalid"  # .invalid never resolves (RFC 2606)
 
@@ -46,20 +50,20 @@ def test_a_worker_goes_on_once_the_name_resolves(monkeypatch: pytest.MonkeyPatch
 def test_a_worker_whose_master_never_resolves_exits_1_without_starting_torchrun(tmp_path: Path) -> None:
     started = tmp_path / "started"
     t = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+    r = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", "touch", str(started)],
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PET_MASTER_ADDR": NOWHERE, "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2"})
     assert r.returncode == 1, r.stderr
     assert not started.exists(), "torchrun must not start before pod 0's name resolves"
     assert time.monotonic() - t >= 2, "it waited the rendezvous timeout"
     assert f"pod 0's name {NOWHERE} did not resolve within 2 s" in r.stderr
-    ok = subprocess.run([sys.executable, "-m", "tetrad_trainer.preemption", "touch", str(started)],
+    ok = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", "touch", str(started)],
                         capture_output=True, text=True, timeout=60,
                         env={**os.environ, "PET_MASTER_ADDR": "localhost", "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2"})
     assert ok.returncode == 0 and started.exists(), ok.stderr
 
 
 def test_the_preflight_gate_and_the_wait_share_one_resolver() -> None:
-    from tetrad_trainer import preflight
+    from tetrad.node import checks
 
-    assert preflight.resolves is rendezvous.resolves
+    assert checks.resolves is rendezvous.resolves

@@ -28,6 +28,19 @@ ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes 
 ENV_NODE_NAME: Final = "TETRAD_NODE_NAME"  # the Kubernetes node the pod runs on (downward API spec.nodeName)
 ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"  # where the node writes its termination message (default below)
 ENV_CHECKPOINT_REQUEST_FILE: Final = "TETRAD_CHECKPOINT_REQUEST_FILE"  # rank 0 reads checkpoint-now tokens there
+# The resolved layout, outermost dim first, e.g. pp=1,dp_replicate=1,dp_shard=4,cp=1,tp=2: a script
+# builds the same DeviceMesh with these names and degrees (docs/bring-your-own.md).
+ENV_MESH: Final = "TETRAD_MESH"
+ENV_GPUS: Final = "TETRAD_GPUS"  # GPUs each node requests (resources.gpu); 0: the job runs on CPUs
+ENV_CPUS: Final = "TETRAD_CPUS"  # CPUs each node requests (resources.cpu), when it does
+# spec.preflight as JSON ({"timeoutSeconds", "allReduceMiB", "slowNodeFraction"}); unset: the gate is off.
+ENV_PREFLIGHT: Final = "TETRAD_PREFLIGHT"
+ENV_COLLECTIVE_TIMEOUT: Final = "TETRAD_COLLECTIVE_TIMEOUT"  # spec.runPolicy.collectiveTimeoutSeconds
+ENV_CHECKPOINT_DIR: Final = "TETRAD_CHECKPOINT_DIR"  # spec.checkpoint.path: where a script keeps its checkpoints
+# The version of this contract (the environment, the exit codes, the metric names, the exit directory's
+# files): a runtime library (tetrad_trainer.runtime) refuses to run under a version it does not speak.
+ENV_CONTRACT: Final = "TETRAD_CONTRACT"
+CONTRACT_VERSION: Final = 1
 ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
 # Tests only: a fault the trainer injects (tetrad_trainer.faults), e.g. hang-rank:1:step:3; ignored unless
 # ENV_TEST_FAULTS_ALLOWED=1 is set too, so a stray variable can never hang a real job.
@@ -46,9 +59,11 @@ GANG_GATE: Final = "tetrad.dev/gang"
 # into CHECKPOINT_REQUEST_FILE (ENV_CHECKPOINT_REQUEST_FILE names the path).
 ANNOTATION_CHECKPOINT_NOW: Final = "tetrad.dev/checkpoint-now"
 
-# Where a pod finds its resolved config, and its own annotations the trainer reads (downward API).
+# Where a pod finds its resolved config and the node launcher (a zip of tetrad.node that runs with the
+# image's python3 alone), and its own annotations the trainer reads (downward API).
 CONFIG_DIR: Final = "/etc/tetrad"
 CONFIG_FILE: Final = "config.json"
+LAUNCHER_FILE: Final = "tetrad-node.pyz"
 POD_INFO_DIR: Final = "/etc/tetrad-pod"
 CHECKPOINT_REQUEST_FILE: Final = "checkpoint-now"
 
@@ -78,18 +93,22 @@ EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the
 EXIT_COLLECTIVE_TIMEOUT: Final = 79
 EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
 
-# A node's termination message (JSON, read by the operator from the pod's status): why the preflight gate
-# failed, naming the failing nodes. Kubernetes keeps at most 4096 bytes of it.
+# A node's termination message (tetrad.api.termination: JSON, read by the operator from the pod's status),
+# written by the node's launcher only. Kubernetes keeps at most 4096 bytes of it.
 TERMINATION_LOG: Final = "/dev/termination-log"
 TERMINATION_MESSAGE_MAX: Final = 4096
-# ... and, when rank 0 stops on SIGTERM, the last committed step (null: none) and its Unix commit time
-# (when this process committed it) under these keys, which a suspend records in the job's status.
+# Its keys of rank 0's state when it finished or stopped on SIGTERM: the last committed step (null: none)
+# and its Unix commit time (when this process committed it), which a suspend records in the job's status,
+# and its last figures (the SCRAPED and SCRAPED_CHECKPOINT gauges as exposition text), read as a scrape is
+# (a finished job's status shows its last step, not the last one a scrape happened to catch).
 TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
 TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
-# ... and when rank 0 finishes or stops on SIGTERM, its last figures: the SCRAPED and SCRAPED_CHECKPOINT
-# gauges as exposition text, which the operator reads as it reads a scrape (a finished job's status
-# shows its last step, not the last one a scrape happened to catch).
 TERMINATION_FIGURES: Final = "figures"
+# Causes a node names in its termination message (`reason`), with the exit code it exits with.
+REASON_ENTRY_POINT: Final = "EntryPointNotFound"  # spec.script's path, module or command is not in the image (78)
+REASON_CONFIG: Final = "ConfigError"  # the config cannot run (78)
+REASON_OUT_OF_MEMORY: Final = "DeviceOutOfMemory"  # (77)
+REASON_CONTRACT: Final = "ContractMismatch"  # the runtime library does not speak this contract's version (78)
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them
 # from rank 0 into status.training (SCRAPED).

@@ -12,8 +12,20 @@ import copy
 from typing import Any
 
 from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
-from tetrad.api.presets import PRESETS
-from tetrad.api.rules import DEFAULT_MULTI_STAGES_PER_RANK, MULTI_STAGE, NON_BLOCK_STAGE_UNITS
+from tetrad.api.presets import DEFAULT_PRESET, PRESETS
+from tetrad.api.rules import (
+    DEFAULT_MULTI_STAGES_PER_RANK,
+    MULTI_STAGE,
+    NON_BLOCK_STAGE_UNITS,
+    PLUGIN_DIMS,
+    PLUGIN_PRESET_MESSAGE,
+    SCRIPT_CHECKPOINT_MESSAGE,
+    TRAINER_ONLY,
+    TRAINER_PIPELINE,
+    plugin_dims_message,
+    trainer_only_message,
+    trainer_pipeline_message,
+)
 from tetrad.api.spec import (
     CHECKPOINT_PATH_RULE,
     DNS1035_LABEL,
@@ -24,7 +36,8 @@ from tetrad.api.spec import (
 )
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
-IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model")
+IMMUTABLE = ("nodes", "nprocPerNode", "parallelism", "model", "script")
+IMMUTABLE_PRESENCE = ("model", "script")  # the optional ones
 # The one anyOf a structural schema allows: beside x-kubernetes-int-or-string, without `type`.
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
@@ -67,26 +80,42 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def _with_object_defaults(s: dict[str, Any]) -> None:
-    """Default every nested object to {} so the apiserver fills the defaults beneath it."""
-    for prop in s.get("properties", {}).values():
+# The spec's sections whose presence says something: what runs (script, or Tetrad's trainer with its model,
+# training and data). The apiserver leaves them out when the manifest does, so CEL and Python can tell.
+PRESENCE_SIGNIFICANT = ("script", "model", "training", "data")
+
+
+def _with_object_defaults(s: dict[str, Any], keep_absent: tuple[str, ...] = ()) -> None:
+    """Default every nested object to {} so the apiserver fills the defaults beneath it, except the
+    top-level sections in keep_absent (their own fields are still defaulted once they are given)."""
+    for name, prop in s.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
-            prop.setdefault("default", {})
+            if name not in keep_absent:
+                prop.setdefault("default", {})
             _with_object_defaults(prop)
 
 
-def schema_of(model: type[Any]) -> dict[str, Any]:
+def schema_of(model: type[Any], keep_absent: tuple[str, ...] = ()) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     s = _structural(raw, defs)
-    _with_object_defaults(s)
+    _with_object_defaults(s, keep_absent)
     return s
 
 
 # CEL helpers over the (defaulted) spec object `self`.
-def _preset_lookup(dim: str) -> str:
+BUILTIN = "!has(self.script)"  # the job runs Tetrad's trainer: the model-dependent rules apply
+_PRESET = f"(has(self.model) && has(self.model.preset) ? self.model.preset : '{DEFAULT_PRESET}')"
+
+
+def _model_dim(dim: str) -> str:
+    """A model dim as resolve.expand_model takes it: explicit, else a plug-in's default (kvHeads: heads),
+    else the preset's (debug without one)."""
     table = ", ".join(f"'{name}': {dims[dim]}" for name, dims in PRESETS.items())  # type: ignore[literal-required]
-    return f"(has(self.model.{dim}) ? self.model.{dim} : {{{table}}}[self.model.preset])"
+    fallback = f"{{{table}}}[{_PRESET}]"
+    if dim == "kvHeads":
+        fallback = f"(has(self.model) && has(self.model.module) ? {_model_dim('heads')} : {fallback})"
+    return f"(has(self.model) && has(self.model.{dim}) ? self.model.{dim} : {fallback})"
 
 
 def _is_int(*degrees: str) -> str:
@@ -114,7 +143,7 @@ def _stages_per_rank() -> str:
 
 
 def spec_rules() -> list[dict[str, str]]:
-    heads, kv, layers, seq = (_preset_lookup(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
+    heads, kv, layers, seq = (_model_dim(d) for d in ("heads", "kvHeads", "layers", "seqLen"))
     product = "*".join(_degree(d) for d in DEGREES)
     per_rank = _stages_per_rank()
     max_stages = f"{layers} + {NON_BLOCK_STAGE_UNITS}"  # rules.max_pipeline_stages
@@ -129,7 +158,7 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".parallelism",
         },
         {
-            "rule": f"!({_is_int('tp')}) || ({heads} % {_degree('tp')} == 0 && {kv} % {_degree('tp')} == 0)",
+            "rule": f"!{BUILTIN} || !({_is_int('tp')}) || ({heads} % {_degree('tp')} == 0 && {kv} % {_degree('tp')} == 0)",
             "messageExpression": _fmt(
                 "spec.parallelism.tp: tp=%d must divide heads=%d and kvHeads=%d; use a common divisor of both",
                 _degree("tp"), heads, kv),
@@ -137,7 +166,7 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".parallelism.tp",
         },
         {
-            "rule": f"!({_is_int('tp', 'cp')}) || {seq} % ({_degree('tp')} * 2 * {_degree('cp')}) == 0",
+            "rule": f"!{BUILTIN} || !({_is_int('tp', 'cp')}) || {seq} % ({_degree('tp')} * 2 * {_degree('cp')}) == 0",
             "messageExpression": _fmt(
                 "spec.model.seqLen: seqLen=%d must be divisible by tp*2*cp = %d; change seqLen, tp or cp",
                 seq, f"{_degree('tp')} * 2 * {_degree('cp')}"),
@@ -145,7 +174,7 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".model",
         },
         {
-            "rule": f"!({_is_int('pp')}) || {_degree('pp')} == 1 || {_degree('pp')} * {per_rank} <= {max_stages}",
+            "rule": f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1 || {_degree('pp')} * {per_rank} <= {max_stages}",
             "messageExpression": _fmt(
                 f"spec.parallelism: pp*ppStagesPerRank = %d*%d = %d stages exceed layers=%d + {NON_BLOCK_STAGE_UNITS}"
                 " (the embedding and the output take a stage each); use at most %d stages",
@@ -154,7 +183,7 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".parallelism.pp",
         },
         {
-            "rule": (f"!({_is_int('pp')}) || {_degree('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
+            "rule": (f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
                      f" || self.parallelism.ppMicrobatches >= {_degree('pp')} * {per_rank}"),
             "messageExpression": _fmt(
                 "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below the %d pipeline stages (pp=%d x %d per rank);"
@@ -172,7 +201,8 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".resources.gpu",
         },
         {
-            "rule": (f"!({_is_int('dpShard', 'cp')}) || self.training.fsdp.offload != '{Offload.CPU.value}'"
+            "rule": (f"!{BUILTIN} || !has(self.training) || !({_is_int('dpShard', 'cp')})"
+                     f" || self.training.fsdp.offload != '{Offload.CPU.value}'"
                      f" || {_degree('dpShard')} * {_degree('cp')} > 1"),
             "messageExpression": _fmt(
                 "spec.training.fsdp.offload: offload=cpu needs FSDP, but dpShard*cp = %d*%d = 1 shards nothing;"
@@ -180,6 +210,7 @@ def spec_rules() -> list[dict[str, str]]:
             "reason": "FieldValueInvalid",
             "fieldPath": ".training.fsdp.offload",
         },
+        *script_rules(),
         {
             "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",
             "message": "spec.gang.queue: gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name",
@@ -187,6 +218,31 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".gang.queue",
         },
     ]
+
+
+def script_rules() -> list[dict[str, str]]:
+    """A script job (spec.script) names what runs in one way: none of the trainer's sections or settings
+    (tetrad.resolve.check_script says the same)."""
+    rules = [{"rule": f"{BUILTIN} || !has(self.{name})", "message": f"spec.{name}: {trainer_only_message(name)}",
+              "reason": "FieldValueForbidden", "fieldPath": f".{name}"} for name in TRAINER_ONLY]
+    rules.append({"rule": f"{BUILTIN} || !self.checkpoint.enabled",
+                  "message": f"spec.checkpoint.enabled: {SCRIPT_CHECKPOINT_MESSAGE}",
+                  "reason": "FieldValueForbidden", "fieldPath": ".checkpoint.enabled"})
+    rules += [{"rule": f"{BUILTIN} || !has(self.parallelism.{name})",
+               "message": f"spec.parallelism.{name}: {trainer_pipeline_message(name)}",
+               "reason": "FieldValueForbidden", "fieldPath": f".parallelism.{name}"} for name in TRAINER_PIPELINE]
+    return rules
+
+
+SCRIPT_RULE = {
+    "rule": "(has(self.path) ? 1 : 0) + (has(self.module) ? 1 : 0) + (has(self.command) ? 1 : 0) == 1",
+    "message": "spec.script: give exactly one entry point of path, module or command",
+}
+PLUGIN_RULES = [
+    {"rule": "!has(self.module) || !has(self.preset)", "message": f"spec.model.preset: {PLUGIN_PRESET_MESSAGE}"},
+    {"rule": f"!has(self.module) || ({' && '.join(f'has(self.{d})' for d in PLUGIN_DIMS)})",
+     "message": f"spec.model: {plugin_dims_message(PLUGIN_DIMS)}"},
+]
 
 
 def degree_rule(name: str) -> dict[str, str]:
@@ -201,15 +257,24 @@ def immutable_rule(name: str) -> dict[str, str]:
     return {"rule": "self == oldSelf", "message": f"spec.{name} is immutable; delete and recreate the job to change it"}
 
 
+def presence_immutable_rule(name: str) -> dict[str, str]:
+    """An optional immutable section may not appear or go either (self == oldSelf sees only both present)."""
+    return {"rule": f"has(self.{name}) == has(oldSelf.{name})",
+            "message": f"spec.{name} is immutable; delete and recreate the job to change it",
+            "fieldPath": f".{name}"}
+
+
 def spec_schema() -> dict[str, Any]:
-    s = schema_of(ParallelTrainingJobSpec)
+    s = schema_of(ParallelTrainingJobSpec, keep_absent=PRESENCE_SIGNIFICANT)
     props = s["properties"]
     for d in DEGREES:
         props["parallelism"]["properties"][d]["x-kubernetes-validations"] = [degree_rule(d)]
     props["model"]["properties"]["preset"]["enum"] = list(PRESETS)
+    props["model"]["x-kubernetes-validations"] = PLUGIN_RULES
+    props["script"]["x-kubernetes-validations"] = [SCRIPT_RULE]
     for name in IMMUTABLE:
         props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []), immutable_rule(name)]
-    s["x-kubernetes-validations"] = spec_rules()
+    s["x-kubernetes-validations"] = [*spec_rules(), *[presence_immutable_rule(name) for name in IMMUTABLE_PRESENCE]]
     props["checkpoint"]["properties"]["path"]["x-kubernetes-validations"] = [CHECKPOINT_PATH_RULE]
     s["description"] = "The desired training job: its size, 4D layout, model, training, data and policies."
     return s

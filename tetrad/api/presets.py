@@ -23,6 +23,7 @@ def _dims(dim: int, layers: int, heads: int, kv: int, vocab: int, ffn: int, seq:
                      ropeTheta=rope, normEps=1e-5)
 
 
+DEFAULT_PRESET: Final = "debug"  # a job that names no preset, no model of its own and not every dim
 PRESETS: Final[dict[str, ModelDims]] = {
     # A few MB, fast on CPU; every degree used by the test matrix divides it.
     "debug": _dims(256, 4, 8, 4, 2048, 768, 256, rope=10000.0),

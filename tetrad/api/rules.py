@@ -28,6 +28,35 @@ ZERO_BUBBLE_STAGES_PER_RANK: Final = 2
 NON_BLOCK_STAGE_UNITS: Final = 2
 
 
+# What runs, said once: a script job (spec.script) gives none of the trainer's sections and settings, and
+# a model definition of one's own (spec.model.module) gives its dims, not a preset.
+TRAINER_ONLY: Final = ("model", "training", "data")
+TRAINER_PIPELINE: Final = ("ppMicrobatches", "ppStagesPerRank")
+PLUGIN_DIMS: Final = ("dim", "layers", "heads", "vocab", "seqLen")  # kvHeads defaults to heads, ffnDim to 4 x dim
+
+
+def trainer_only_message(name: str) -> str:
+    return (f"spec.script runs your own training code; spec.{name} configures Tetrad's trainer: remove it and pass"
+            " your settings in spec.script.args (or use spec.model.module to train your model in Tetrad's trainer)")
+
+
+SCRIPT_CHECKPOINT_MESSAGE: Final = ("spec.script saves its own checkpoints; checkpoint.enabled turns on Tetrad's "
+                                    "trainer's: remove it (checkpoint.path and .volume are still mounted, and passed as"
+                                    " $TETRAD_CHECKPOINT_DIR)")
+
+
+def trainer_pipeline_message(name: str) -> str:
+    return f"{name} configures Tetrad's trainer's pipeline schedule; a script job (spec.script) schedules its own: remove it"
+
+
+PLUGIN_PRESET_MESSAGE: Final = ("a model definition of your own (module) takes its dims from spec.model, not a preset;"
+                                " remove preset")
+
+
+def plugin_dims_message(missing: list[str] | tuple[str, ...]) -> str:
+    return f"module needs its dims in spec.model: {', '.join(missing)} missing (kvHeads defaults to heads, ffnDim to 4 x dim)"
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 

@@ -7,6 +7,7 @@ Every field carries a description: it becomes `kubectl explain` text in the gene
 from __future__ import annotations
 
 import re
+import shlex
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -366,6 +367,11 @@ class Script(CamelModel):
     working_dir: Annotated[str | None, AfterValidator(_working_dir)] = Field(
         None, json_schema_extra={"pattern": _ABSOLUTE_NORMAL},
         description="The workers' working directory in the image; default: the image's.")
+
+    def describe(self) -> str:
+        """The entry point and its arguments, as a shell would show them."""
+        what = [self.path] if self.path else ["-m", self.module] if self.module else list(self.command or [])
+        return " ".join(shlex.quote(str(a)) for a in [*what, *self.args])
 
     @model_validator(mode="after")
     def _one_entry_point(self) -> Script:

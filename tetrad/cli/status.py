@@ -15,8 +15,8 @@ from typing import Any
 from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
 from tetrad.api.manifest import shorten
 from tetrad.api.preflight import slow_nodes
-from tetrad.api.presets import PRESETS, model_name
-from tetrad.api.spec import Preflight
+from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
+from tetrad.api.spec import Preflight, Script, Training
 
 GiB = 2**30
 
@@ -65,11 +65,14 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     training = status.get("training") or {}
     model = spec.get("model") or {}
-    preset = model.get("preset")
+    preset = model.get("preset") if isinstance(model.get("preset"), str) else DEFAULT_PRESET  # as expand_model
     overrides = {k: v for k, v in model.items() if k != "preset"}
-    seq_len = model.get("seqLen") or _get(PRESETS.get(preset) if isinstance(preset, str) else None, "seqLen")
-    global_batch = _get(spec, "training", "globalBatch")
-    total = _get(spec, "training", "steps")
+    seq_len = model.get("seqLen") or _get(PRESETS.get(preset), "seqLen")
+    trainer = spec.get("training") or {}  # absent: the trainer's defaults (the apiserver stores none)
+    global_batch = trainer.get("globalBatch", Training.model_fields["global_batch"].default)
+    total = trainer.get("steps", Training.model_fields["steps"].default)
+    if spec.get("script"):  # a script's batch and steps are its own
+        global_batch = total = seq_len = None
     step = training.get("step")
     tokens_per_second = _number(training.get("tokensPerSecond"))
     phase = status.get("phase") or "Pending"
@@ -78,7 +81,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "namespace": _get(job, "metadata", "namespace"),
         "phase": phase,
         "message": status.get("message"),
-        "model": model_name(preset if isinstance(preset, str) else None, overrides),
+        "model": (_script(spec["script"]) if spec.get("script") else model["module"] if model.get("module")
+                  else model_name(preset, overrides)),
         "nodes": spec.get("nodes"),
         "nprocPerNode": spec.get("nprocPerNode"),
         "mesh": status.get("mesh"),
@@ -110,6 +114,13 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         end = _time(status.get("completionTime")) or now
         out["runningSeconds"] = max((end - start).total_seconds(), 0.0)
     return out
+
+
+def _script(script: dict[str, Any]) -> str:
+    try:
+        return f"script {Script.model_validate(script).describe()}"
+    except ValueError:
+        return "script"
 
 
 def _checkpoint(ckpt: dict[str, Any], now: datetime) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """`tetrad run`: a job on this machine, started exactly as the operator starts it in a cluster.
 
 One torchrun agent per node, each a local process with the node's environment from
-`tetrad.render.env.torchrun_env` and the pod's command from `tetrad.render.objects`, so a job
-behaves the same here and in Kubernetes. Agents log to WORKDIR/node-N.log; rank 0's JSON lines
+`tetrad.render.env.torchrun_env` and the pod's command from `tetrad.render.command` (the same launcher
+zip, written into WORKDIR, with this interpreter), so a job behaves the same here and in Kubernetes. Agents log to WORKDIR/node-N.log; rank 0's JSON lines
 drive a live progress bar and the summary.
 
 Stopping: SIGTERM, SIGHUP and SIGINT, and the death of the process that started `tetrad run`
@@ -39,9 +39,11 @@ from rich.table import Table
 
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract
 from tetrad.api.contract import ENV_JSONL, EXIT_CONFIG_ERROR
+from tetrad.node.bundle import launcher
 from tetrad.render import names
+from tetrad.render.command import node_command
 from tetrad.render.env import torchrun_env
-from tetrad.render.objects import CONFIG_PATH, TRAIN_COMMAND, shutdown_timeout
+from tetrad.render.objects import shutdown_timeout
 from tetrad.resolve import resolve
 
 MASTER_ADDR = "127.0.0.1"
@@ -91,17 +93,10 @@ def preflight(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
     return errors, warnings
 
 
-def local_command(config_path: Path) -> list[str]:
-    """The pod's command, with this interpreter for `torchrun`/`python` and the local config path."""
-    command: list[str] = []
-    for arg in TRAIN_COMMAND:
-        if arg == "torchrun":
-            command += [sys.executable, "-m", "torch.distributed.run"]
-        elif arg == "python":
-            command.append(sys.executable)
-        else:
-            command.append(str(config_path) if arg == CONFIG_PATH else arg)
-    return command
+def local_command(cfg: ResolvedConfig, workdir: Path) -> list[str]:
+    """The pod's command with this interpreter, the launcher and config in `workdir`."""
+    return node_command(cfg, python=sys.executable, launcher=[str(workdir / contract.LAUNCHER_FILE)],
+                        config_path=str(workdir / contract.CONFIG_FILE))
 
 
 @dataclass
@@ -133,7 +128,7 @@ class Records:
 
 
 def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path, *, rdzv_timeout: int,
-                 shutdown_timeout: int, extra_args: list[str] | None = None) -> list[Agent]:
+                 shutdown_timeout: int) -> list[Agent]:
     """One torchrun agent per node, each in its own session so it can be stopped as a group."""
     master_port = free_port()
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
@@ -154,7 +149,7 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
             env[ENV_JSONL] = str(jsonl)
         log = workdir / f"node-{node}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen([*local_command(config_path), *(extra_args or [])], env=env, stdout=out,
+            proc = subprocess.Popen(local_command(cfg, workdir), env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         agents.append(Agent(node, proc, log))
     return agents
@@ -241,7 +236,10 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jso
     table.add_column(style="bold")
     table.add_column()
     table.add_row("mesh", f"{cfg.layout.label()} ({cfg.nodes} nodes x {cfg.nproc_per_node} processes)")
-    table.add_row("model", f"{cfg.model.name}, {cfg.model.num_params() / 1e6:.1f}M parameters")
+    if cfg.model is not None:
+        table.add_row("model", f"{cfg.model.name}, {cfg.model.num_params() / 1e6:.1f}M parameters")
+    if cfg.script is not None:
+        table.add_row("script", cfg.script.describe())
     if rows:
         steady = rows[1:] or rows  # the first step includes warm-up (lazy init, shape inference)
         table.add_row("steps", f"{rows[-1]['step']} / {cfg.training.steps}")
@@ -298,6 +296,7 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
     workdir.mkdir(parents=True, exist_ok=True)
     config_path = workdir / contract.CONFIG_FILE
     config_path.write_text(cfg.to_json())
+    (workdir / contract.LAUNCHER_FILE).write_bytes(launcher())
     jsonl = jsonl if jsonl is not None else workdir / "metrics.jsonl"
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     jsonl.write_text("")

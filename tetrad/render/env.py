@@ -1,8 +1,9 @@
 """The torchrun environment of one node (pod or local agent).
 
 The operator's pods and `tetrad run`'s local agents both get exactly this, so a job behaves the
-same locally and in the cluster. With it, a node's command is `render.objects.TRAIN_COMMAND`: the
-exit-code supervisor around `torchrun -m tetrad_trainer.train --config CONFIG`.
+same locally and in the cluster. With it, a node runs `tetrad.render.command.node_command`: the
+launcher's supervisor around torchrun around each worker's entry point. The TETRAD_* variables a
+script may read are listed in docs/bring-your-own.md.
 
 Two parts: `job_env`, the same on every node of every incarnation (a pod takes it from the job's
 environment ConfigMap through envFrom), and `node_env`, what sets one node of one incarnation
@@ -11,8 +12,25 @@ apart (in the pod's own env).
 
 from __future__ import annotations
 
-from tetrad.api.contract import ENV_CONFIG, ENV_JOB, ENV_METRICS_PORT, ENV_RDZV_TIMEOUT, ENV_RESTART
-from tetrad.api.resolved import ResolvedConfig
+import json
+
+from tetrad.api.contract import (
+    CONTRACT_VERSION,
+    ENV_CHECKPOINT_DIR,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_CONFIG,
+    ENV_CONTRACT,
+    ENV_CPUS,
+    ENV_GPUS,
+    ENV_JOB,
+    ENV_MESH,
+    ENV_METRICS_PORT,
+    ENV_PREFLIGHT,
+    ENV_RDZV_TIMEOUT,
+    ENV_RESTART,
+)
+from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
+from tetrad.node.environment import format_mesh
 
 
 def job_env(cfg: ResolvedConfig, *, master_addr: str, master_port: int, config_path: str, rdzv_timeout: int,
@@ -36,8 +54,19 @@ def job_env(cfg: ResolvedConfig, *, master_addr: str, master_port: int, config_p
         ENV_METRICS_PORT: str(metrics_port if metrics_port is not None else cfg.metrics.port),
         ENV_JOB: cfg.job_name,
         ENV_RDZV_TIMEOUT: str(rdzv_timeout),
+        ENV_CONTRACT: str(CONTRACT_VERSION),
+        ENV_MESH: format_mesh({d: getattr(cfg.layout, d) for d in MESH_DIMS}),
+        ENV_GPUS: str(cfg.nproc_per_node if cfg.use_gpu else 0),
+        ENV_COLLECTIVE_TIMEOUT: str(cfg.collective_timeout_seconds),
+        ENV_CHECKPOINT_DIR: cfg.checkpoint.path,
         "PYTHONUNBUFFERED": "1",
     }
+    if cfg.cpus is not None:
+        env[ENV_CPUS] = f"{cfg.cpus:g}"
+    if cfg.preflight.enabled:
+        p = cfg.preflight
+        env[ENV_PREFLIGHT] = json.dumps({"timeoutSeconds": p.timeout_seconds, "allReduceMiB": p.all_reduce_mi_b,
+                                         "slowNodeFraction": p.slow_node_fraction})
     if shutdown_timeout is not None:
         # How long torchrun lets workers save a checkpoint after SIGTERM before it SIGKILLs them.
         env["PET_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout)

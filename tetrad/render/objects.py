@@ -1,7 +1,8 @@
 """render(job) -> the Kubernetes objects the operator creates. A pure function of the job.
 
 Objects: a headless Service (publishNotReadyAddresses, so pod 0's DNS name resolves before it
-is Ready), a ConfigMap with the resolved trainer config, a ConfigMap with the environment every
+is Ready), a ConfigMap with the resolved trainer config and the node launcher (tetrad.node.bundle: the
+pods' command runs it with the image's python3), a ConfigMap with the environment every
 pod shares (`env.job_env`, taken through envFrom: each pod carries only what sets it apart, which
 makes it about a fifth smaller for every client that reads it), one Pod per node, and the gang
 objects.
@@ -9,22 +10,25 @@ objects.
 
 from __future__ import annotations
 
+import base64
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, KIND
+from tetrad.node.bundle import launcher
 from tetrad.render import gang, names
+from tetrad.render.command import node_command
 from tetrad.render.env import job_env, node_env
 from tetrad.resolve import resolve
 
 RUN_AS_USER = 1000
 CONFIG_PATH = f"{contract.CONFIG_DIR}/{contract.CONFIG_FILE}"
+LAUNCHER_PATH = f"{contract.CONFIG_DIR}/{contract.LAUNCHER_FILE}"
 CHECKPOINT_REQUEST_PATH = f"{contract.POD_INFO_DIR}/{contract.CHECKPOINT_REQUEST_FILE}"
-# The supervisor (a worker first waits for the master's name) runs torchrun and exits with the
-# workers' own code (75 preempted, 78 config error); torchrun alone exits 1 for any worker failure.
-TRAIN_COMMAND = ["python", "-m", "tetrad_trainer.preemption", "torchrun", "-m", "tetrad_trainer.train", "--config", CONFIG_PATH]
+PYTHON = "python3"  # what the pods' command runs: the image's own interpreter, with torch
 # torchrun's grace for workers after SIGTERM: the pod's grace period less time to exit.
 SHUTDOWN_MARGIN_SECONDS = 10
 
@@ -97,9 +101,15 @@ def service(job: ParallelTrainingJob) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _launcher_base64() -> str:
+    return base64.b64encode(launcher()).decode()
+
+
 def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap(job.metadata.name)),
-            "data": {contract.CONFIG_FILE: cfg.to_json()}}
+            "data": {contract.CONFIG_FILE: cfg.to_json()},
+            "binaryData": {contract.LAUNCHER_FILE: _launcher_base64()}}
 
 
 def environment(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
@@ -187,7 +197,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
         "name": "trainer",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": TRAIN_COMMAND,
+        "command": node_command(cfg, python=PYTHON, launcher=[LAUNCHER_PATH], config_path=CONFIG_PATH),
         "envFrom": [{"configMapRef": {"name": names.environment(name)}}],
         "env": env_list,
         "ports": ports,

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tetrad.api.resolved import MESH_DIMS, Layout
-from tetrad_trainer import collective
+from tetrad.node import collective
 from tetrad_trainer.config import ConfigError
 
 

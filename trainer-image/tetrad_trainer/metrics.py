@@ -36,7 +36,7 @@ from tetrad.api.contract import (
     PREFLIGHT_GAUGES,
     TRAINER_GAUGES,
 )
-from tetrad_trainer.preflight import NodeFigures
+from tetrad.node.gang import NodeFigures
 
 
 def gpu_peak_tflops(name: str) -> float | None:

@@ -43,10 +43,15 @@ from tetrad.api.contract import (
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
-    EXIT_PREFLIGHT,
+    REASON_CONFIG,
+    REASON_OUT_OF_MEMORY,
 )
 from tetrad.api.resolved import ResolvedConfig
-from tetrad_trainer import collective, faults
+from tetrad.api.termination import TerminationMessage
+from tetrad.node import collective, exits, gang
+from tetrad.node.environment import NodeEnv
+from tetrad.node.process import die_with_parent
+from tetrad_trainer import faults
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
 from tetrad_trainer.checkpoint.store import writable_problem
 from tetrad_trainer.checkpoint_request import CheckpointRequests
@@ -65,8 +70,7 @@ from tetrad_trainer.metrics import (
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
-from tetrad_trainer.preemption import Preemption, die_with_parent, leave_termination_message, report_exit
-from tetrad_trainer.preflight import PreflightFailed, gang_check, report_failures
+from tetrad_trainer.preemption import Preemption, leave_final_state
 
 # A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
 SAVE_TIME_MARGIN = 1.25
@@ -329,14 +333,12 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(problem)
         device = init_distributed(cfg.collective_timeout_seconds)
     except ConfigError as e:
-        log(f"config error: {e}")
-        return EXIT_CONFIG_ERROR
+        return config_error(e)
     try:
-        report = gang_check(cfg, device)  # before the model is built: a bad node costs seconds, not a start-up
         init_from = args.init_from or (Path(cfg.training.init_from) if cfg.training.init_from else None)
         trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=init_from)
-        if report is not None:
-            trainer.metrics.preflight(report.exported())
+        if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:  # the gate's, run by the launcher
+            trainer.metrics.preflight(figures)
         try:
             trainer.train()
             if args.save_full_parameters is not None:
@@ -344,25 +346,21 @@ def run(args: argparse.Namespace) -> int:
         finally:
             trainer.checkpointer.close()  # the last save committed (or failed) before the figures are left
             trainer.metrics.close()
-        leave_termination_message(trainer.metrics.final_figures())
+        leave_final_state(trainer.metrics.final_figures())
     except (ConfigError, CheckpointMismatch, NoGoodCheckpoint, ConversionError) as e:
-        log(f"config error: {e}")
-        return EXIT_CONFIG_ERROR
+        return config_error(e)
     except CheckpointError as e:  # retryable: the restart resumes from the last good checkpoint
         log(f"checkpoint error: {e}")
         return 1
     except Preempted as e:
         log(str(e))
         step, committed = trainer.committed_step(), trainer.metrics.committed
-        leave_termination_message(trainer.metrics.final_figures(),
-                                  stopped=(step, committed[1] if committed is not None and committed[0] == step else None))
+        leave_final_state(trainer.metrics.final_figures(),
+                          stopped=(step, committed[1] if committed is not None and committed[0] == step else None))
         return EXIT_PREEMPTED
-    except PreflightFailed as e:  # the operator restarts the gang, away from a node it names
-        log(str(e))
-        report_failures(e.failures)
-        return EXIT_PREFLIGHT
     except DeviceOutOfMemory as e:  # permanent by default: the same layout would run out again
         log(str(e))
+        exits.leave(TerminationMessage(reason=REASON_OUT_OF_MEMORY, message=str(e)))
         return EXIT_OOM
     except Exception as e:  # a peer hung or died in a collective (gloo; NCCL's watchdog aborts instead)
         if not collective.is_timeout(e):
@@ -372,6 +370,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def config_error(e: Exception) -> int:
+    """A config the trainer cannot run: said on the log and to the operator, never retried."""
+    log(f"config error: {e}")
+    exits.leave(TerminationMessage(reason=REASON_CONFIG, message=str(e)))
+    return EXIT_CONFIG_ERROR
 
 
 def write_whole_lines() -> None:
@@ -388,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(signal.SIGKILL)  # torchrun gone: nobody waits for this worker any more
     write_whole_lines()
     code = run(parse_args(argv))
-    report_exit(code)  # for the node's exit-code supervisor (tetrad_trainer.preemption)
+    exits.report_exit(code)  # for the node's supervisor (tetrad.node.supervisor)
     return code
 
 

@@ -58,14 +58,13 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
 
 def _record_saved(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:
     """Rank 0's termination message says which step it committed last: into status.checkpoint."""
-    left = figures.termination_message(rank0)
-    step = left.get(contract.TERMINATION_CHECKPOINT_STEP)
-    if not isinstance(step, int) or recorded(m).get("step") == step:
+    if rank0 is None or (step := rank0.said.checkpoint_step) is None or recorded(m).get("step") == step:
         return
+    left = rank0.said
     saved: dict[str, Any] = {"step": step, "path": contract.step_path(job.spec.checkpoint.path, step)}
-    at = left.get(contract.TERMINATION_CHECKPOINT_TIME)
+    at = left.checkpoint_time
     # committed by an earlier process when absent: its time is unknown here
-    saved["time"] = format_time(datetime.fromtimestamp(at, UTC)) if isinstance(at, (int, float)) else None
+    saved["time"] = format_time(datetime.fromtimestamp(at, UTC)) if at is not None else None
     m.merge("checkpoint", saved)
 
 

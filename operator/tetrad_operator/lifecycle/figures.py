@@ -5,9 +5,6 @@ last step and loss."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from tetrad.api import contract
 from tetrad.api.spec import ParallelTrainingJob
 from tetrad_operator import scrape
@@ -15,19 +12,9 @@ from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState, format_time
 
 
-def termination_message(pod: PodState | None) -> dict[str, Any]:
-    """The pod's termination message as a JSON object; empty when there is none or it is not one."""
-    try:
-        doc = json.loads(pod.message or "") if pod is not None else {}
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def record_left(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:
     """Rank 0's last figures into status.training and status.checkpoint, once."""
-    text = termination_message(rank0).get(contract.TERMINATION_FIGURES)
-    if rank0 is None or not isinstance(text, str):
+    if rank0 is None or (text := rank0.said.figures) is None:
         return
     try:
         training, saved = scrape.parse_each(text, contract.SCRAPED, contract.SCRAPED_CHECKPOINT)

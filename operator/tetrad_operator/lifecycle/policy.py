@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from tetrad.api import collective
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tetrad.api.spec import Phase, RunPolicy
 from tetrad_operator.lifecycle import gang, preflight
@@ -30,6 +29,10 @@ EXPLAINED_EXITS = {
     EXIT_OOM: ("DeviceOutOfMemory", "the trainer ran out of device memory; see the pod log for the planner's figures "
                "and the knobs to turn"),
 }
+# What the container runtime says of a container it could not start because the image lacks what the
+# command needs (python3, say): no restart helps.
+START_ERRORS = frozenset({"StartError", "ContainerCannotRun"})
+MISSING_IN_IMAGE = ("executable file not found", "no such file or directory")
 
 
 def backoff_seconds(policy: RunPolicy, restart: int) -> float:
@@ -70,16 +73,20 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
                 out.append(Failure(rank, p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))
             elif p.exit_code == EXIT_PREFLIGHT:
                 out.append(preflight_failure(rank, p, current))
+            elif p.ended in START_ERRORS:
+                out.append(Failure(rank, p, "ContainerCannotStart", f"the container of pod {p.name} could not start:"
+                                   f" {p.message or p.ended}", False))
             else:
                 code = "unknown" if p.exit_code is None else str(p.exit_code)
                 where = f" in container {p.container}" if p.container else ""
                 failed = f"pod {p.name} failed with exit code {code}{where}"
                 if p.exit_code == EXIT_COLLECTIVE_TIMEOUT:  # retryable, like any code not listed as permanent
-                    said = collective.parse_termination_message(p.message)
+                    said = p.said.collective_timeout
                     out.append(Failure(rank, p, "CollectiveTimeout", f"{failed}: a collective timed out"
                                        f"{f' ({said})' if said else ''}", False))
                 else:
-                    out.append(Failure(rank, p, "PodFailed", failed, False))
+                    said = f": {p.said.message}" if p.said.message else ""
+                    out.append(Failure(rank, p, "PodFailed", f"{failed}{said}", False))
             continue
         if p.phase == "Succeeded":
             continue
@@ -164,9 +171,15 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failu
 def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
     """(reason, message) when this failure must end the job without a restart, else None."""
     code = f.exit_code
+    if f.reason == "ContainerCannotStart" and f.pod is not None and any(
+            m in (f.pod.message or "") for m in MISSING_IN_IMAGE):
+        return f.reason, (f"{f.detail}; spec.image must hold what the pods run: python3 with torch, and spec.script's"
+                          " entry point (docs/bring-your-own.md)")
     if f.infrastructure or code is None or code == EXIT_PREEMPTED:
         return None
     if code in policy.permanent_exit_codes:
+        if f.pod is not None and f.pod.said.reason and f.pod.said.message:  # the node named the cause: the detail says it
+            return f.pod.said.reason, f"{f.detail}; exit code {code} is not retryable"
         if code in EXPLAINED_EXITS:
             reason, why = EXPLAINED_EXITS[code]
             return reason, f"{f.detail}: {why}"

@@ -1,7 +1,7 @@
 """The preflight gate, operator side.
 
 A trainer pod that fails the gate exits EXIT_PREFLIGHT (69) with a termination message naming the
-failing nodes and why (tetrad.api.preflight). The failure restarts the gang as a disruption
+failing nodes and why (tetrad.api.termination). The failure restarts the gang as a disruption
 (policy.py); `record` names each node in status.failedNodes with the reason and, while
 spec.preflight.excludeFailedNodes allows it and maxExcludedNodes is not spent, excludes it:
 `excluded` lists the nodes the next incarnations' pods must avoid (a required node anti-affinity,
@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from tetrad.api.preflight import parse_termination_message, slow_nodes
+from tetrad.api.preflight import slow_nodes
 from tetrad.api.spec import Preflight
 from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
@@ -31,7 +31,7 @@ def named_nodes(pod: PodState, current: Mapping[int, PodState]) -> tuple[list[tu
     none). A node rank maps to the node its pod is bound to, which the API server knows best; a pod
     that left no message names its own node."""
     nodes, gang = [], []
-    said = parse_termination_message(pod.message)
+    said = pod.said.preflight
     for f in said:
         bound = current.get(f.node_rank) if f.node_rank is not None else None
         node = (bound.node if bound is not None and bound.node else None) or f.node

@@ -6,12 +6,16 @@ did not answer, then exits EXIT_COLLECTIVE_TIMEOUT (79, retryable).
   (its last recorded collective: the op, the process group, the sequence number, the sizes),
   publishes that position in the job's TCPStore and waits up to PEER_WAIT_S for the group's other
   ranks to publish theirs: a peer that published no position, or another collective's, did not
-  answer. The rank logs one JSON line (`"event": "collective_timeout"`) and leaves its report for
-  the node's supervisor, which writes the first one as the pod's termination message.
+  answer. The rank logs one JSON line (`"event": "collective_timeout"`) and leaves its summary for
+  the node's supervisor (tetrad.node.exits), which puts the first one in the pod's termination message.
 - NCCL (CUDA): the watchdog thread finds the timeout, dumps the flight recorder into the node's exit
   directory (TORCH_NCCL_DUMP_ON_TIMEOUT) and aborts the process; the supervisor reads the dumps,
   logs the same JSON line from each (`not_answering` null: one rank's recorder cannot tell) and exits
   79. This path is not exercised by the tests: they run without a GPU.
+
+Tetrad's trainer and a script under the launcher alike: the worker (tetrad.node.worker) sets the timeout
+before the entry point creates its process groups, and reports a timed-out collective that reaches it.
+torch is imported inside the functions that use it: the launcher runs without it.
 """
 
 from __future__ import annotations
@@ -25,14 +29,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.distributed_c10d as c10d
-
-from tetrad.api.collective import termination_message
-from tetrad.api.contract import ENV_EXIT_DIR, ENV_TERMINATION_LOG, TERMINATION_LOG
+from tetrad.api.contract import ENV_EXIT_DIR
+from tetrad.api.termination import TerminationMessage
+from tetrad.node import exits
 
 FLIGHT_RECORDER_ENTRIES = "2000"  # collectives each rank remembers (torch's default, made explicit)
 PEER_WAIT_S = 10.0  # how long a timed-out rank waits for its peers' positions (at most half the timeout)
-REPORT_PREFIX = "collective-timeout-rank-"  # a worker's report in the exit directory
 DUMP_PREFIX = "nccl-trace-rank-"  # NCCL's flight recorder dump in the exit directory (CUDA)
 STORE_PREFIX = "tetrad/collective-timeout"
 # What torch says when a collective timed out: gloo's transport, and NCCL's watchdog.
@@ -43,6 +45,8 @@ def configure(timeout_s: int) -> timedelta:
     """Before the process group exists: the flight recorder on, NCCL's dump on timeout into the exit
     directory, and `timeout_s` as the default of every process group created from now on (the mesh's,
     its flattened views', the preemption and checkpoint groups'), not only the world's."""
+    import torch.distributed.distributed_c10d as c10d
+
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
@@ -76,6 +80,8 @@ def last_collective(trace: dict[str, Any]) -> dict[str, Any] | None:
 
 def group_of(name: str) -> tuple[str, list[int]]:
     """(description, global ranks) of this process's group called `name`."""
+    import torch.distributed.distributed_c10d as c10d
+
     for pg, pg_name in c10d._world.pg_names.items():
         if pg_name == name:
             return pg.group_desc, sorted(c10d._world.pg_group_ranks[pg])
@@ -96,6 +102,8 @@ def describe(p: dict[str, Any]) -> str:
 def exchange(rank: int, mine: dict[str, Any], peers: list[int], wait_s: float) -> dict[str, Any]:
     """Publish this rank's position; the peers' within `wait_s`: who waits in the same collective,
     who did not answer (no position, or another collective's, in `elsewhere`)."""
+    import torch.distributed.distributed_c10d as c10d
+
     store = c10d.PrefixStore(STORE_PREFIX, c10d._get_default_store())
     store.set(str(rank), json.dumps(mine))
     deadline, theirs = time.monotonic() + wait_s, {}
@@ -149,12 +157,9 @@ def summary(r: dict[str, Any]) -> str:
 
 
 def log_report(r: dict[str, Any]) -> None:
-    """The JSON line on the pod log, and the report for the node's supervisor."""
+    """The JSON line on the pod log, and the summary for the node's supervisor."""
     print(json.dumps(r), flush=True)
-    if directory := os.environ.get(ENV_EXIT_DIR):
-        tmp = Path(directory) / f".{REPORT_PREFIX}{r['rank']}"
-        tmp.write_text(json.dumps(r))
-        tmp.replace(Path(directory) / f"{REPORT_PREFIX}{r['rank']}")
+    exits.leave(TerminationMessage(collective_timeout=summary(r)))
 
 
 def from_dump(path: Path, timeout_s: float | None = None) -> dict[str, Any]:
@@ -174,30 +179,16 @@ def from_dump(path: Path, timeout_s: float | None = None) -> dict[str, Any]:
                   "timeout_s": (entry.get("timeout_ms") or 0) / 1000, "not_answering": None}
 
 
-def node_summary(exit_dir: str | Path) -> str | None:
-    """The supervisor, after torchrun: log the JSON lines of the workers that aborted in NCCL (their
-    dumps), and return the summary of the lowest timed-out rank; None when no collective timed out."""
+def dumped(exit_dir: Path) -> dict[int, str]:
+    """The supervisor, after torchrun: the summary of each worker that aborted in NCCL (its flight recorder
+    dump), by rank, each also logged as that worker's JSON line."""
     found = {}
-    for path in Path(exit_dir).glob(f"{REPORT_PREFIX}*"):
-        r = json.loads(path.read_text())
-        found[r["rank"]] = r
-    for path in Path(exit_dir).glob(f"{DUMP_PREFIX}*"):
+    for path in exit_dir.glob(f"{DUMP_PREFIX}*"):
         try:
             r = from_dump(path)
         except (OSError, ValueError, KeyError, pickle.UnpicklingError) as e:
             print(f"[tetrad] unreadable flight recorder dump {path.name}: {e}", file=sys.stderr, flush=True)
             continue
-        if r["rank"] not in found:
-            print(json.dumps(r), flush=True)
-            found[r["rank"]] = r
-    return summary(found[min(found)]) if found else None
-
-
-def write_termination_message(text: str) -> None:
-    """The pod's termination message ($TETRAD_TERMINATION_LOG, else Kubernetes' file when it exists)."""
-    path = Path(os.environ.get(ENV_TERMINATION_LOG) or TERMINATION_LOG)
-    if os.environ.get(ENV_TERMINATION_LOG) or path.exists():
-        try:
-            path.write_text(termination_message(text))
-        except OSError as e:
-            print(f"[tetrad] could not write the termination message to {path}: {e}", file=sys.stderr, flush=True)
+        print(json.dumps(r), flush=True)
+        found[r["rank"]] = summary(r)
+    return found

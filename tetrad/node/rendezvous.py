@@ -2,22 +2,19 @@
 
 Pod 0's name appears in DNS once it has an IP (the Service publishes not-ready addresses), so a
 worker scheduled before it waits, bounded by the rendezvous timeout, instead of failing: the
-supervisor (`python -m tetrad_trainer.preemption`) calls `wait_for_master` before anything else,
-with the PET_* env the pods get from tetrad.render.env. The wait runs in the trainer's container
-rather than an init container of its own: a second container, with its status and managed
-fields, made each worker pod a sixth larger for every watcher of pods to decode.
+supervisor (tetrad.node.supervisor) calls `wait_for_master` before anything else. The wait runs in
+the trainer's container rather than an init container of its own: a second container, with its
+status and managed fields, made each worker pod a sixth larger for every watcher of pods to decode.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
 
-from tetrad.api.contract import ENV_RDZV_TIMEOUT
+from tetrad.node.environment import NodeEnv
 
 RESOLVE_RETRY_S = 1.0
 FIRST_LOOKUP_S = 0.5  # how long the first lookup may take before the wait is announced
@@ -47,15 +44,15 @@ def resolves(name: str, timeout_s: float, retry_s: float = RESOLVE_RETRY_S) -> s
         time.sleep(retry_s)
 
 
-def wait_for_master(env: Mapping[str, str] = os.environ, retry_s: float = RESOLVE_RETRY_S) -> int | None:
-    """On a worker node (PET_NODE_RANK above 0), wait for pod 0's name (PET_MASTER_ADDR) up to the
-    rendezvous timeout. None to go on, or the node's exit code (1) when it never resolved."""
-    host = env.get("PET_MASTER_ADDR")
-    if not host or env.get("PET_NODE_RANK", "0") == "0":
+def wait_for_master(env: NodeEnv, retry_s: float = RESOLVE_RETRY_S) -> int | None:
+    """On a worker node (node rank above 0), wait for pod 0's name up to the rendezvous timeout. None
+    to go on, or the node's exit code (1) when it never resolved."""
+    host = env.master_addr
+    if not host or env.node_rank == 0:
         return None
     if resolves(host, FIRST_LOOKUP_S) is None:  # pod 0 usually exists already: say nothing
         return None
-    timeout = float(env.get(ENV_RDZV_TIMEOUT, "900"))
+    timeout = env.rdzv_timeout_s
     print(f"[tetrad] waiting up to {timeout:g} s for pod 0's name {host} to resolve", flush=True)
     if (error := resolves(host, timeout, retry_s)) is None:
         print(f"[tetrad] {host} resolves", flush=True)

@@ -1,0 +1,107 @@
+"""What a node's launcher and workers read of their environment, read once into one object.
+
+tetrad.render.env writes these variables (the pods' and `tetrad run`'s); torchrun adds the per-worker
+ones (RANK, LOCAL_RANK, GROUP_RANK, ...), read by `Worker`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tetrad.api.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_COLLECTIVE_TIMEOUT,
+    ENV_CONTRACT,
+    ENV_CPUS,
+    ENV_EXIT_DIR,
+    ENV_GPUS,
+    ENV_MESH,
+    ENV_NODE_NAME,
+    ENV_PREFLIGHT,
+    ENV_RDZV_TIMEOUT,
+    ENV_RESTART,
+    ENV_TERMINATION_LOG,
+    TERMINATION_LOG,
+)
+
+DEFAULT_RDZV_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class PreflightSettings:
+    """spec.preflight, as the gang check needs it."""
+
+    timeout_seconds: float = 120.0
+    all_reduce_mib: int = 64
+    slow_node_fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class NodeEnv:
+    node_rank: int  # PET_NODE_RANK: the pod's index in the gang
+    nproc: int | None  # PET_NPROC_PER_NODE
+    master_addr: str | None  # PET_MASTER_ADDR: pod 0's stable DNS name (127.0.0.1 under `tetrad run`)
+    rdzv_timeout_s: float
+    restart: int
+    node_name: str  # the Kubernetes node (downward API), else this host's name
+    in_pod: bool  # a pod of a cluster, not a node of `tetrad run` (those share one machine)
+    gpus: int  # GPUs each node requests: the devices it must see; 0 runs on CPUs
+    cpus: float | None  # CPUs each node requests; None: no request
+    preflight: PreflightSettings | None  # None: the gate is off
+    collective_timeout_s: int | None
+    checkpoint_dir: str | None
+    mesh: tuple[tuple[str, int], ...]  # (dim, degree), outermost first; empty when not given
+    contract: int | None
+    exit_dir: Path | None  # where the node's workers leave their reports for its supervisor
+    termination_log: Path | None  # where the node's termination message goes; None: nowhere
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] = os.environ) -> NodeEnv:
+        preflight = env.get(ENV_PREFLIGHT)
+        settings = None
+        if preflight:
+            doc = json.loads(preflight)
+            settings = PreflightSettings(float(doc.get("timeoutSeconds", 120)), int(doc.get("allReduceMiB", 64)),
+                                         float(doc.get("slowNodeFraction", 0.5)))
+        log = env.get(ENV_TERMINATION_LOG)
+        return cls(
+            node_rank=_int(env.get("PET_NODE_RANK")) or 0,
+            nproc=_int(env.get("PET_NPROC_PER_NODE")),
+            master_addr=env.get("PET_MASTER_ADDR") or None,
+            rdzv_timeout_s=float(env.get(ENV_RDZV_TIMEOUT) or DEFAULT_RDZV_TIMEOUT_S),
+            restart=_int(env.get(ENV_RESTART)) or 0,
+            node_name=env.get(ENV_NODE_NAME) or socket.gethostname(),
+            in_pod=bool(env.get(ENV_NODE_NAME)),
+            gpus=_int(env.get(ENV_GPUS)) or 0,
+            cpus=float(env[ENV_CPUS]) if env.get(ENV_CPUS) else None,
+            preflight=settings,
+            collective_timeout_s=_int(env.get(ENV_COLLECTIVE_TIMEOUT)),
+            checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+            mesh=parse_mesh(env.get(ENV_MESH, "")),
+            contract=_int(env.get(ENV_CONTRACT)),
+            exit_dir=Path(env[ENV_EXIT_DIR]) if env.get(ENV_EXIT_DIR) else None,
+            # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
+            termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists() else None),
+        )
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.strip().lstrip("-").isdigit() else None
+
+
+def format_mesh(dims: Mapping[str, int]) -> str:
+    """ENV_MESH's value: `dim=degree` pairs, outermost first."""
+    return ",".join(f"{d}={n}" for d, n in dims.items())
+
+
+def parse_mesh(text: str) -> tuple[tuple[str, int], ...]:
+    pairs = []
+    for item in filter(None, text.split(",")):
+        name, _, degree = item.partition("=")
+        pairs.append((name.strip(), int(degree)))
+    return tuple(pairs)
