@@ -231,6 +231,17 @@ def stop_agents(agents: list[Agent], grace: float, signals: StopSignals | None =
     return clean
 
 
+def progress_line(row: dict[str, Any]) -> str:
+    """A step record as the progress bar shows it; a figure a script did not report is left out."""
+    parts = [("loss", "loss {:.4f}"), ("tokens_per_second", "{:,.0f} tok/s"), ("mfu", "MFU {:.1%}")]
+    return "  ".join(fmt.format(row[key]) for key, fmt in parts if row.get(key) is not None)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    known = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(known) if known else None
+
+
 def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jsonl: Path, workdir: Path) -> Table:
     table = Table(title=f"tetrad run: {cfg.job_name}", show_header=False)
     table.add_column(style="bold")
@@ -242,14 +253,17 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jso
         table.add_row("script", cfg.script.describe())
     if rows:
         steady = rows[1:] or rows  # the first step includes warm-up (lazy init, shape inference)
-        table.add_row("steps", f"{rows[-1]['step']} / {cfg.training.steps}")
-        table.add_row("loss", f"{rows[0]['loss']:.4f} → {rows[-1]['loss']:.4f}")
-        table.add_row("tokens/s", f"{statistics.median(r['tokens_per_second'] for r in steady):,.0f} (median)")
-        table.add_row("MFU", f"{statistics.median(r['mfu'] for r in steady):.2%}"
-                             f"  ({statistics.median(r['tflops'] for r in steady):.3g} TFLOPS per device)")
-        table.add_row("step time", f"{statistics.median(r['step_time_s'] for r in steady):.3f} s (median)")
+        table.add_row("steps", f"{rows[-1]['step']}" + (f" / {cfg.training.steps}" if cfg.script is None else ""))
+        if losses := [r["loss"] for r in rows if r.get("loss") is not None]:
+            table.add_row("loss", f"{losses[0]:.4f} → {losses[-1]:.4f}")
+        if (tokens := _median(steady, "tokens_per_second")) is not None:
+            table.add_row("tokens/s", f"{tokens:,.0f} (median)")
+        if (mfu := _median(steady, "mfu")) is not None:
+            table.add_row("MFU", f"{mfu:.2%}  ({_median(steady, 'tflops') or 0:.3g} TFLOPS per device)")
+        if (step_time := _median(steady, "step_time_s")) is not None:
+            table.add_row("step time", f"{step_time:.3f} s (median)")
         table.add_row("peak memory", f"{max(r['peak_memory_bytes'] for r in rows) / 2**30:.2f} GiB (rank 0)")
-        if "startup_s" in rows[0]:
+        if rows[0].get("startup_s") is not None:
             table.add_row("start-up", f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
     table.add_row("wall time", f"{wall_s:.1f} s")
     table.add_row("metrics", str(jsonl))
@@ -302,8 +316,10 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
     jsonl.write_text("")
     records = Records(jsonl)
 
+    steps = None if cfg.script is not None else cfg.training.steps  # a script's steps are its own
+    what = f"{steps} steps" if steps is not None else f"script {cfg.script.describe() if cfg.script else ''}"
     console.print(f"tetrad run: {cfg.job_name}: {cfg.nodes} node(s) x {cfg.nproc_per_node} process(es),"
-                  f" mesh {cfg.layout.label()}, {cfg.training.steps} steps; logs in {workdir}")
+                  f" mesh {cfg.layout.label()}, {what}; logs in {workdir}")
     start = time.monotonic()
     grace = job.spec.run_policy.termination_grace_period_seconds
     failed: Agent | None = None
@@ -315,11 +331,10 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
                               shutdown_timeout=shutdown_timeout(job.spec))
         try:
             with progress:
-                task = progress.add_task("starting", total=cfg.training.steps)
+                task = progress.add_task("starting", total=steps)
                 while not signals.poll():
                     for row in records.poll():
-                        progress.update(task, completed=row["step"], description=(
-                            f"loss {row['loss']:.4f}  {row['tokens_per_second']:,.0f} tok/s  MFU {row['mfu']:.1%}"))
+                        progress.update(task, completed=row["step"], description=progress_line(row))
                     codes = [a.proc.poll() for a in agents]
                     failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
                     if failed is not None or all(c == 0 for c in codes):

@@ -218,8 +218,8 @@ class RankMetrics:
     def log(self, record: StepRecord) -> None:
         for key, value in asdict(record).items():
             self.gauges[key].set(value)
-        if self.rank == 0:
-            line = json.dumps(asdict(record))
+        if self.rank == 0:  # a figure not known (NaN: a script that reports no loss, say) is null
+            line = json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(record).items()})
             print(line, flush=True)
             if self.jsonl is not None:
                 self.jsonl.write(line + "\n")

@@ -1,0 +1,207 @@
+"""The runtime library: what a training script of your own calls to get what Tetrad's trainer has
+(level 2 of docs/bring-your-own.md). One pip line in the image (`pip install "tetrad[runtime]"`); the
+script runs under the job's launcher as any script does.
+
+    import tetrad_trainer.runtime as tetrad
+
+    run = tetrad.init()             # the process group, SIGTERM kept for later, this rank's metrics endpoint
+    mesh = run.mesh                 # a DeviceMesh with Tetrad's dims: pp, dp_replicate, dp_shard, cp, tp
+    step = load_checkpoint(run.checkpoint_dir)         # your own checkpoints, where spec.checkpoint mounts them
+    while step < steps:
+        step += 1
+        loss = train_step()
+        run.report(step, loss=loss, tokens=tokens_per_step, flops_per_token=6 * params)  # STEP, TOKENS/S, MFU, LOSS
+        action = run.poll()         # collective: every rank gets the same answer
+        if action.save:             # a checkpoint-now request, or SIGTERM (action.seconds_left of grace)
+            save_checkpoint(run.checkpoint_dir, step)
+            run.saved(step)
+        if action.stop:
+            run.exit_preempted()    # exit 75: the operator restarts the gang without spending maxRestarts
+    run.close()
+
+`report` beats the heartbeat the operator's stall detection reads (a job that never reports is never
+judged stalled) and feeds the contract's gauges, which the operator reads into the job's status; rank 0
+also prints each report as a JSON line, as the trainer does. A CUDA out-of-memory error that reaches
+the launcher exits 77 with its message, whether or not the script uses this library.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from tetrad.api.contract import (
+    CONTRACT_VERSION,
+    ENV_CONFIG,
+    ENV_JSONL,
+    ENV_METRICS_PORT,
+    EXIT_CONFIG_ERROR,
+    EXIT_PREEMPTED,
+    REASON_CONTRACT,
+)
+from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
+from tetrad.api.termination import TerminationMessage
+from tetrad.node import exits, gang
+from tetrad.node.environment import NodeEnv
+from tetrad_trainer.checkpoint_request import CheckpointRequests
+from tetrad_trainer.metrics import (
+    RankMetrics,
+    StepRecord,
+    peak_memory_bytes,
+    peak_tflops,
+    seconds_since_process_start,
+)
+from tetrad_trainer.preemption import Preemption, leave_final_state
+
+# The contract versions (tetrad.api.contract.CONTRACT_VERSION) this library speaks.
+SPOKEN_CONTRACTS = range(1, CONTRACT_VERSION + 1)
+
+
+class ContractMismatch(Exception):
+    """The operator that rendered this pod speaks a contract this library does not."""
+
+
+@dataclass(frozen=True)
+class Action:
+    """What `Run.poll` agreed on, the same on every rank."""
+
+    save: bool  # save a checkpoint now: a checkpoint-now request, or SIGTERM reached the gang
+    stop: bool  # SIGTERM reached the gang: save (when seconds_left allows), then exit_preempted()
+    seconds_left: float | None  # of the grace period after SIGTERM; None: no deadline known
+
+
+def check_contract(env: NodeEnv) -> None:
+    """Refuse a pod rendered for a contract this library does not speak (not under Tetrad: no check)."""
+    if env.contract is not None and env.contract not in SPOKEN_CONTRACTS:
+        raise ContractMismatch(
+            f"this pod was rendered for Tetrad's contract {env.contract}, the image's tetrad_trainer.runtime speaks "
+            f"{SPOKEN_CONTRACTS.start}..{SPOKEN_CONTRACTS.stop - 1}: install the tetrad version of the operator in the "
+            f"image (spec.image)")
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _config() -> ResolvedConfig | None:
+    path = os.environ.get(ENV_CONFIG)
+    return ResolvedConfig.load(path) if path and Path(path).is_file() else None
+
+
+class Run:
+    """This rank's part of the job: see the module's docstring."""
+
+    def __init__(self, env: NodeEnv, device: torch.device, preemption: Preemption):
+        self.env, self.device, self.preemption = env, device, preemption
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.checkpoint_dir = env.checkpoint_dir
+        self.restart = env.restart
+        cfg = _config()
+        self.peak_tflops, self.peak_source = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None,
+                                                         cfg.gpu_type if cfg else None)
+        port = os.environ.get(ENV_METRICS_PORT)
+        jsonl = os.environ.get(ENV_JSONL)
+        self.metrics = RankMetrics(port=int(port) + self.local_rank if port else None, rank=self.rank,
+                                   labels={"job": cfg.job_name if cfg else "", "rank": str(self.rank)},
+                                   jsonl=Path(jsonl) if jsonl else None)
+        if (figures := gang.read_figures(env.exit_dir)) is not None:
+            self.metrics.preflight(figures)
+        self.requests = CheckpointRequests(self.rank)
+        self._mesh: DeviceMesh | None = None
+        self._last: tuple[int, float] | None = None  # (step, time) of the last report
+        self._started: float | None = None
+        self._saved: tuple[int, float] | None = None
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The job's mesh: every dim of TETRAD_MESH, outermost first, named as Tetrad's trainer names them
+        (a dim of degree 1 too); the world as one dp_shard dim outside Tetrad."""
+        if self._mesh is None:
+            dims = self.env.mesh or (("dp_shard", self.world_size),)
+            names, shape = tuple(d for d, _ in dims), tuple(n for _, n in dims)
+            assert set(names) <= set(MESH_DIMS), names
+            self._mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        return self._mesh
+
+    def report(self, step: int, *, loss: float | None = None, tokens: int | None = None,
+               flops_per_token: float | None = None, grad_norm: float | None = None, lr: float | None = None) -> None:
+        """Step `step` completed: the heartbeat and this rank's figures. `tokens`: the tokens the whole
+        job trained in one step (global batch x sequence); `loss`: the global loss, as rank 0 shows it."""
+        now = time.perf_counter()
+        self.metrics.step_completed()
+        if self._started is None:
+            self._started = seconds_since_process_start()
+        steps = step - self._last[0] if self._last is not None and step > self._last[0] else 1
+        step_time = (now - self._last[1]) / steps if self._last is not None else math.nan
+        self._last = (step, now)
+        per_second = tokens / step_time if tokens and step_time > 0 else math.nan
+        tflops = (flops_per_token or math.nan) * per_second / self.world_size / 1e12
+        peak, reserved = peak_memory_bytes(self.device)
+        self.metrics.log(StepRecord(
+            step=step, loss=_number(loss), grad_norm=_number(grad_norm), lr=_number(lr), step_time_s=step_time,
+            tokens_per_second=per_second, tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
+            mfu=tflops / self.peak_tflops, peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
+            startup_s=self._started))
+
+    def poll(self) -> Action:
+        """Whether to save and whether to stop, agreed by every rank (one small all-reduce). Collective."""
+        token = self.requests.poll()
+        stop = self.preemption.requested(checkpoint_asked=token is not None)
+        if token is not None and self._last is not None:
+            self.metrics.checkpoint_requested(token, self._last[0])
+        return Action(save=stop or self.preemption.checkpoint_asked, stop=stop, seconds_left=self.preemption.remaining_s)
+
+    def saved(self, step: int) -> None:
+        """The script committed its checkpoint of `step` (call it on every rank once the save is complete)."""
+        self._saved = (step, time.time())
+        self.metrics.checkpoint_committed(*self._saved)
+
+    def exit_preempted(self) -> NoReturn:
+        """Stop after SIGTERM: leave the last figures and checkpoint for the job's status, exit 75."""
+        step, at = self._saved if self._saved is not None else (None, None)
+        leave_final_state(self.metrics.final_figures(), stopped=(step, at))
+        self.metrics.close()
+        sys.exit(EXIT_PREEMPTED)
+
+    def close(self) -> None:
+        """Training is over: leave the last figures for the job's status."""
+        leave_final_state(self.metrics.final_figures())
+        self.metrics.close()
+
+
+def _number(value: float | torch.Tensor | None) -> float:
+    if value is None:
+        return math.nan
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def init() -> Run:
+    """Join the job: the process group (unless the script made it), SIGTERM recorded for `poll`, this
+    rank's metrics endpoint. Exits 78 naming the cause when the pod speaks another contract."""
+    preemption = Preemption()  # first: a SIGTERM during start-up is kept, not fatal
+    env = NodeEnv.read()
+    try:
+        check_contract(env)
+    except ContractMismatch as e:
+        print(f"[tetrad] {e}", file=sys.stderr, flush=True)
+        exits.leave(TerminationMessage(reason=REASON_CONTRACT, message=str(e)))
+        sys.exit(EXIT_CONFIG_ERROR)
+    device = _device()
+    if not dist.is_initialized():
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
+    preemption.connect()
+    return Run(env, device, preemption)
