@@ -884,3 +884,82 @@ def test_a_scrape_that_never_succeeds_restarts_nothing():
     running(c)
     quiet_for(c, 10_000)
     assert c.phase == "Running" and c.status["restarts"] == 0
+
+
+# ---------------------------------------------------------------- scripts of one's own (spec.script)
+
+SCRIPT = {"path": "/app/train.py"}
+
+
+def script_body(**spec: object) -> dict:
+    body = job_body(nodes=2, **{"runPolicy": FAST, "script": SCRIPT, **spec})
+    del body["spec"]["training"]  # a script job gives none of the trainer's sections
+    return body
+
+
+def test_a_script_that_never_reports_is_never_stalled_one_that_reports_is():
+    c = FakeCluster(script_body())
+    running(c)
+    scraped(c, last_step_ago=None)  # a metrics endpoint (the runtime library) but no step reported yet
+    quiet_for(c, 100_000)
+    assert c.phase == "Running" and c.status["disruptions"] == 0, "no heartbeat was promised: none is missed"
+    scraped(c, last_step_ago=0, step_time=2.0, step=7)  # its first report: from now on it beats
+    quiet_for(c, 300)
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    assert "rank 0 (job-r0-0) completed no step since" in c.status["message"]
+
+
+def test_a_builtin_job_without_a_heartbeat_still_stalls_at_start_up():
+    c = FakeCluster(job_body(nodes=1, runPolicy=FAST))
+    running(c)
+    scraped(c, last_step_ago=None)
+    quiet_for(c, 300)
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+
+
+def test_the_cause_a_node_names_is_the_jobs_reason_and_message():
+    c = FakeCluster(script_body())
+    running(c)
+    said = "spec.script.path: /app/train.py is not a file in the image (working directory /)"
+    c.finish(contract.EXIT_CONFIG_ERROR, rank=1,
+             message=TerminationMessage(reason=contract.REASON_ENTRY_POINT, message=said).encode())
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "EntryPointNotFound"
+    assert c.status["message"] == (f"pod job-r0-1 failed with exit code 78 in container trainer: {said}; exit code 78 "
+                                   "is not retryable")
+
+
+def test_a_scripts_own_exit_code_follows_the_exit_code_policy():
+    retried = FakeCluster(script_body())
+    running(retried)
+    retried.finish(3, rank=0)  # sys.exit(3) on rank 0's node; the other node's workers were stopped
+    retried.reconcile()
+    assert retried.phase == "Restarting" and cond(retried, "Restarting")["reason"] == "PodFailed"
+    assert retried.status["message"].startswith("pod job-r0-0 failed with exit code 3 in container trainer;")
+    permanent = FakeCluster(script_body(runPolicy={**FAST, "permanentExitCodes": [3]}))
+    running(permanent)
+    permanent.finish(3, rank=0)
+    permanent.reconcile()
+    assert permanent.phase == "Failed" and cond(permanent, "Failed")["reason"] == "PermanentExitCode"
+
+
+def test_a_container_the_image_cannot_start_fails_the_job_naming_the_image():
+    c = FakeCluster(script_body())
+    running(c)
+    pod = c.pods["job-r0-1"]
+    pod["status"]["phase"] = "Failed"
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
+        "exitCode": 128, "reason": "StartError", "message": 'failed to create containerd task: exec: "python3": '
+                                                             "executable file not found in $PATH: unknown"}}}]
+    c.reconcile()
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "ContainerCannotStart"
+    assert 'the container of pod job-r0-1 could not start: failed to create containerd task: exec: "python3"' \
+        in c.status["message"] and "spec.image must hold what the pods run: python3 with torch" in c.status["message"]
+    transient = FakeCluster(script_body())
+    running(transient)
+    pod = transient.pods["job-r0-0"]
+    pod["status"]["phase"] = "Failed"
+    pod["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
+        "exitCode": 128, "reason": "StartError", "message": "context deadline exceeded"}}}]
+    transient.reconcile()
+    assert transient.phase == "Restarting", "a start error that is not about the image is retried"

@@ -148,13 +148,13 @@ def _state(pid: int) -> str:
 
 def workers(work: Path) -> list[int]:
     return [pid for pid, args in run_processes(work).items()
-            if "worker --trainer" in args and "torch.distributed.run" not in args and "supervise" not in args]
+            if "tetrad-node.pyz worker" in args and "torch.distributed.run" not in args and "supervise" not in args]
 
 
 def frozen(work: Path) -> list[int]:
     """The workers and torchrun agents of the run (the processes a test freezes with SIGSTOP)."""
     return [pid for pid, args in run_processes(work).items()
-            if "worker --trainer" in args and "supervise" not in args]
+            if "tetrad-node.pyz worker" in args and "supervise" not in args]
 
 
 def wait_until_gone(work: Path, timeout: float) -> None:
@@ -167,11 +167,12 @@ def wait_until_gone(work: Path, timeout: float) -> None:
 class LocalRun:
     """`tetrad run JOB --workdir WORK` in a subprocess (optionally under a parent process of its own)."""
 
-    def __init__(self, tmp_path: Path, name: str, *, grace: int, under_parent: bool = False):
-        job = make_job(name, training={"steps": 100000, "globalBatch": 4},
-                       runPolicy={"terminationGracePeriodSeconds": grace})
+    def __init__(self, tmp_path: Path, name: str, *, grace: int, under_parent: bool = False,
+                 job: ParallelTrainingJob | None = None):
+        job = job or make_job(name, training={"steps": 100000, "globalBatch": 4},
+                              runPolicy={"terminationGracePeriodSeconds": grace})
         self.job_file, self.work = tmp_path / "job.json", tmp_path / "work"
-        self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_none=True))
+        self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_unset=True))  # as the user wrote it
         self.output = tmp_path / "tetrad-run.out"
         command = [sys.executable, "-m", "tetrad.cli", "run", str(self.job_file), "--workdir", str(self.work)]
         if under_parent:  # a parent that waits for `tetrad run`, as a shell would

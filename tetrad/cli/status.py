@@ -65,7 +65,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
     spec, status = job.get("spec") or {}, job.get("status") or {}
     training = status.get("training") or {}
     model = spec.get("model") or {}
-    preset = model.get("preset") if isinstance(model.get("preset"), str) else DEFAULT_PRESET  # as expand_model
+    given = model.get("preset")
+    preset = given if isinstance(given, str) else DEFAULT_PRESET  # as expand_model
     overrides = {k: v for k, v in model.items() if k != "preset"}
     seq_len = model.get("seqLen") or _get(PRESETS.get(preset), "seqLen")
     trainer = spec.get("training") or {}  # absent: the trainer's defaults (the apiserver stores none)

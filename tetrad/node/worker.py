@@ -63,6 +63,8 @@ class Entry:
         elif self.module is not None:
             try:
                 found = importlib.util.find_spec(self.module) is not None
+            except ModuleNotFoundError:  # its package is missing
+                found = False
             except (ImportError, ValueError) as e:
                 return f"{self._module_field()}: {self.module} cannot be imported in the image: {e}"
             if not found:

@@ -8,6 +8,7 @@ DDP over the job's data-parallel ranks, its own checkpoint files.
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -79,10 +80,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if args.step_seconds:
-            torch.distributed.barrier()
-            import time
-            time.sleep(args.step_seconds)
+        time.sleep(args.step_seconds)
         global_loss = loss.detach().clone()
         torch.distributed.all_reduce(global_loss, group=dp.get_group())
         run.report(step, loss=global_loss / dp.size(), tokens=args.batch * SEQ, flops_per_token=6 * params)

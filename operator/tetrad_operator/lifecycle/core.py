@@ -181,7 +181,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         preflight.report_slow(m, restart, spec.preflight.slow_node_fraction)  # the SlowNodes condition
         if m.phase != Phase.RUNNING:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
-        elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0], spec.training.steps)) is not None:
+        elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0], policy.steps_of(spec))) is not None:
             policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
         else:
             checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0

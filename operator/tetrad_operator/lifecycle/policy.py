@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
-from tetrad.api.spec import Phase, RunPolicy
+from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy
 from tetrad_operator.lifecycle import gang, preflight
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
@@ -126,7 +126,12 @@ def stall_floor(m: JobPass, policy: RunPolicy) -> float:
                policy.collective_timeout_seconds + m.settings.stall_collective_margin_seconds)
 
 
-def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failure | None:
+def steps_of(spec: ParallelTrainingJobSpec) -> int | None:
+    """The steps the job trains for: Tetrad's trainer's; a script's are its own (None)."""
+    return spec.training.steps if spec.script is None else None
+
+
+def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -> Failure | None:
     """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
     heartbeat or, before the first one of this incarnation, from when the gang started Running
     (then the timeout is at least the default's floor, even below an explicit stallTimeoutSeconds,
@@ -137,17 +142,21 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int) -> Failu
     answering (one exiting after its last step, or too busy to answer within the scrape timeout)
     is no stall; one frozen whole is ended by its peers' collective timeout. Once rank 0 reported
     the last of the job's `steps`, no step is due: the trainer saves and exits, and a collective
-    that hangs meanwhile ends at the collective timeout.
+    that hangs meanwhile ends at the collective timeout. A script job (`steps` None) promises a
+    heartbeat with its first report (tetrad_trainer.runtime), not before: an incarnation that has not
+    reported is never judged stalled.
     """
     training = dict((m.body.get("status") or {}).get("training") or {})
     timeout = stall_timeout(m, policy, training)
     running = m.since(Phase.RUNNING)
     read = parse_time(training.get("updated"))
-    finishing = isinstance(training.get("step"), int) and training["step"] >= steps
+    finishing = steps is not None and isinstance(training.get("step"), int) and training["step"] >= steps
     if timeout is None or read is None or read < running or finishing:
         return None
     beat = parse_time(training.get("lastStepTime"))
     started = beat is not None and beat >= running
+    if not started and steps is None:
+        return None
     since = beat if started and beat is not None else running
     source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
               f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
