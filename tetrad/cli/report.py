@@ -6,13 +6,36 @@ from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
 from tetrad.plan.estimate import GiB
+from tetrad.plan.placement import placement
 from tetrad.plan.solver import solve, usable_bytes
-from tetrad.resolve import check_spec
+from tetrad.resolve import Checked, check_spec
+
+# What the planner says of what it cannot know.
+SCRIPT_NOTE = ("spec.script runs your own code: Tetrad cannot predict its memory or step time. The layout and"
+               " placement are what its pods get (TETRAD_MESH); the runtime library reports the real figures.")
+PLUGIN_NOTE = ("spec.model.module is a model of your own: its memory, FLOPs and time are estimated as for a Llama"
+               " decoder of the same dims (dim, layers, heads, kvHeads, ffnDim, vocab, seqLen); the trainer measures"
+               " and reports the real figures.")
+
+
+def plan_script(job: ParallelTrainingJob, checked: Checked) -> dict[str, Any]:
+    """A script job: its layout and where each dim lies; no prediction."""
+    spec = job.spec
+    errors = [str(p) for p in checked.problems if p.severity == "error"]
+    layout = checked.solution.layout if checked.solution else None
+    assert spec.script is not None
+    return {"job": job.metadata.name, "script": spec.script.describe(), "fits": layout is not None and not errors,
+            "world_size": spec.nodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
+            "layout": layout.model_dump(by_alias=True) if layout else None, "mesh": layout.label() if layout else None,
+            "placement": placement(layout, spec.nproc_per_node) if layout else None,
+            "note": SCRIPT_NOTE, "problems": errors}
 
 
 def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
     spec = job.spec
     checked = check_spec(spec)
+    if spec.script is not None:
+        return plan_script(job, checked)
     cfg = checked.model
     report: dict[str, Any] = {"job": job.metadata.name, "fits": False}
     if cfg is None or checked.degrees_invalid:
@@ -32,7 +55,10 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
         "time": solution.time.to_dict() if solution.time else None,
         "reason": solution.reason,
         "candidates": solution.candidates,
+        "placement": placement(solution.layout, spec.nproc_per_node) if solution.layout else None,
     })
+    if cfg.module is not None:
+        report["note"] = PLUGIN_NOTE
     if solution.layout is not None:
         errors = [p for p in checked.problems if p.severity == "error"]
         report["problems"] = [str(p) for p in errors]
@@ -53,6 +79,9 @@ def print_plan(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
+    if "script" in report:
+        print_script_plan(console, report)
+        return
     if "model" not in report:
         for p in report.get("problems", []):
             console.print(f"[red]error[/]: {p}")
@@ -95,8 +124,25 @@ def print_plan(report: dict[str, Any]) -> None:
         console.print(timing)
         if t["host_optimizer_s"]:
             console.print(f"The step includes {t['host_optimizer_s']:.2f} s of AdamW on the CPU (offload; an assumed rate, docs/planner.md)")
+    if report["placement"]:
+        console.print(f"Placement: {_placement(report['placement'])}")
+    if report.get("note"):
+        console.print(report["note"])
     if report["reason"]:
         console.print(f"[red]{report['reason']}[/]")
     for p in report.get("problems", []):
+        console.print(f"[red]error[/]: {p}")
+
+
+def _placement(dims: dict[str, str]) -> str:
+    return ", ".join(f"{dim} {where}" for dim, where in dims.items()) or "one process"
+
+
+def print_script_plan(console: Any, report: dict[str, Any]) -> None:
+    console.print(f"[bold]{report['job']}[/]: script {report['script']}, on {report['world_size']} processes")
+    if report["mesh"]:
+        console.print(f"Layout: {report['mesh']} (TETRAD_MESH); placement: {_placement(report['placement'])}")
+    console.print(report["note"])
+    for p in report["problems"]:
         console.print(f"[red]error[/]: {p}")
 
