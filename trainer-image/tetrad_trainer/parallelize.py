@@ -64,6 +64,8 @@ class TiedCopies:
         for p in self.copies:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            elif isinstance(p, DTensor) and p.grad.placements != p.placements:  # e.g. TP left it whole (Replicate)
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [_local(p.grad) for p in self.copies]
         if self.group is not None:
             dist.all_reduce(grads[0], group=self.group)
