@@ -224,3 +224,38 @@ def test_the_trainer_exits_78_on_every_rank_for_a_module_that_does_not_import(tm
     for rank in (0, 1):  # checked before any collective: no rank waits for the other
         assert ("config error: spec.model.module=nope_mod:definition: cannot import nope_mod: ModuleNotFoundError: "
                 "No module named 'nope_mod'") in run.log(rank)
+
+
+def tied_llama() -> ModelDefinition:
+    """Llama 3.2's tied embedding, as a few lines over the built-in definition."""
+
+    def build(cfg):
+        model = built_in.Transformer(cfg)
+        model.output.weight = model.tok_embeddings.weight
+        return model
+
+    return dataclasses.replace(built_in.definition, build=build, tied=(("tok_embeddings.weight", "output.weight"),),
+                               params=None, flops=None)
+
+
+@pytest.mark.parametrize("which", ["gpt2", "tied-llama"])
+def test_tensor_parallelism_keeps_a_tie_both_ends_sharded_on_the_vocab(which: str, one_rank_mesh) -> None:
+    from tetrad_trainer.parallelize import apply_tp
+    from torch.distributed.tensor import DTensor, Shard
+
+    definition, cfg = (gpt2(), GPT2.model) if which == "gpt2" else (tied_llama(), LLAMA.model)
+    (a, b), = definition.tied
+    model = definition.meta_model(cfg)
+    apply_tp(model, one_rank_mesh, definition)
+    assert model.get_parameter(a) is model.get_parameter(b)
+    assert isinstance(model.get_parameter(a), DTensor) and model.get_parameter(a).placements == (Shard(0),)
+    init_weights(model, torch.device("cpu"), 0, definition=definition)
+    assert model.get_parameter(a) is model.get_parameter(b)
+
+
+def test_a_tied_llama_counts_its_embedding_once_and_keeps_the_llama_names() -> None:
+    definition = tied_llama()
+    model = build(definition, LLAMA.model)
+    assert model.output.weight is model.tok_embeddings.weight
+    assert definition.num_params(LLAMA.model) == LLAMA.model.num_params() - LLAMA.model.vocab * LLAMA.model.dim
+    assert definition.flops_per_token(LLAMA.model) == LLAMA.model.flops_per_token()  # the output still multiplies
