@@ -169,6 +169,7 @@ BAD = '''
                                       attention="attn.kernel", tied=(("wte.weight", "ln_f.weight"),))
     no_parallel_plans = dataclasses.replace(gpt2_model.definition, tensor_parallel=None, attention=None)
     fails = dataclasses.replace(gpt2_model.definition, build=lambda cfg: 1 / 0)
+    reversed_tie = dataclasses.replace(gpt2_model.definition, tied=(("lm_head.weight", "wte.weight"),))
     '''
 
 
@@ -203,6 +204,7 @@ def test_a_module_that_is_no_definition_is_a_config_error_naming_the_field(modul
     ("no_parallel_plans", {"tp": 2, "cp": 2}, ["spec.parallelism.tp=2 needs a tensor-parallel plan",
                                                "spec.parallelism.cp=2 needs the blocks' attention core"]),
     ("fails", {}, ["build(bad_defs:fails) failed: ZeroDivisionError: division by zero"]),
+    ("reversed_tie", {}, ["tied ('lm_head.weight', 'wte.weight'): name the first stage's end first"]),
 ])
 def test_a_definition_whose_model_lacks_what_it_names_is_a_config_error(name: str, parallelism: dict[str, int],
                                                                         messages: list[str], tmp_path: Path,

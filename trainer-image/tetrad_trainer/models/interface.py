@@ -112,9 +112,10 @@ class ModelDefinition:
         checkpointing, compile and the pipeline split.
     attention: the path, inside a block, of its `CausalAttention` core; None: no context parallelism.
     tensor_parallel: the TP plan; None: no tensor parallelism.
-    tied: pairs of parameter names that are one tensor (e.g. ("wte.weight", "lm_head.weight")): `build`
-        ties them, the trainer keeps them tied; across pipeline stages each stage holds a copy, drawn
-        alike, whose gradients are summed after the backward and counted once in the gradient norm.
+    tied: pairs of parameter names that are one tensor (e.g. ("wte.weight", "lm_head.weight")), of
+        first_stage and last_stage modules, the first stage's end first: `build` ties them, the trainer
+        keeps them tied (drawn, sharded, checkpointed and counted as the first name); across pipeline
+        stages each of the two stages holds a copy, whose gradients are summed after the backward.
     loss_sum: the summed token loss of (logits, labels), labels -100 skipped (`loss.cross_entropy_sum`).
     params, flops: the parameter count and the training FLOPs per token (MFU) of cfg; None: counted
         on the model (see `num_params` and `flops_per_token`).

@@ -112,6 +112,8 @@ def tied_problems(definition: ModelDefinition, model: nn.Module) -> list[str]:
             problems.append(f"tied ({a!r}, {b!r}) are two tensors: build must tie them (e.g. output.weight = embedding.weight)")
         elif {a.split(".")[0], b.split(".")[0]} - set(stages):
             problems.append(f"tied ({a!r}, {b!r}): only parameters of first_stage and last_stage modules can be tied")
+        elif a.split(".")[0] in definition.last_stage and b.split(".")[0] in definition.first_stage:
+            problems.append(f"tied ({a!r}, {b!r}): name the first stage's end first, ({b!r}, {a!r})")
     return problems
 
 
