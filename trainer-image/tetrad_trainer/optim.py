@@ -81,8 +81,9 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.
     """The global L2 norm of all gradients; scales them down to max_norm when max_norm > 0.
 
     Gradients are DTensors sharded over FSDP and TP dims: full_tensor() of the DTensor norm sums
-    the squares over those. Pipeline stages hold disjoint parameters, but for the copies of tied ones
-    (`uncounted`: clipped, not counted, the other copy is): add their squares across pp.
+    the squares over those. Pipeline stages hold disjoint parameters: add their squares across pp.
+    `uncounted` (the second copy of a tied parameter split over two stages) is clipped, not counted:
+    the first copy holds the same gradient.
     """
     skip = {id(p) for p in uncounted}
     grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
