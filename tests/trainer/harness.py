@@ -64,6 +64,8 @@ def free_port_block(n: int) -> int:
 
 def _rank_main(target: str, argv: list[str], env: dict[str, str], log: str) -> None:
     os.environ.update(env)
+    # A worker that torchrun starts reads PYTHONPATH at start-up; one forked from the server is told here.
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -159,7 +161,7 @@ def job(parallelism: dict[str, Any], *, nproc: int, nodes: int = 1, model: dict[
         "spec": {
             "nodes": nodes, "nprocPerNode": nproc,
             "parallelism": {"dpShard": 1, **parallelism},
-            "model": {"preset": "debug", **(model or {})},
+            "model": model or {},  # the debug preset unless it names a preset or a module
             "training": training or {},
             **spec,
         },

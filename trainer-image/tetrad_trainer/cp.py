@@ -66,7 +66,7 @@ def all_gather_sequence(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 
 
 class ContextParallelAttention(nn.Module):
-    """Drop-in for model.CausalAttention when the sequence is sharded across group."""
+    """Drop-in for models.CausalAttention when the sequence is sharded across group."""
 
     def __init__(self, group: dist.ProcessGroup):
         super().__init__()

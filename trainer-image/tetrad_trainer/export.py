@@ -39,7 +39,8 @@ from tetrad_trainer.checkpoint.store import (
     step_dir_name,
     verify_files,
 )
-from tetrad_trainer.model import Transformer, canonical_name, local_box
+from tetrad_trainer.models.init import canonical_name, local_box
+from tetrad_trainer.models.llama import Transformer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -161,8 +162,16 @@ def from_hf(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
     return {name: _to_tetrad(name, tensors[hf_name(name)], cfg, shape) for name, shape in want.items()}
 
 
+def built_in_only(cfg: ModelConfig) -> None:
+    """Refuses a model of one's own: the name table is the built-in Llama's."""
+    if cfg.module is not None:
+        raise ConversionError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers the built-in "
+                              "Llama only")
+
+
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter of the full model and its shape."""
+    built_in_only(cfg)
     with torch.device("meta"):
         model = Transformer(cfg)
     return {n: tuple(p.shape) for n, p in model.named_parameters()}
@@ -234,6 +243,7 @@ def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
     """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model."""
     from safetensors import safe_open
 
+    built_in_only(cfg)
     hf_dir = Path(hf_dir)
     try:
         hf = json.loads((hf_dir / CONFIG).read_text())

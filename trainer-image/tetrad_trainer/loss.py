@@ -14,6 +14,8 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,6 +23,8 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100  # label of a position the loss skips (padding), as in torch's cross_entropy
+
+TokenSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> summed loss of the valid labels
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -31,8 +35,8 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 
 
 def chunked_cross_entropy_sum(hidden: torch.Tensor, labels: torch.Tensor, output: nn.Module, chunks: int,
-                              tp: int = 1) -> torch.Tensor:
-    """cross_entropy_sum(output(hidden), labels), computed over `chunks` slices of the sequence.
+                              tp: int = 1, token_sum: TokenSum = cross_entropy_sum) -> torch.Tensor:
+    """token_sum(output(hidden), labels), computed over `chunks` slices of the sequence.
 
     Each slice's logits are recomputed in the backward (checkpointing), so at most one slice of
     logits is alive at a time. Under tensor parallelism hidden is this rank's sequence shard
@@ -48,33 +52,35 @@ def chunked_cross_entropy_sum(hidden: torch.Tensor, labels: torch.Tensor, output
         if start == end:
             continue
         y = per_rank_labels[:, :, start:end].flatten(1, 2)
-        part = checkpoint(_project_and_sum, local[:, start:end], y, output, use_reentrant=False)
+        part = checkpoint(_project_and_sum, local[:, start:end], y, output, token_sum, use_reentrant=False)
         total = total + part
     return total
 
 
-def _project_and_sum(hidden: torch.Tensor, labels: torch.Tensor, output: nn.Module) -> torch.Tensor:
-    return cross_entropy_sum(output(hidden), labels)
+def _project_and_sum(hidden: torch.Tensor, labels: torch.Tensor, output: nn.Module, token_sum: TokenSum) -> torch.Tensor:
+    return token_sum(output(hidden), labels)
 
 
 class TokenLoss:
     """The pipeline schedule's loss_fn and the non-pipelined loss: scale * summed token loss.
 
     With `chunks` > 1 the model's last stage returns the final norm's output and the projection
-    to the vocab happens here, slice by slice (`chunked_cross_entropy_sum`).
+    to the vocab happens here, slice by slice (`chunked_cross_entropy_sum`). token_sum is the model
+    definition's summed token loss (default: cross-entropy).
     """
 
-    def __init__(self, chunks: int = 1, output: nn.Module | None = None, tp: int = 1, compiled: bool = False):
+    def __init__(self, chunks: int = 1, output: nn.Module | None = None, tp: int = 1, compiled: bool = False,
+                 token_sum: TokenSum = cross_entropy_sum):
         self.chunks, self.output, self.tp = chunks, output, tp
         self.scale: torch.Tensor | float = 1.0
         # Compiled, the fp32 cast, log-softmax and gather fuse into reductions over the logits as they
         # are: no fp32 copy of them, forward or backward.
-        self.token_sum = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
+        self.token_sum = torch.compile(token_sum) if compiled else token_sum
 
     def __call__(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.chunks > 1:
             assert self.output is not None, "the chunked loss needs the output projection"
-            loss = chunked_cross_entropy_sum(out, labels, self.output, self.chunks, self.tp)
+            loss = chunked_cross_entropy_sum(out, labels, self.output, self.chunks, self.tp, self.token_sum)
         else:
             loss = self.token_sum(out, labels)
         return loss * self.scale

@@ -10,6 +10,7 @@ pass over every gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
@@ -75,13 +76,17 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 @torch.no_grad()
-def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None,
+                    uncounted: Collection[nn.Parameter] = ()) -> torch.Tensor:
     """The global L2 norm of all gradients; scales them down to max_norm when max_norm > 0.
 
     Gradients are DTensors sharded over FSDP and TP dims: full_tensor() of the DTensor norm sums
     the squares over those. Pipeline stages hold disjoint parameters: add their squares across pp.
+    `uncounted` (the second copy of a tied parameter split over two stages) is clipped, not counted:
+    the first copy holds the same gradient.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p) for p in uncounted}
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
@@ -102,15 +107,16 @@ def folds_clipping(optimizer: torch.optim.Optimizer) -> bool:
 
 
 @torch.no_grad()
-def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float, pp_group: dist.ProcessGroup | None) -> torch.Tensor:
+def clip_and_step(optimizer: torch.optim.Optimizer, max_norm: float, pp_group: dist.ProcessGroup | None,
+                  uncounted: Collection[nn.Parameter] = ()) -> torch.Tensor:
     """One optimizer step on gradients clipped to max_norm (clip_grad_norm_); returns the norm before
     clipping. Where the step folds the clipping in, it scales by the same factor torch's clipping uses."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if max_norm <= 0 or not folds_clipping(optimizer):
-        norm = clip_grad_norm_(params, max_norm, pp_group)
+        norm = clip_grad_norm_(params, max_norm, pp_group, uncounted)
         optimizer.step()
         return norm
-    norm = clip_grad_norm_(params, 0.0, pp_group)
+    norm = clip_grad_norm_(params, 0.0, pp_group, uncounted)
     # torch's clip multiplies by min(max_norm / (norm + 1e-6), 1); the kernel divides by its inverse
     optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)  # type: ignore[attr-defined]
     try:

@@ -2,13 +2,15 @@
 
 A straight line, in this order:
     pipeline split → apply_tp → apply_cp → apply_ac → apply_compile → apply_fsdp | apply_ddp | apply_replicate → init_weights
-Each step is a plain function of a model part, so a reader can follow what each rank holds.
+Each step is a plain function of a model part, so a reader can follow what each rank holds. The
+model's definition (tetrad_trainer.models.ModelDefinition) names the parts each step works on; a
+step given no definition takes the one the model's cfg names.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,22 +28,19 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import parallelize_module
 
 from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.rules import MULTI_STAGE, compiles_loss
 from tetrad.api.spec import ActivationCheckpointing, Offload, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
+from tetrad_trainer.config import ConfigError
 from tetrad_trainer.loss import TokenLoss
 from tetrad_trainer.mesh import Mesh
-from tetrad_trainer.model import Transformer, canonical_name, init_weights
+from tetrad_trainer.models.init import canonical_name, init_weights
+from tetrad_trainer.models.interface import ModelDefinition
+from tetrad_trainer.models.loader import load_definition
 
 SCHEDULES = {
     PPSchedule.GPIPE: ScheduleGPipe,
@@ -52,17 +51,68 @@ SCHEDULES = {
 
 
 @dataclass
+class TiedCopies:
+    """A tied pair whose ends sit on different pipeline stages (Megatron-style): each of the two stages
+    holds a copy, drawn alike; after every backward the copies' gradients are summed, so they stay equal."""
+
+    copies: list[nn.Parameter]  # this rank's copies: one, or both when it holds both stages
+    group: dist.ProcessGroup | None  # the two pipeline ranks holding them; None when this rank holds both
+    second: nn.Parameter | None  # this rank's copy of the pair's second parameter: left out of the gradient norm
+
+    @torch.no_grad()
+    def reduce_grads(self) -> None:
+        for p in self.copies:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif isinstance(p, DTensor) and p.grad.placements != p.placements:  # e.g. TP left it whole (Replicate)
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        grads = [_local(p.grad) for p in self.copies]
+        if self.group is not None:
+            dist.all_reduce(grads[0], group=self.group)
+        else:
+            grads[0].add_(grads[1])
+            grads[1].copy_(grads[0])
+
+
+@dataclass
 class ParallelModel:
-    parts: list[Transformer]  # the model, or this rank's pipeline stages
+    parts: list[nn.Module]  # the model, or this rank's pipeline stages
     schedule: _PipelineSchedule | None  # None without pipeline parallelism
     has_first_stage: bool
     has_last_stage: bool
     loss_parallel: bool  # logits are vocab-sharded DTensors: compute the loss under loss_parallel()
     autocast: bool  # bf16 without FSDP's mixed precision: run forward under autocast
     loss: TokenLoss  # the last stage's loss (the pipeline schedule's loss_fn); its scale is set every step
+    tied: list[TiedCopies] = field(default_factory=list)  # tied pairs split over pipeline stages
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def reduce_tied_grads(self) -> None:
+        """Sum the gradients of the tied copies; collective over the pipeline ranks holding them."""
+        for t in self.tied:
+            t.reduce_grads()
+
+    def uncounted(self) -> list[nn.Parameter]:
+        """Tied copies the gradient norm must skip: their gradient is counted on the other end."""
+        return [t.second for t in self.tied if t.second is not None]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _definition(model: nn.Module, definition: ModelDefinition | None) -> ModelDefinition:
+    return definition or load_definition(model.cfg.module)  # type: ignore[union-attr]
+
+
+def _present(model: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
+    """The modules of names this model (or pipeline stage) holds."""
+    return [m for name in names if (m := getattr(model, name, None)) is not None]
+
+
+def _blocks(model: nn.Module, definition: ModelDefinition) -> nn.ModuleDict:
+    return getattr(model, definition.blocks)  # type: ignore[no-any-return]
 
 
 # --- pipeline parallelism -------------------------------------------------------------------------
@@ -86,66 +136,108 @@ def stage_ids(schedule: PPSchedule, pp: int, pp_rank: int, per_rank: int) -> lis
     return [pp_rank + i * pp for i in range(per_rank)]
 
 
-def pipeline_split(model: Transformer, stage: int, n_stages: int) -> Transformer:
+def pipeline_split(model: nn.Module, stage: int, n_stages: int, definition: ModelDefinition | None = None) -> nn.Module:
     """A copy of model holding only what stage computes."""
+    definition = _definition(model, definition)
     part = copy.deepcopy(model)
-    keep = {str(i) for i in stage_layers(model.cfg.layers, n_stages)[stage]}
-    for name in [n for n in part.layers if n not in keep]:
-        del part.layers[name]
-    if stage != 0:
-        part.tok_embeddings = None
-    if stage != n_stages - 1:
-        part.norm = None
-        part.output = None
+    blocks = _blocks(part, definition)
+    keep = {str(i) for i in stage_layers(len(blocks), n_stages)[stage]}
+    for name in [n for n in blocks if n not in keep]:
+        del blocks[name]
+    dropped = (() if stage == 0 else definition.first_stage) + (() if stage == n_stages - 1 else definition.last_stage)
+    for name in dropped:
+        setattr(part, name, None)
     return part
+
+
+def _pair_groups(mesh: Mesh, a: int, b: int) -> dist.ProcessGroup | None:
+    """This rank's group of pipeline ranks a and b (at its coordinates on the other dims); None when it is
+    in neither. Collective: every rank creates every group."""
+    ranks = mesh.world.mesh[[a, b]].reshape(2, -1).T.tolist()
+    group, _ = dist.new_subgroups_by_enumeration(ranks)
+    return group
+
+
+def tied_across_stages(cfg: ResolvedConfig, definition: ModelDefinition, parts: list[nn.Module], ids: list[int],
+                       mesh: Mesh) -> list[TiedCopies]:
+    """The tied pairs a pipeline splits (an embedding on the first stage, the output on the last): this
+    rank's copies of each, and the group that sums their gradients. Collective."""
+    n_stages = cfg.layout.pp * cfg.pp_stages_per_rank
+
+    def stage_of(name: str) -> int:
+        return 0 if name.split(".")[0] in definition.first_stage else n_stages - 1
+
+    def rank_of(stage: int) -> int:
+        return next(r for r in range(cfg.layout.pp) if stage in stage_ids(cfg.pp_schedule, cfg.layout.pp, r,
+                                                                           cfg.pp_stages_per_rank))
+
+    tied, groups = [], {}
+    for a, b in definition.tied:
+        sa, sb = stage_of(a), stage_of(b)
+        if sa == sb:
+            continue
+        ranks = (rank_of(sa), rank_of(sb))
+        if ranks[0] != ranks[1] and ranks not in groups:
+            groups[ranks] = _pair_groups(mesh, *ranks)
+        held = {name: part.get_parameter(name) for part, s in zip(parts, ids, strict=True)
+                for name, at in ((a, sa), (b, sb)) if s == at}
+        if held:
+            tied.append(TiedCopies(copies=list(held.values()), group=groups.get(ranks), second=held.get(b)))
+    return tied
 
 
 # --- tensor, context and data parallelism -----------------------------------------------------------
 
-def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style TP: column-wise in, row-wise out; sequence parallel norms; vocab-sharded logits."""
-    top = {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
-    }
-    parallelize_module(model, tp_mesh, {name: style for name, style in top.items() if getattr(model, name) is not None})
-    gather_sequence = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
-    for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": gather_sequence,
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, definition: ModelDefinition | None = None) -> None:
+    """The definition's TP plan: its top-level modules this part holds, then every block. Tied pairs are
+    tied again: each module was given its own sharded parameter."""
+    definition = _definition(model, definition)
+    plan = definition.tensor_parallel
+    assert plan is not None, "loader.checked_definition refuses tp > 1 without a plan"
+    top = {path: style for path, style in plan.top.items() if getattr(model, path.split(".")[0], None) is not None}
+    parallelize_module(model, tp_mesh, dict(top))
+    for a, b in definition.tied:
+        ends = _placements(model, a), _placements(model, b)
+        if None not in ends and ends[0] != ends[1]:
+            raise ConfigError(f"spec.model.module={model.cfg.module}: the tied parameters {a} and {b} are sharded"  # type: ignore[union-attr]
+                              f" differently by tensor_parallel ({ends[0]} vs {ends[1]}); shard both on the same dim"
+                              " (e.g. RowwiseParallel embedding, ColwiseParallel output)")
+    definition.tie(model)
+    for block in _blocks(model, definition).values():
+        parallelize_module(block, tp_mesh, dict(plan.block))
 
 
-def apply_cp(model: Transformer, cp_mesh: DeviceMesh) -> None:
-    """Shard the sequence: load-balanced RoPE positions and attention over the gathered K/V."""
-    group, rank = cp_mesh.get_group(), cp_mesh.get_local_rank()
-    model.set_positions(context_parallel.shard_sequence(model.positions, 0, cp_mesh.size(), rank))
-    for block in model.layers.values():
-        block.attention.core = context_parallel.ContextParallelAttention(group)
+def _placements(model: nn.Module, name: str) -> tuple[object, ...] | None:
+    try:
+        p = model.get_parameter(name)
+    except AttributeError:  # not on this pipeline stage
+        return None
+    return tuple(p.placements) if isinstance(p, DTensor) else ()
 
 
-def apply_ac(model: Transformer, mode: ActivationCheckpointing) -> None:
+def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, definition: ModelDefinition | None = None) -> None:
+    """Shard the sequence: every block's attention core attends over the gathered K/V. The model gets this
+    rank's load-balanced positions when it is materialized (init_weights)."""
+    definition = _definition(model, definition)
+    assert definition.attention is not None, "loader.checked_definition refuses cp > 1 without an attention core"
+    parent, _, attr = definition.attention.rpartition(".")
+    for block in _blocks(model, definition).values():
+        setattr(block.get_submodule(parent), attr, context_parallel.ContextParallelAttention(cp_mesh.get_group()))
+
+
+def apply_ac(model: nn.Module, mode: ActivationCheckpointing, definition: ModelDefinition | None = None) -> None:
     """Recompute blocks in backward: every block (full) or every other block (selective)."""
-    for name, block in model.layers.items():
+    blocks = _blocks(model, _definition(model, definition))
+    for name, block in blocks.items():
         if mode == ActivationCheckpointing.FULL or int(name) % 2 == 0:
-            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
+            blocks[name] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_compile(model: Transformer) -> None:
+def apply_compile(model: nn.Module, definition: ModelDefinition | None = None) -> None:
     """torch.compile each block: blocks are identical, so one compilation serves all."""
-    for name, block in model.layers.items():
-        model.layers[name] = torch.compile(block)
+    blocks = _blocks(model, _definition(model, definition))
+    for name, block in blocks.items():
+        blocks[name] = torch.compile(block)
 
 
 def _mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
@@ -154,25 +246,36 @@ def _mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
-def apply_fsdp(model: Transformer, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool,
-               offload: OffloadPolicy) -> None:
-    """FSDP2 units: the embedding, each block, the final norm with the output projection, then the
-    root (left with no parameters of its own). A 2D dp_mesh gives HSDP.
+def _one_or_list(modules: list[nn.Module]) -> nn.Module | list[nn.Module]:
+    return modules[0] if len(modules) == 1 else modules
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: Precision, reshard_after_forward: bool,
+               offload: OffloadPolicy, definition: ModelDefinition | None = None) -> None:
+    """FSDP2 units: the first stage's modules (the embedding), each block, the last stage's (the final
+    norm with the output projection), then the root (left with no parameters of its own). A 2D
+    dp_mesh gives HSDP.
 
     The embedding and the output projection are the two largest parameters: each in its own unit
     is gathered only around its own use, not for the whole forward and backward as the root is.
     The backward starts at the output, so that unit stays gathered from its forward to its backward.
-    reshard_after_forward=False keeps every unit gathered that way (ZeRO-2 behaviour).
+    Tied across the two (one parameter), they form one unit, gathered from the embedding's forward
+    to its backward. reshard_after_forward=False keeps every unit gathered that way (ZeRO-2 behaviour).
     """
+    definition = _definition(model, definition)
     mp = _mixed_precision(precision)
-    if model.tok_embeddings is not None:
-        fully_shard(model.tok_embeddings, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+    first, last = _present(model, definition.first_stage), _present(model, definition.last_stage)
+    if first and last and any(a.split(".")[0] in definition.first_stage and b.split(".")[0] in definition.last_stage
+                              for a, b in definition.tied):
+        first, last = [], first + last
+    if first:
+        fully_shard(_one_or_list(first), mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
-    for block in model.layers.values():
+    for block in _blocks(model, definition).values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
-    if model.output is not None:
-        fully_shard([model.norm, model.output], mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False,
+    if last:
+        fully_shard(_one_or_list(last), mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False,
                     offload_policy=offload)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
 
@@ -185,15 +288,16 @@ def offload_policy(offload: Offload, device: torch.device) -> OffloadPolicy:
     return OffloadPolicy()
 
 
-def apply_ddp(model: Transformer, dp_mesh: DeviceMesh) -> None:
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> None:
     """Pure data parallelism: DDP's reducer, bucketed all-reduces overlapped with the backward."""
     ddp(model, device_mesh=dp_mesh, bucket_cap_mb=100)
 
 
-def apply_replicate(model: Transformer, dp_mesh: DeviceMesh, precision: Precision) -> None:
+def apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, precision: Precision,
+                    definition: ModelDefinition | None = None) -> None:
     """Replication next to TP or PP: FSDP2's replicate keeps parameters as DTensors, per block and root."""
     mp = _mixed_precision(precision)
-    for block in model.layers.values():
+    for block in _blocks(model, _definition(model, definition)).values():
         replicate(block, mesh=dp_mesh, mp_policy=mp)
     replicate(model, mesh=dp_mesh, mp_policy=mp)
 
@@ -212,13 +316,14 @@ def data_parallel_style(layout: Layout) -> str | None:
 
 def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> ParallelModel:
     layout, training = cfg.layout, cfg.training
-    with torch.device("meta"):
-        model = Transformer(cfg.model)
+    assert cfg.model is not None, "a script job has no model"
+    definition = load_definition(cfg.model.module)
+    model = definition.meta_model(cfg.model)
 
     if layout.pp > 1:
         n_stages = layout.pp * cfg.pp_stages_per_rank
         ids = stage_ids(cfg.pp_schedule, layout.pp, mesh.local_rank("pp"), cfg.pp_stages_per_rank)
-        parts = [pipeline_split(model, s, n_stages) for s in ids]
+        parts = [pipeline_split(model, s, n_stages, definition) for s in ids]
     else:
         n_stages, ids, parts = 1, [0], [model]
 
@@ -226,33 +331,38 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
     offload = offload_policy(training.fsdp.offload, device) if data_parallel == "fsdp" else OffloadPolicy()
     # Under CPU offload FSDP takes its parameters materialized on the host.
     params_device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else None
+    # This rank's positions of the sequence: its load-balanced chunks under CP.
+    positions = context_parallel.shard_sequence(torch.arange(cfg.model.seq_len), 0, layout.cp, mesh.local_rank("cp"))
     for part in parts:
         if layout.tp > 1:
-            apply_tp(part, mesh["tp"])
+            apply_tp(part, mesh["tp"], definition)
         if layout.cp > 1:
-            apply_cp(part, mesh["cp"])
+            apply_cp(part, mesh["cp"], definition)
         if training.activation_checkpointing != ActivationCheckpointing.NONE:
-            apply_ac(part, training.activation_checkpointing)
+            apply_ac(part, training.activation_checkpointing, definition)
         if training.compile:
-            apply_compile(part)
+            apply_compile(part, definition)
         if data_parallel == "fsdp":
             # With a pipeline each stage runs several microbatches: keep its parameters gathered.
             dp_mesh = mesh.hsdp if layout.dp_replicate > 1 else mesh.dp_shard_cp
             reshard = layout.pp == 1 and training.fsdp.reshard_after_forward
-            apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=reshard, offload=offload)
+            apply_fsdp(part, dp_mesh, training.precision, reshard_after_forward=reshard, offload=offload,
+                       definition=definition)
         elif data_parallel == "ddp":
             apply_ddp(part, mesh["dp_replicate"])
         elif data_parallel == "replicate":
-            apply_replicate(part, mesh["dp_replicate"], training.precision)
-        init_weights(part, device, training.seed, params_device)
+            apply_replicate(part, mesh["dp_replicate"], training.precision, definition)
+        init_weights(part, device, training.seed, params_device, positions, definition)
 
     # The last stage's output projection moves into the loss when it is chunked (tetrad_trainer.loss).
-    last = next((part for part in parts if part.output is not None), None)
+    last = next((part for part in parts if getattr(part, definition.output) is not None), None)
     if training.loss_chunks > 1 and last is not None:
         last.project_output = False
-        loss = TokenLoss(training.loss_chunks, last.output, layout.tp)
+        loss = TokenLoss(training.loss_chunks, getattr(last, definition.output), layout.tp,
+                         token_sum=definition.loss_sum)
     else:
-        loss = TokenLoss(compiled=compiles_loss(training.compile, layout.tp, training.loss_chunks))
+        loss = TokenLoss(compiled=compiles_loss(training.compile, layout.tp, training.loss_chunks),
+                         token_sum=definition.loss_sum)
     schedule = None
     if layout.pp > 1:
         group = mesh["pp"].get_group()
@@ -270,17 +380,19 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need autocast.
         autocast=training.precision == Precision.BF16 and data_parallel in (None, "ddp"),
         loss=loss,
+        tied=tied_across_stages(cfg, definition, parts, ids, mesh) if layout.pp > 1 else [],
     )
 
 
 def full_parameters(model: ParallelModel, mesh: Mesh) -> dict[str, torch.Tensor] | None:
-    """Every parameter, whole and on the CPU, keyed by its name in the plain model; on rank 0 only.
+    """Every parameter, whole and on the CPU, keyed by its name in the plain model (a tied parameter under
+    each of its names); on rank 0 only.
 
     Collective: every rank must call it.
     """
     local = {}
     for part in model.parts:
-        for fqn, p in part.named_parameters():
+        for fqn, p in part.named_parameters(remove_duplicate=False):
             full = p.full_tensor() if isinstance(p, DTensor) else p
             local[canonical_name(fqn)] = full.detach().float().cpu()
     # One rank per pipeline stage holds the stage: the one at coordinate 0 of every other dim.

@@ -67,6 +67,7 @@ from tetrad_trainer.metrics import (
     peak_tflops,
     seconds_since_process_start,
 )
+from tetrad_trainer.models.loader import checked_definition, load_definition
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
@@ -98,6 +99,8 @@ class Trainer:
         self.preemption.connect()
         self.mesh = build_mesh(cfg.layout, device)
         self.model = parallelize(cfg, self.mesh, device)
+        definition = load_definition(cfg.model.module)
+        self.flops_per_token = definition.flops_per_token(cfg.model)  # for MFU
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
         dp_rank = self.mesh.dp.get_local_rank()
         self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
@@ -121,7 +124,7 @@ class Trainer:
         if rank == 0:
             m = cfg.model
             log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type} processes,"
-                f" model {m.name} ({m.num_params() / 1e6:.1f}M params), {cfg.training.steps} steps;"
+                f" model {m.name} ({definition.num_params(m) / 1e6:.1f}M params), {cfg.training.steps} steps;"
                 f" MFU peak {self.peak_tflops:.3g} TFLOPS ({peak_source})")
 
     @contextlib.contextmanager
@@ -169,7 +172,8 @@ class Trainer:
                 loss = self.pipeline_forward_backward(inputs, labels)
             else:
                 loss = self.forward_backward(inputs, labels)
-        grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group)
+        self.model.reduce_tied_grads()  # tied parameters split over pipeline stages
+        grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group, self.model.uncounted())
         return loss, grad_norm, lr
 
     def global_loss(self, loss: torch.Tensor) -> float:
@@ -286,7 +290,7 @@ class Trainer:
         step_time = (time.perf_counter() - self.last_log) / self.steps_since_log
         tokens_per_second = self.cfg.training.global_batch * self.cfg.model.seq_len / step_time
         world = dist.get_world_size()
-        tflops = self.cfg.model.flops_per_token() * tokens_per_second / world / 1e12
+        tflops = self.flops_per_token * tokens_per_second / world / 1e12
         peak, reserved = peak_memory_bytes(self.device)
         self.metrics.log(StepRecord(
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
@@ -329,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.config:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
         cfg = load_config(args.config, steps=args.steps)
+        checked_definition(cfg)  # the model's import path and parts, before any collective
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
         device = init_distributed(cfg.collective_timeout_seconds)

@@ -64,13 +64,33 @@ def tensor_state(pairs: list[Pair]) -> dict[str, Any]:
     model: dict[str, Any] = {}
     optim: dict[str, Any] = {}
     for part, opt in pairs:
-        for src, dst in ((get_model_state_dict(part), model),
-                         (get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS), optim)):
+        for src, dst in ((get_model_state_dict(part), model), (optimizer_state(part, opt), optim)):
             if clash := src.keys() & dst.keys():
                 raise CheckpointError(f"model parts share state keys, e.g. {sorted(clash)[0]!r}; "
                                       "each pipeline stage must keep the full model's FQNs for its own modules")
             dst.update(src)
     return {"model": model, "optim": optim}
+
+
+def optimizer_state(part: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The flattened optimizer state, a tied parameter's under each of its names.
+
+    torch keys the state of a parameter held under several names (tied weights) by one of them; a
+    layout that holds the names apart (pipeline stages, each with its own copy) asks for the other
+    too, so every name gets the same entries (the same tensors: DCP saves and loads both alike).
+    """
+    state = get_optimizer_state_dict(part, opt, options=_OPTIM_OPTIONS)
+    names: dict[int, list[str]] = {}
+    for fqn, p in part.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(fqn)
+    aliases = {}
+    for tied in (n for n in names.values() if len(n) > 1):
+        for key, value in state.items():
+            kind, _, rest = key.partition(".")
+            owner = next((n for n in tied if rest.startswith(f"{n}.")), None)
+            if owner is not None:
+                aliases |= {f"{kind}.{n}{rest[len(owner):]}": value for n in tied if n != owner}
+    return state | aliases
 
 
 def set_tensor_state(pairs: list[Pair], state: dict[str, Any]) -> None:
