@@ -204,6 +204,12 @@ def _bool(value: Any, where: str) -> bool | None:
     return value
 
 
+def _name(item: Any) -> str:
+    """An item's name when it is a string, else "" (the item is refused later, by validation)."""
+    name = item.get("name") if isinstance(item, dict) else None
+    return name if isinstance(name, str) else ""
+
+
 def _named(items: list[Any], where: str) -> Iterator[tuple[int, dict[Any, Any], str]]:
     """(index, item, name) of a list of mappings with a name (containers, volumes, env)."""
     for i, item in enumerate(items):
@@ -580,9 +586,9 @@ class _Converter:
                 dropped_from[name] = normal
             else:
                 kept_mounts.append(copy.deepcopy(mount))
-        used = {m.get("name") for m in kept_mounts}
+        used = {_name(m) for m in kept_mounts}
         kept_volumes: list[dict[str, Any]] = []
-        taken = {str(v.get("name")) for v in volumes if isinstance(v, dict)} | set(POD_VOLUMES)
+        taken = {_name(v) for v in volumes} | set(POD_VOLUMES)
         for i, volume, name in _named(volumes, where_v):
             if name in dropped_from and name not in used:
                 continue  # said with its mount
@@ -592,7 +598,7 @@ class _Converter:
                 taken.add(new)
                 volume["name"] = new
                 for mount in kept_mounts:
-                    if mount.get("name") == name:
+                    if _name(mount) == name:
                         mount["name"] = new
                 self.note("changed", f"{where_v}[{i}].name", f"{name} is a volume of Tetrad's own pods: renamed {new}")
             kept_volumes.append(volume)
@@ -743,7 +749,7 @@ def _pod(c: _Converter, pod_spec: dict[Any, Any], pod_meta: dict[Any, Any], path
     entry = c.entry_point(command, args, cw, _string(container.get("workingDir"), f"{cw}.workingDir"))
     res, gpus = c.resources(resources, paths.resources)
     env_items = c.env(env, paths.env)
-    names = {e.get("name") for e in env_items}
+    names = {_name(e) for e in env_items}
     env_items += [{"name": k, "value": v} for k, v in entry.env.items() if k not in names]
     if not _empty(container.get("envFrom")):
         c.note("not carried over", f"{cw}.envFrom", (
@@ -863,6 +869,14 @@ def _gang(c: _Converter, spec: dict[str, Any], pod: _Pod, job_labels: dict[Any, 
         spec.pop("template")
     if gang:
         spec["gang"] = gang
+
+
+def _kueue_suspend(c: _Converter, spec: dict[str, Any], run_policy: dict[str, Any], where: str) -> None:
+    """Kueue admits a PyTorchJob or TrainJob by unsuspending it; Tetrad's pods wait in Kueue's queue themselves."""
+    if spec.get("gang", {}).get("scheduler") == "kueue" and run_policy.pop("suspend", False):
+        c.note("changed", where, (
+            "true: Kueue holds a Kubeflow job suspended until it admits it; Tetrad's pods wait behind Kueue's "
+            "scheduling gate instead, so the job is not suspended (set runPolicy.suspend: true to hold it yourself)"))
 
 
 def _job(c: _Converter, meta: dict[str, Any], labels: dict[Any, Any], annotations: dict[Any, Any],
@@ -1039,6 +1053,7 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
     c.unknown(spec_in, {"pytorchReplicaSpecs", "runPolicy", "elasticPolicy", "nprocPerNode"}, "spec",
               "unknown to the converter")
     _gang(c, spec, pod, labels, scheduling)
+    _kueue_suspend(c, spec, run_policy, "spec.runPolicy.suspend")
     if run_policy:
         spec["runPolicy"] = run_policy
     return _job(c, meta, labels, annotations, spec)
@@ -1126,14 +1141,14 @@ def _overrides(c: _Converter, spec: dict[Any, Any], pod_spec: dict[str, Any], po
                                "pods run the trainer's container only")
                         continue
                     for field_name in ("env", "volumeMounts"):
-                        merged = {m.get("name"): m for m in container.get(field_name, []) if isinstance(m, dict)}
-                        merged.update({m.get("name"): m for _, m, _ in _named(_list(ctr.get(field_name), f"{cw}.{field_name}"), f"{cw}.{field_name}")})
+                        merged = {_name(m): m for m in container.get(field_name, [])}
+                        merged.update({n: m for _, m, n in _named(_list(ctr.get(field_name), f"{cw}.{field_name}"), f"{cw}.{field_name}")})
                         if merged:
                             container[field_name] = list(merged.values())
                     c.unknown(ctr, {"name", "env", "volumeMounts"}, cw, "not read by the converter")
             elif key == "volumes":
-                merged = {v.get("name"): v for v in pod_spec.get("volumes", []) if isinstance(v, dict)}
-                merged.update({v.get("name"): v for _, v, _ in _named(_list(value, f"{w}.spec.volumes"), f"{w}.spec.volumes")})
+                merged = {_name(v): v for v in pod_spec.get("volumes", [])}
+                merged.update({n: v for _, v, n in _named(_list(value, f"{w}.spec.volumes"), f"{w}.spec.volumes")})
                 pod_spec["volumes"] = list(merged.values())
             elif key == "nodeSelector":
                 pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **_mapping(value, f"{w}.spec.nodeSelector")}
@@ -1174,8 +1189,8 @@ def _trainjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
     container: dict[str, Any] = {}
     overrides = _overrides(c, spec_in, pod_spec, pod_meta, container)
     env = [*_list(trainer.get("env"), f"{w}.env")]
-    names = {e.get("name") for e in env if isinstance(e, dict)}
-    env += [e for e in container.get("env", []) if e.get("name") not in names]
+    names = {_name(e) for e in env}
+    env += [e for e in container.get("env", []) if _name(e) not in names]
     paths = _Paths(f"{overrides}.spec", w, f"{w}.env", f"{w}.resourcesPerNode", f"{overrides}.metadata")
     pod = _pod(c, pod_spec, pod_meta, paths, {}, image=image, command=command,
                args=_strings(trainer.get("args"), f"{w}.args"), env=env, resources=trainer.get("resourcesPerNode"),
@@ -1217,6 +1232,7 @@ def _trainjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
         run_policy["suspend"] = True
     if pod.grace is not None:
         run_policy["terminationGracePeriodSeconds"] = pod.grace
+    _kueue_suspend(c, spec, run_policy, "spec.suspend")
     if not _empty(spec_in.get("managedBy")) and spec_in.get("managedBy") != "trainer.kubeflow.org/trainjob-controller":
         c.note("not carried over", "spec.managedBy", f"{_shown(spec_in.get('managedBy'))}: Tetrad's operator manages the job")
     c.unknown(spec_in, {"runtimeRef", "trainer", "initializer", "labels", "annotations", "podSpecOverrides",
