@@ -274,12 +274,12 @@ class EntryPoint:
     nnodes: str | None = None
     python: bool = False  # python runs the script itself, without a launcher of its own
     nested: bool = False  # a launcher inside (a shell's torchrun, accelerate): noted, it must go
+    env: dict[str, str] = field(default_factory=dict)  # python options carried as environment variables
 
     @property
     def launched(self) -> bool:
         """Whether something in the command started the worker processes (so read nprocPerNode)."""
         return self.launcher is not None or self.nested
-    env: dict[str, str] = field(default_factory=dict)  # python options carried as environment variables
 
 
 class _Converter:
@@ -345,8 +345,11 @@ class _Converter:
                 words = shlex.split(argv[2])
             except ValueError:  # an unbalanced quote: the shell's to judge
                 words = []
-            if words and words[0] and "=" not in words[0]:
-                return self._parse(words, where)  # plain words: the same command without the shell
+            if words[:1] == ["exec"]:
+                words = words[1:]
+            first = posixpath.basename(words[0]) if words else ""
+            if first and (_PYTHON.fullmatch(first) or first in ("torchrun", *_OTHER_LAUNCHERS) or "/" in words[0]):
+                return self._parse(words, where)  # plain words running a program: the same without the shell
         entry = self._command(argv)
         if any(_LAUNCHER_IN_SHELL.search(a) for a in argv[1:]):
             found = next(m.group(0).strip(" ;&|(`'\"") for a in argv[1:] if (m := _LAUNCHER_IN_SHELL.search(a)))

@@ -272,6 +272,8 @@ NPROC_AUTO_CPU = ("assumed", "spec.nprocPerNode")
     (["accelerate", "launch", "train.py"], None, {"command": ["accelerate"], "args": ["launch", "train.py"]}, 1,
      [("not carried over", f"{MASTER_CTR}.command"), NPROC_AUTO_CPU]),
     (["/app/train.sh", "--fast"], None, {"command": ["/app/train.sh"], "args": ["--fast"]}, 1, []),
+    (["sh", "-c", "exec ./train.sh --fast"], None, {"command": ["./train.sh"], "args": ["--fast"]}, 1, []),
+    (["sh", "-c", "make train"], None, {"command": ["sh"], "args": ["-c", "make train"]}, 1, []),
     (None, ["python", "train.py"], {"path": "train.py"}, 1, [("assumed", f"{MASTER_CTR}.command")]),
 ])
 def test_entry_points(command, args, script, nproc, expected_notes):
