@@ -352,7 +352,8 @@ class _Converter:
                 return self._parse(words, where)  # plain words running a program: the same without the shell
         entry = self._command(argv)
         if any(_LAUNCHER_IN_SHELL.search(a) for a in argv[1:]):
-            found = next(m.group(0).strip(" ;&|(`'\"") for a in argv[1:] if (m := _LAUNCHER_IN_SHELL.search(a)))
+            found = next(" ".join(m.group(0).strip(" \t\n\r;&|(`'\"").split())
+                         for a in argv[1:] if (m := _LAUNCHER_IN_SHELL.search(a)))
             self._nested_launcher(f"{where}.command", f"the shell command runs {shorten(found, 40)}, which")
             entry.nested = True
         return entry

@@ -326,6 +326,13 @@ def test_nproc_per_node_from_gpus_and_the_once_per_pod_python():
     assert c.job["spec"]["nprocPerNode"] == 3
 
 
+def test_the_kubeflow_sdks_shell_that_runs_torchrun_is_noted():
+    script = 'read -r -d \'\' SCRIPT << EOM\ntrain()\nEOM\nprintf "%s" "$SCRIPT" > "train.py"\ntorchrun "train.py"'
+    c = convert(pytorchjob(["bash", "-c", script], gpus=1))
+    assert c.job["spec"]["script"] == {"command": ["bash"], "args": ["-c", script]}
+    assert c.notes[0].message.startswith("the shell command runs torchrun, which starts worker processes of its own")
+
+
 def test_references_to_kubeflow_variables_and_another_interpreter_are_noted():
     c = convert(pytorchjob(["/opt/conda/bin/python", "train.py", "--rank=$(RANK)"]))
     assert c.job["spec"]["script"] == {"path": "train.py", "args": ["--rank=$(RANK)"]}
