@@ -3,6 +3,7 @@
     cli (tetrad.cli: commands, the plan report)         top
     launch (tetrad.launch: `tetrad run`)
     render (tetrad.render: pure renderer)
+    convert (tetrad.convert: Kubeflow jobs to script jobs, checked by resolve)
     resolve (tetrad.resolve: validation and resolution)
     plan (tetrad.plan: estimates, step time, the solver)
     node (tetrad.node: the launcher in every pod)
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.render",),
+LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.convert",), ("tetrad.render",),
           ("tetrad.launch",), ("tetrad.cli",)]
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 

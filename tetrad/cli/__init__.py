@@ -1,4 +1,4 @@
-"""`tetrad validate | render | plan | crd | run | status`, and the commands other packages register.
+"""`tetrad validate | render | plan | crd | run | status | convert`, and the commands other packages register.
 
 The CLI is the top layer. Heavy imports stay inside commands. Every subcommand reads its files
 through `load_documents`; the ones that act on one job (render, plan, run) take it through
@@ -191,6 +191,63 @@ def status(
     except StatusError as e:
         _fail([str(e)])
     typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary), nl=output == "json")
+
+
+@app.command()
+def convert(
+    file: Path = typer.Argument(..., help="A manifest of Kubeflow PyTorchJobs (kubeflow.org/v1) and TrainJobs "
+                                "(trainer.kubeflow.org/v1alpha1) of a torch runtime; - reads stdin."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the jobs to this new file instead of "
+                                       "stdout."),
+    force: bool = typer.Option(False, "--force", help="Let --output replace an existing file (never FILE itself)."),
+) -> None:
+    """Convert Kubeflow PyTorchJobs and TrainJobs into ParallelTrainingJobs that run the same script.
+
+    Prints the jobs as YAML, each headed by comments naming its source and its notes; on stderr one line for each thing not carried over, changed or assumed. Exit 1, writing nothing, when a document cannot be converted (docs/convert.md).
+    """
+    from tetrad.cli.convert import note_line, one_line, render, write_new
+    from tetrad.convert import ConvertError, describe
+    from tetrad.convert import convert as convert_document
+
+    try:
+        docs = load_manifests(read_text(file))
+    except ManifestError as e:
+        _fail([f"{_shown(file)}: {e}"])
+    if not docs:
+        _fail([f"{_shown(file)}: empty file, expected a PyTorchJob or TrainJob manifest"])
+    conversions, errors = [], []
+    for i, doc in enumerate(docs):
+        where = _shown(file) if len(docs) == 1 else f"{_shown(file)}[{i}]"
+        try:
+            conversions.append(convert_document(doc))
+        except ConvertError as e:
+            errors += [one_line(f"{where}: {describe(doc)}: {line}") for line in e.lines]
+    if errors:
+        _fail(errors)
+    for conversion in conversions:
+        for note in conversion.notes:
+            typer.echo(note_line(conversion, note), err=True)
+    text = render(conversions)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    shown = shorten(str(output), 200)
+    if file != STDIN and _same_file(file, output):
+        _fail([f"--output {shown}: is the input file; write the jobs to a new file"])
+    try:
+        write_new(output, text, force=force)
+    except FileExistsError:
+        _fail([f"--output {shown}: already exists; choose a new file, or add --force to replace it"])
+    except OSError as e:
+        _fail([f"--output {shown}: cannot write the file: {e.strerror or e}"])
+    typer.echo(f"wrote {shown}: {len(conversions)} ParallelTrainingJob{'s' if len(conversions) > 1 else ''}", err=True)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:  # one of them does not exist (or cannot be looked at): not the same file
+        return False
 
 
 def register_commands(target: typer.Typer) -> None:

@@ -15,6 +15,8 @@ EXAMPLES: dict[str, list[str]] = {
     "crd": ["tetrad crd | kubectl apply --server-side -f -"],
     "run": ["tetrad run examples/cpu-4d.yaml --steps 5 --jsonl metrics.jsonl"],
     "status": ["tetrad status llama3-8b -n team-a", "tetrad status llama3-8b -o json"],
+    "convert": ["tetrad convert pytorchjob.yaml -o job.yaml",
+                "kubectl get pytorchjob mnist -o yaml | tetrad convert - | kubectl apply -f -"],
     "operator": ["tetrad operator --all-namespaces --standalone", "tetrad operator -n team-a -n team-b --peering tetrad"],
 }
 FIRST_STEPS = ["tetrad validate examples/quickstart.yaml", "tetrad plan examples/quickstart.yaml",
