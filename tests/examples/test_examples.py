@@ -27,7 +27,7 @@ def jobs_in(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == KIND]
 
 
-EXAMPLES = [p for p in sorted((ROOT / "examples").glob("*.yaml")) if jobs_in(p)]
+EXAMPLES = [p for p in sorted((ROOT / "examples").rglob("*.yaml")) if jobs_in(p)]
 JOBS = [job for p in EXAMPLES for job in jobs_in(p)]
 
 
@@ -40,7 +40,7 @@ def degrees(job: dict[str, Any]) -> dict[str, Any]:
     return {d: job["spec"].get("parallelism", {}).get(d) for d in DEGREES}
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_validate_passes_without_warnings(example):
     r = tetrad("validate", str(example))
     assert r.returncode == 0, r.stderr
@@ -55,7 +55,7 @@ def plan(example: Path) -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_plan_fits_with_the_degrees_written(example):
     (job,) = jobs_in(example)
     report = plan(example)
@@ -88,13 +88,16 @@ def test_the_examples_cover_every_strategy():
     assert {j["spec"].get("gang", {}).get("scheduler", Scheduler.BUILTIN.value) for j in JOBS} >= \
         {Scheduler.BUILTIN.value, Scheduler.VOLCANO.value, Scheduler.KUEUE.value}
     assert any("persistentVolumeClaim" in (j["spec"].get("checkpoint", {}).get("volume") or {}) for j in JOBS), "PVC"
+    entries = {next(iter(j["spec"]["script"].keys() & {"path", "module", "command"})) for j in JOBS if "script" in j["spec"]}
+    assert "path" in entries, "a script of one's own (level 1 and 2)"
+    assert any(j["spec"].get("model", {}).get("module") for j in JOBS), "a model of one's own (level 3)"
 
 
 def gib(report: dict[str, Any]) -> str:
     return f"{report['estimate']['peak_bytes'] / 2**30:.1f}"
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_the_header_quotes_the_plan(example):
     header = "\n".join(line for line in example.read_text().splitlines() if line.startswith("#"))
     for quoted in re.findall(r"(\d+\.\d) GiB per GPU(?! per step)", header):
@@ -123,7 +126,7 @@ def test_every_example_says_when_to_use_it():
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_the_apiserver_accepts(tetrad_crd, namespace, example):
     out = tetrad_crd.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
     assert out.count("(server dry run)") == len(jobs_in(example)), out

@@ -23,6 +23,7 @@ from tetrad.api.contract import (
     ENV_CONTRACT,
     ENV_EXIT_DIR,
     ENV_TERMINATION_LOG,
+    EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
@@ -104,6 +105,19 @@ def test_an_out_of_memory_error_of_a_script_exits_77_with_its_message(tmp_path: 
     assert run_local(job, workdir=work) == EXIT_OOM, logs(work)
     left = said(termination)
     assert left.reason == REASON_OUT_OF_MEMORY and "Tried to allocate 20.00 GiB (a test's)" in (left.message or "")
+
+
+def test_a_collective_of_a_script_that_times_out_exits_79_naming_the_peer(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    termination = tmp_path / "termination-log"
+    monkeypatch.setenv(ENV_TERMINATION_LOG, str(termination))
+    work = tmp_path / "work"
+    job = script_job("hang", {"path": str(MISBEHAVE), "args": ["--hang-rank", "1"]},
+                     runPolicy={"collectiveTimeoutSeconds": 10})
+    assert run_local(job, workdir=work) == EXIT_COLLECTIVE_TIMEOUT, logs(work)
+    summary = said(termination).collective_timeout or ""
+    assert summary.startswith("rank 0: gloo:all_reduce") and summary.endswith("timed out after 10s; not answering: rank 1"), \
+        summary
 
 
 def test_a_command_entry_point_runs_as_the_workers_child_and_passes_its_code_on(tmp_path: Path) -> None:

@@ -9,10 +9,9 @@ import argparse
 import os
 
 import torch
+from tetrad_trainer.hf_callback import TetradCallback  # Tetrad
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
-
-from tetrad_trainer.hf_callback import TetradCallback  # Tetrad
 
 SEQ = 64
 

@@ -11,11 +11,10 @@ import os
 import time
 from pathlib import Path
 
+import tetrad_trainer.runtime as tetrad
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import tetrad_trainer.runtime as tetrad
 
 VOCAB, SEQ, DIM = 256, 64, 128
 

@@ -14,6 +14,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--exit", default="", help="RANK:CODE,... exit with CODE on RANK (0 elsewhere)")
 p.add_argument("--oom-on-rank", type=int, default=None)
 p.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM and keep running")
+p.add_argument("--hang-rank", type=int, default=None, help="this rank stops answering; the others all-reduce")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -28,5 +29,10 @@ if args.ignore_sigterm:
         f.write("started")
     while True:
         time.sleep(1)
+if args.hang_rank is not None:
+    if rank == args.hang_rank:
+        while True:
+            time.sleep(1)
+    dist.all_reduce(torch.ones(4))
 codes = dict(item.split(":") for item in args.exit.split(",") if item)
 sys.exit(int(codes.get(str(rank), 0)))
