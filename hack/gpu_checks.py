@@ -18,10 +18,12 @@ from pathlib import Path
 
 import torch
 import yaml
-from tetrad_trainer.preflight import node_problems
 
 from tetrad.api import parse
 from tetrad.api.contract import EXIT_OOM
+from tetrad.node.checks import node_problems
+from tetrad.node.environment import NodeEnv
+from tetrad.render.env import job_env
 from tetrad.resolve import resolve
 
 
@@ -54,7 +56,8 @@ def preflight_names_the_device_count(_: Path) -> str | None:
     have = torch.cuda.device_count()
     parsed, problems = parse(job("gpu-count", have + 1, {"preset": "debug"}, 8 * (have + 1), 2))
     assert parsed is not None, problems
-    found = node_problems(resolve(parsed))
+    pods = job_env(resolve(parsed), master_addr="", master_port=29500, config_path="/unused", rdzv_timeout=60)
+    found = node_problems(NodeEnv.read(pods))  # what the node's supervisor checks, from the pod's environment
     want = f"devices: {have} CUDA devices visible, the job runs nprocPerNode={have + 1}"
     print(f"  {found}")
     return None if any(p.startswith(want) for p in found) else f"expected {want!r}"

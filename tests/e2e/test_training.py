@@ -410,7 +410,7 @@ def node_processes(pod_uid: str) -> list[int]:
                 cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if needle in cgroups and b"tetrad_trainer" in cmdline:
+            if needle in cgroups and b"tetrad-node.pyz" in cmdline:  # the supervisor, torchrun, the workers
                 pids.append(int(proc.name))
     return pids
 
