@@ -249,7 +249,7 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
                              "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
-    if draw(st.integers(0, 3)) == 0:  # a script job, with or without what only the trainer takes
+    if draw(st.integers(0, 5)) == 0:  # a script job, with or without what only the trainer takes
         doc["spec"]["script"] = {"path": "/app/train.py"}
         for name in ("model", "training"):
             if draw(st.booleans()):
@@ -280,7 +280,7 @@ def test_cel_agrees_with_python_on_generated_specs():
     """
     seen: Counter[tuple[tuple[str, str], bool]] = Counter()
 
-    @settings(max_examples=250, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(spec_documents(auto=False))
     def agree(doc: dict[str, Any]) -> None:
         cel, python = _cel_rejects(doc), _python_rejects(validate_document(doc))

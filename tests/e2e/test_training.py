@@ -34,7 +34,6 @@ import yaml
 from tetrad_operator.settings import OperatorSettings
 
 from tests.cluster_fixtures import (
-    HACK,
     REPO,
     KubectlError,
     RealCluster,
@@ -168,17 +167,6 @@ class PodLogs:
 
 
 # ---------------------------------------------------------------- the chart's operator
-
-
-@pytest.fixture(scope="module")
-def installed(real_nodes: RealCluster) -> RealCluster:
-    """Both images built (or taken from the cache), imported into every node, the chart installed."""
-    proc = subprocess.run(
-        [str(HACK / "e2e.sh"), "install"], capture_output=True, text=True, timeout=5400,
-        env={**os.environ, "TETRAD_CLUSTER_NAME": real_nodes.name}, stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return real_nodes
 
 
 def test_the_chart_runs_the_operator_in_its_container_with_its_service_account(installed: RealCluster) -> None:

@@ -18,6 +18,7 @@ from tetrad.node.environment import NodeEnv
 
 RESOLVE_RETRY_S = 1.0
 FIRST_LOOKUP_S = 0.5  # how long the first lookup may take before the wait is announced
+LAST_LOOKUP_S = 0.2  # the least time a lookup at the deadline gets to answer
 
 
 def _lookup(name: str, answer: list[str]) -> None:
@@ -35,13 +36,13 @@ def resolves(name: str, timeout_s: float, retry_s: float = RESOLVE_RETRY_S) -> s
         answer: list[str] = []
         thread = threading.Thread(target=_lookup, args=(name, answer), daemon=True)  # getaddrinfo has no timeout
         thread.start()
-        thread.join(max(0.0, deadline - time.monotonic()))
+        thread.join(max(LAST_LOOKUP_S, deadline - time.monotonic()))
         if answer and not answer[0]:
             return None
         error = answer[0] if answer else f"no answer in {timeout_s:g} s"
-        if time.monotonic() + retry_s >= deadline:
+        if (left := deadline - time.monotonic()) <= 0:
             return error
-        time.sleep(retry_s)
+        time.sleep(min(retry_s, left))  # the last lookup is at the deadline, not a retry before it
 
 
 def wait_for_master(env: NodeEnv, retry_s: float = RESOLVE_RETRY_S) -> int | None:

@@ -1,0 +1,233 @@
+"""What users bring, end to end on the real nodes, through the chart's operator: (a) a plain DDP script in
+an image with torch and nothing from Tetrad trains to Succeeded, and a SIGKILLed worker restarts the gang,
+which resumes from the script's own checkpoint; (b) a script using the runtime library shows live figures
+in `kubectl get ptj`, and a deleted pod makes it save, exit 75 and resume without spending maxRestarts;
+(c) a model of one's own (the GPT-2 example) trains to `tetrad run`'s losses; (d) a Hugging Face Trainer
+script with TetradCallback runs to Succeeded with live figures. The images of (a) and (d) are built from
+their examples' Dockerfiles (hack/images.sh example), on the trainer image's layers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster_fixtures import HACK, REPO, RealCluster, fresh_namespace, table_row, wait_until
+from tests.e2e.test_training import (
+    JOB_TIMEOUT,
+    ExitWatch,
+    PodLogs,
+    describe,
+    job_status,
+    json_lines,
+    local_losses,
+    trainer_pods,
+    wait_for_phase,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes")]
+
+EXAMPLES = REPO / "examples" / "bring-your-own"
+VERSION = "0.1.0"
+POD = {"cpu": "1", "memory": "3Gi"}
+FAST = {"backoffSeconds": 2, "terminationGracePeriodSeconds": 30}
+
+
+@pytest.fixture(scope="module")
+def images(installed: RealCluster) -> RealCluster:
+    """The examples' images, built as a user would (their Dockerfiles) and imported into every node."""
+    archives = []
+    for example in ("script", "hf-trainer"):
+        proc = subprocess.run([str(HACK / "images.sh"), "example", example], capture_output=True, text=True,
+                              timeout=3600, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        archives.append(proc.stdout.split()[1])
+    proc = subprocess.run([str(HACK / "cluster.sh"), "load", *archives], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "TETRAD_CLUSTER_NAME": installed.name}, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return installed
+
+
+@pytest.fixture(scope="module")
+def ns(installed: RealCluster) -> Iterator[str]:
+    yield from fresh_namespace(installed, f"e2e-byo-{uuid.uuid4().hex[:6]}")
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A directory both real nodes mount (they are one machine): the jobs' checkpoints."""
+    path = tmp_path_factory.mktemp(name)
+    path.chmod(0o777)  # the pods run as uid 1000; a hostPath keeps the host's owner
+    return path
+
+
+def job(name: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
+            "spec": {"nodes": 2, "nprocPerNode": 1, "resources": POD, "preflight": {"allReduceMiB": 1}, **spec}}
+
+
+def checkpoints_in(path: Path, mount: str = "/ckpt") -> dict[str, Any]:
+    return {"path": mount, "volume": {"hostPath": {"path": str(path), "type": "Directory"}}}
+
+
+def from_configmap(c: RealCluster, ns: str, name: str, files: list[Path], mount: str) -> dict[str, Any]:
+    """The files in a ConfigMap mounted at `mount`: the way to try code in the stock trainer image."""
+    c.kubectl("create", "configmap", name, "-n", ns, *(f"--from-file={f}" for f in files))
+    return {"volumes": [{"name": name, "configMap": {"name": name}}],
+            "volumeMounts": [{"name": name, "mountPath": mount}]}
+
+
+def worker_pids(pod_uid: str) -> list[int]:
+    """The training processes of the pod's container on this machine: the launcher's workers."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cgroups, cmdline = (proc / "cgroup").read_text(), (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if f"pod{pod_uid}" in cgroups and b"tetrad-node.pyz\0worker" in cmdline and b"torch.distributed.run" not in cmdline:
+                found.append(int(proc.name))
+    return found
+
+
+def rank0_steps(logs: PodLogs, restart: int) -> int:
+    """The last `[train] step N` rank 0 of incarnation `restart` logged (level 1 prints no JSON)."""
+    return max((int(n) for n in re.findall(r"\[train\] step (\d+) ", logs._rank0_log(restart))), default=0)
+
+
+# ---------------------------------------------------------------- (a) level 1: a plain DDP script
+
+
+def test_a_plain_ddp_script_in_an_image_without_tetrad_trains_and_a_killed_worker_restarts_the_gang(
+        images: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = images
+    store = shared_dir(tmp_path_factory, "ddp-ckpt")
+    c.apply(job("ddp", image=f"tetrad/example-script:{VERSION}", checkpoint=checkpoints_in(store),
+                script={"path": "/app/train.py", "args": ["--steps", "40", "--save-every", "5", "--step-seconds", "0.5"]},
+                runPolicy={**FAST, "maxRestarts": 1}), namespace=ns)
+    logs = PodLogs(c, ns, "ddp", 2, tmp_path_factory.mktemp("ddp-logs"))
+
+    def stepping(restart: int, at_least: int) -> bool:
+        status = job_status(c, ns, "ddp")
+        assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
+        pods = trainer_pods(c, ns, "ddp", restart)
+        if len(pods) == 2 and all(p["status"].get("phase") == "Running" for p in pods):
+            logs.follow(restart)
+        return rank0_steps(logs, restart) >= at_least
+
+    wait_until(lambda: stepping(0, 12), timeout=JOB_TIMEOUT, interval=2, what="the script's step 12")
+    pod1 = trainer_pods(c, ns, "ddp", 0)[1]
+    no_tetrad = c.run_kubectl("exec", "-n", ns, pod1["metadata"]["name"], "-c", "trainer", "--",
+                              "python3", "-c", "import tetrad")
+    assert no_tetrad.returncode != 0 and "No module named 'tetrad'" in no_tetrad.stderr, no_tetrad
+    watch = ExitWatch(c, ns, "ddp-r0-1")
+    pids = worker_pids(pod1["metadata"]["uid"])
+    assert pids, "no worker process of ddp-r0-1 on the node"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    killed = watch.terminated()
+    status = wait_for_phase(c, ns, "ddp", "Succeeded")
+    assert killed["exitCode"] not in (0, 75), killed  # a failure, not a preemption
+    restarting = next(cond for cond in status["conditions"] if cond["type"] == "Restarting")
+    assert restarting["reason"] == "PodFailed" and status["restarts"] == 1 and status.get("disruptions", 0) == 0, status
+    text = logs.rank0()[1]
+    resumed = int(re.search(r"rank 0: resumed from step (\d+)", text)[1])  # type: ignore[index]
+    assert resumed >= 10 and resumed % 5 == 0 and f"[train] step {resumed + 1} loss" in text, text[-3000:]
+    assert "[train] step 40 loss" in text
+
+
+# ---------------------------------------------------------------- (b) level 2: the runtime library
+
+
+def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and_resumes(
+        installed: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = installed
+    store = shared_dir(tmp_path_factory, "runtime-ckpt")
+    template = from_configmap(c, ns, "runtime-script", [EXAMPLES / "runtime" / "train.py"], "/app")
+    c.apply(job("runtime", image=f"tetrad/trainer:{VERSION}", template=template, checkpoint=checkpoints_in(store),
+                script={"path": "/app/train.py", "args": ["--steps", "60", "--step-seconds", "0.5"]},
+                runPolicy={**FAST, "maxRestarts": 0}), namespace=ns)
+    logs = PodLogs(c, ns, "runtime", 2, tmp_path_factory.mktemp("runtime-logs"))
+
+    def live() -> dict[str, str] | None:
+        status = job_status(c, ns, "runtime")
+        assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
+        if status.get("phase") == "Running":
+            logs.follow(0)
+        header, *rows = c.kubectl("get", "ptj", "runtime", "-n", ns, "-o", "wide").splitlines()
+        row = table_row(header, rows[0])
+        return row if row["TOKENS/S"] and row["STEP"] and int(row["STEP"]) >= 8 else None
+
+    row = wait_until(live, timeout=JOB_TIMEOUT, interval=2, what="live TOKENS/S and STEP in kubectl get ptj")
+    assert int(row["TOKENS/S"]) > 0 and float(row["LOSS"]) > 0 and 0 < float(row["MFU"]) <= 1, row
+    watch = ExitWatch(c, ns, "runtime-r0-1")
+    c.kubectl("delete", "pod", "runtime-r0-1", "-n", ns, "--wait=false")
+    deleted = watch.terminated()
+    assert deleted["exitCode"] == 75, deleted
+    status = wait_for_phase(c, ns, "runtime", "Succeeded")
+    assert (status["restarts"], status["disruptions"]) == (1, 1), status  # a disruption: maxRestarts 0 unspent
+    saved = int(re.findall(r"\[train\] saved step (\d+)", logs.rank0()[0])[-1])  # on SIGTERM, every rank agreeing
+    resumed = c.kubectl("logs", "-n", ns, "runtime-r1-0", "-c", "trainer")
+    assert f"[train] resumed from step {saved}" in resumed, resumed[-3000:]
+    steps = [r["step"] for r in json_lines(resumed)]
+    assert steps == list(range(saved + 1, 61)), steps
+    assert status["training"]["step"] == 60 and status["checkpoint"]["step"] == 60, status
+
+
+# ---------------------------------------------------------------- (c) level 3: a model of one's own
+
+
+def test_a_model_of_ones_own_trains_on_two_nodes_to_the_loss_of_tetrad_run(
+        installed: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    c = installed
+    model_dir = EXAMPLES / "model"
+    template = from_configmap(c, ns, "gpt2-model", [model_dir / "gpt2_model.py"], "/opt/models")
+    template["env"] = [{"name": "PYTHONPATH", "value": "/opt/models"}]
+    gpt2 = job("gpt2", nprocPerNode=2, image=f"tetrad/trainer:{VERSION}", template=template,
+               parallelism={"dpShard": 2, "tp": 2},
+               model={"module": "gpt2_model:definition", "dim": 64, "layers": 2, "heads": 4, "vocab": 256, "seqLen": 64},
+               training={"steps": 8, "globalBatch": 4, "precision": "fp32", "lr": 0.001, "warmupSteps": 2},
+               resources={"cpu": "1", "memory": "3Gi"})
+    c.apply(gpt2, namespace=ns)
+    status = wait_for_phase(c, ns, "gpt2", "Succeeded")
+    records = json_lines(c.kubectl("logs", "-n", ns, "gpt2-r0-0", "-c", "trainer"))
+    assert [r["step"] for r in records] == list(range(1, 9)), records
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(model_dir), os.environ.get("PYTHONPATH", "")]))
+    local = local_losses({**gpt2, "spec": {k: v for k, v in gpt2["spec"].items() if k != "template"}},
+                         tmp_path_factory.mktemp("gpt2-local"))
+    assert [r["loss"] for r in records] == pytest.approx(local, rel=1e-6)
+    assert status["training"]["step"] == 8 and status["training"]["loss"] == pytest.approx(local[-1], rel=1e-6)
+
+
+# ---------------------------------------------------------------- (d) level 2: a Hugging Face Trainer
+
+
+def test_a_hugging_face_trainer_script_with_the_callback_succeeds_with_live_figures(
+        images: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = images
+    store = shared_dir(tmp_path_factory, "hf-ckpt")
+    c.apply(job("hf", image=f"tetrad/example-hf-trainer:{VERSION}", checkpoint=checkpoints_in(store),
+                script={"path": "/app/train.py", "args": ["--max-steps", "200"]},
+                resources={"cpu": "1", "memory": "4Gi"}, runPolicy={**FAST, "maxRestarts": 0}), namespace=ns)
+    seen: list[dict[str, Any]] = []
+
+    def done() -> dict[str, Any] | None:
+        status = job_status(c, ns, "hf")
+        assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
+        if (training := status.get("training")) and status.get("phase") == "Running":
+            seen.append(training)
+        return status if status.get("phase") == "Succeeded" else None
+
+    status = wait_until(done, timeout=JOB_TIMEOUT, interval=2, what="the Hugging Face job Succeeded")
+    live = [t for t in seen if t.get("tokensPerSecond")]
+    assert live and live[0]["step"] < 200 and live[0]["tokensPerSecond"] > 0 and live[0]["loss"] > 0, seen
+    assert status["training"]["step"] == 200 and status["training"]["mfu"] > 0, status
+    assert sorted(p.name for p in store.iterdir() if p.name.startswith("checkpoint-"))[-1] == "checkpoint-200"
