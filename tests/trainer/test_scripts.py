@@ -53,6 +53,19 @@ def logs(work: Path) -> str:
     return "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(work.glob("node-*.log")))
 
 
+def rows(work: Path) -> list[dict[str, Any]]:
+    """Rank 0's JSON lines."""
+    return [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+
+
+def preempt(run: LocalRun) -> None:
+    """SIGTERM to `tetrad run`, as a pod's deletion: every node saves and exits 75, nothing is left."""
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
+    assert f"stopped: the nodes exited [{EXIT_PREEMPTED}]" in run.output.read_text(), run.text()
+    wait_until_gone(run.work, 5)
+
+
 def said(path: Path) -> TerminationMessage:
     return TerminationMessage.parse(path.read_text() if path.exists() else None)
 
@@ -157,23 +170,19 @@ def test_the_runtime_library_saves_on_sigterm_exits_75_and_the_script_resumes(tm
     run = LocalRun(tmp_path, "runtime", grace=60, job=job)
     try:
         run.wait_for_first_step()
-        rows = [json.loads(line) for line in (run.work / "metrics.jsonl").read_text().splitlines()]
-        assert rows[0]["loss"] > 0 and rows[0]["step"] == 1 and rows[0]["mfu"] is None, rows[0]  # MFU: from step 2
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
-        assert f"stopped: the nodes exited [{EXIT_PREEMPTED}]" in run.output.read_text(), run.text()
-        wait_until_gone(run.work, 5)
+        first = rows(run.work)[0]
+        assert first["loss"] > 0 and first["step"] == 1 and first["mfu"] is None, first  # MFU: from step 2
+        preempt(run)
     finally:
         run.cleanup()
-    text = logs(run.work)
-    saved = int(text.rsplit("[train] saved step ", 1)[1].split()[0])
-    rows = [json.loads(line) for line in (run.work / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["step"] == saved and rows[-1]["tokens_per_second"] > 0 and rows[-1]["mfu"] > 0, rows[-1]
+    saved = int(logs(run.work).rsplit("[train] saved step ", 1)[1].split()[0])
+    last = rows(run.work)[-1]
+    assert last["step"] == saved and last["tokens_per_second"] > 0 and last["mfu"] > 0, last
     work = tmp_path / "again"
     again = script_job("runtime", {"path": train, "args": ["--steps", str(saved + 2)]}, checkpoint={"path": str(ckpt)})
     assert run_local(again, workdir=work) == 0, logs(work)
     assert f"[train] resumed from step {saved}" in logs(work)
-    assert [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()] == [saved + 1, saved + 2]
+    assert [r["step"] for r in rows(work)] == [saved + 1, saved + 2]
 
 
 def test_the_runtime_library_refuses_a_pod_of_a_contract_it_does_not_speak(tmp_path: Path) -> None:
@@ -197,16 +206,13 @@ def test_a_hugging_face_trainer_script_reports_and_saves_on_sigterm(tmp_path: Pa
     try:
         run.wait_for_first_step()
         deadline = time.monotonic() + 120
-        while len((run.work / "metrics.jsonl").read_text().splitlines()) < 3:
+        while len(rows(run.work)) < 3:
             assert run.proc.poll() is None and time.monotonic() < deadline, run.text()
             time.sleep(0.5)
-        run.proc.send_signal(signal.SIGTERM)
-        assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
-        assert f"stopped: the nodes exited [{EXIT_PREEMPTED}]" in run.output.read_text(), run.text()
-        wait_until_gone(run.work, 5)
+        preempt(run)
     finally:
         run.cleanup()
-    rows = [json.loads(line) for line in (run.work / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["loss"] > 0 and rows[-1]["tokens_per_second"] > 0 and rows[-1]["mfu"] > 0, rows[-1]
+    last = rows(run.work)[-1]
+    assert last["loss"] > 0 and last["tokens_per_second"] > 0 and last["mfu"] > 0, last
     saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in out.glob("checkpoint-*"))
-    assert saved and saved[-1] == rows[-1]["step"], (saved, rows[-1])  # saved at the step it stopped after
+    assert saved and saved[-1] == last["step"], (saved, last)  # saved at the step it stopped after
