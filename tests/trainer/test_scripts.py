@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,19 @@ from tests.trainer.harness import free_port, free_port_block
 from tests.trainer.test_launch import LocalRun, wait_until_gone
 from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_REQUEST_FILE,
     ENV_CONTRACT,
     ENV_EXIT_DIR,
+    ENV_JSONL,
+    ENV_METRICS_PORT,
     ENV_TERMINATION_LOG,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
     EXIT_PREEMPTED,
+    METRIC_CHECKPOINT_STEP,
+    METRIC_REQUEST_STEP,
     REASON_CONTRACT,
     REASON_ENTRY_POINT,
     REASON_OUT_OF_MEMORY,
@@ -216,3 +223,50 @@ def test_a_hugging_face_trainer_script_reports_and_saves_on_sigterm(tmp_path: Pa
     assert last["loss"] > 0 and last["tokens_per_second"] > 0 and last["mfu"] > 0, last
     saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in out.glob("checkpoint-*"))
     assert saved and saved[-1] == last["step"], (saved, last)  # saved at the step it stopped after
+
+
+def test_a_checkpoint_now_request_makes_a_runtime_library_script_save_and_go_on(tmp_path: Path) -> None:
+    """The request file as a pod's downward-API projection writes it; supervised torchrun, two gloo ranks."""
+    request, ckpt, jsonl, log, port = (tmp_path / "checkpoint-now", tmp_path / "ckpt", tmp_path / "steps.jsonl",
+                                       tmp_path / "node.log", free_port())
+    request.write_text("")
+    command = [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
+               "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--path",
+               str(EXAMPLES / "runtime" / "train.py"), "--", "--steps", "100000", "--step-seconds", "0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_CHECKPOINT_REQUEST_FILE: str(request), ENV_CHECKPOINT_DIR: str(ckpt),
+           ENV_JSONL: str(jsonl), ENV_METRICS_PORT: str(port)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        def steps() -> int:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            return len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
+
+        deadline = time.monotonic() + 240
+        while steps() < 3:
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        request.write_text("2030-01-01T00:00:00Z\n")  # what the kubelet writes when the annotation appears
+        while "[train] saved step" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        saved = int(log.read_text().split("[train] saved step ", 1)[1].split()[0])
+        while steps() < saved + 3:  # training goes on
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        exposition = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert f'{METRIC_REQUEST_STEP}{{token="2030-01-01T00:00:00Z"}} {float(saved)}' in exposition, exposition
+        assert f"{METRIC_CHECKPOINT_STEP} {float(saved)}" in exposition
+        assert log.read_text().count("[train] saved step") == 1, "the same token asks once"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == EXIT_PREEMPTED, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_runtime_library_imports_none_of_the_trainers_weight() -> None:
+    code = ("import sys, tetrad_trainer.runtime; heavy = {'tetrad_trainer.train', 'tetrad_trainer.parallelize', "
+            "'tokenizers', 'safetensors', 'kopf', 'kubernetes', 'pydantic_settings'}; print(sorted(heavy & set(sys.modules)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

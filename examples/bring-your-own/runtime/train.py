@@ -59,7 +59,8 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
-        print(f"[train] resumed from step {step}", flush=True)
+        if run.rank == 0:
+            print(f"[train] resumed from step {step}", flush=True)
 
     def save() -> None:
         if run.rank == 0:
@@ -69,7 +70,8 @@ def main() -> None:
             os.replace(tmp, ckpt)
         torch.distributed.barrier()
         run.saved(step)
-        print(f"[train] saved step {step}", flush=True)
+        if run.rank == 0:
+            print(f"[train] saved step {step}", flush=True)
 
     local = args.batch // dp.size()
     while step < args.steps:
