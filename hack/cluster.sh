@@ -68,7 +68,7 @@ if [[ ${TETRAD_WORKLOAD_SCHEDULING:-1} == 1 ]]; then
   WORKLOAD_API=(--runtime-config scheduling.k8s.io/v1alpha2=true)
 fi
 
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2; }  # the header comment
 
 CMD=${1:-}; [[ -n $CMD ]] || usage; shift
 ARCHIVES=()

@@ -72,5 +72,5 @@ case ${1:-demo} in
   demo) demo ;;
   install) install ;;
   down) "$HACK/cluster.sh" down ;;
-  *) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac

@@ -145,5 +145,5 @@ case ${1:-} in
   base) build_base ;;
   operator|trainer) build_target "$1" ;;
   example) build_example "${2:?hack/images.sh example NAME: a directory of examples/bring-your-own}" ;;
-  *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac

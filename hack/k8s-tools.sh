@@ -202,5 +202,5 @@ case ${1:-build} in
       if is_fresh "$t"; then state=built; elif [[ -x $BIN/$t ]]; then state=stale; else state=missing; fi
       printf '%-24s %-10s %s\n' "$t" "$(tool_version "$t")" "$state"
     done ;;
-  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac

@@ -72,5 +72,5 @@ case ${1:-build} in
     exec 9>"$OUT/.lock"; flock 9
     build_pause; build_busybox ;;
   names) echo "$PAUSE_IMAGE"; echo "$BUSYBOX_IMAGE" ;;
-  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac

@@ -44,3 +44,17 @@ def test_shellcheck_reports_a_bad_script(tmp_path: Path) -> None:
     bad.write_text('#!/usr/bin/env bash\nrm -rf $1/*\n')  # unquoted: SC2086
     proc = run(str(BIN / "shellcheck"), str(bad))
     assert proc.returncode != 0 and "SC2086" in proc.stdout, proc.stdout
+
+
+USAGE_SCRIPTS = ["hack/cluster.sh", "hack/e2e.sh", "hack/images.sh", "hack/k8s-tools.sh", "hack/node-images.sh"]
+
+
+def test_every_hack_script_prints_its_header_as_its_usage() -> None:
+    """Usage is the leading comment block, whatever its length (not a line range that drifts)."""
+    for script in USAGE_SCRIPTS:
+        lines = (REPO / script).read_text().splitlines()[1:]
+        header = [line.removeprefix("#").removeprefix(" ") for line in lines[:next(
+            i for i, line in enumerate(lines) if not line.startswith("#"))]]
+        proc = subprocess.run(["bash", script, "no-such-verb"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (script, proc.stderr)
+        assert (proc.stdout + proc.stderr).splitlines()[-len(header):] == header, script
