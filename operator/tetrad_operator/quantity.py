@@ -44,9 +44,6 @@ class Resources:
     def get(self, resource: str) -> int:
         return self._map.get(resource, 0)
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self._map)
-
     def __sub__(self, other: Resources) -> Resources:
         out = dict(self._map)
         for k, v in other.items:
