@@ -61,3 +61,19 @@ def test_the_zip_runs_without_site_packages(tmp_path: Path) -> None:
     assert marker.read_text() == "yes"
     usage = subprocess.run([sys.executable, "-I", "-S", str(pyz)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage: tetrad-node.pyz" in usage.stderr
+
+
+def test_a_worker_leaves_the_interpreter_to_the_images_own_tetrad_through_a_symlinked_zip(tmp_path: Path) -> None:
+    """In a pod the zip is a ConfigMap key: /etc/tetrad/tetrad-node.pyz links into the volume's ..data
+    directory. The worker must still drop its own `tetrad` (a stub without the pydantic models) before the
+    entry point imports the image's."""
+    data = tmp_path / "..2026_11_27_data"
+    data.mkdir()
+    (data / "tetrad-node.pyz").write_bytes(launcher())
+    (tmp_path / "tetrad-node.pyz").symlink_to(Path(data.name) / "tetrad-node.pyz")
+    entry = tmp_path / "entry.py"
+    entry.write_text("import tetrad.api.resolved, tetrad.node.worker\nprint(tetrad.api.resolved.__file__)\n")
+    r = subprocess.run([sys.executable, str(tmp_path / "tetrad-node.pyz"), "worker", "--path", str(entry)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert ".pyz" not in r.stdout and r.stdout.strip().endswith("tetrad/api/resolved.py"), r.stdout

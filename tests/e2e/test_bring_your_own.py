@@ -32,7 +32,8 @@ from tests.e2e.test_training import (
     wait_for_phase,
 )
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes")]
+# The first test pays for building the examples' images and importing them into the nodes.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes"), pytest.mark.timeout(3600)]
 
 EXAMPLES = REPO / "examples" / "bring-your-own"
 VERSION = "0.1.0"

@@ -85,14 +85,19 @@ class Entry:
 
 
 def _leave_interpreter() -> None:
-    """Forget the launcher's modules and its zip: the entry point imports the image's own Tetrad, if any."""
-    here = Path(__file__).resolve()
-    bundle = next((p for p in here.parents if p.suffix == ".pyz"), None)
+    """Forget the launcher's modules and its zip: the entry point imports the image's own Tetrad, if any.
+    Paths are compared resolved: in a pod the zip is a ConfigMap key, a symlink into the volume's data."""
+    bundle = next((p for p in Path(__file__).resolve().parents if p.suffix == ".pyz"), None)
     if bundle is None:  # run from an installed tetrad (tests, `python -m tetrad.node`): nothing to hide
         return
-    for name in [n for n, m in sys.modules.items() if str(getattr(m, "__file__", "") or "").startswith(str(bundle))]:
+
+    def inside(path: str) -> bool:
+        resolved = Path(path).resolve()
+        return resolved == bundle or bundle in resolved.parents
+
+    for name in [n for n, m in sys.modules.items() if getattr(m, "__file__", None) and inside(m.__file__)]:
         del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if Path(p).resolve() != bundle]
+    sys.path[:] = [p for p in sys.path if not (p and inside(p))]
 
 
 def run_in_process(entry: Entry) -> int:
