@@ -419,3 +419,24 @@ def test_the_text_source_takes_a_tokenizer_directory(tmp_path: Path, tokdir: Pat
                                                        "tokenizer": str(tokdir)})
     assert build_source(cfg).sample(0).tolist() == \
         load_tokenizer(str(tokdir)).tokenizer.encode("the cat sat on the mat. " * 20).ids[:17]
+
+
+def test_the_examples_data_and_tokenizer_fit_its_job() -> None:
+    """examples/sft-jsonl.yaml reads examples/sft-jsonl/ from a volume at /data: every line passes the
+    checks with the job's model, and packing fills its rows."""
+    import yaml
+
+    from tetrad.api import parse
+    from tetrad.resolve import resolve
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    doc = yaml.safe_load((root / "sft-jsonl.yaml").read_text())
+    data = doc["spec"]["data"]
+    assert (data["path"], data["tokenizer"]) == ("/data/train.jsonl", "/data/tokenizer")
+    data.update(path=str(root / "sft-jsonl" / "train.jsonl"), tokenizer=str(root / "sft-jsonl" / "tokenizer"))
+    parsed, problems = parse(doc)
+    assert parsed is not None, problems
+    notes: list[str] = []
+    source = build_source(resolve(parsed), note=notes.append)
+    assert isinstance(source, JsonlSource) and source.data.count == 48 and source.rows == 8
+    assert notes == [notes[0]] and "24 prompt/completion, 24 chat" in notes[0]  # nothing skipped or cut

@@ -247,7 +247,7 @@ class _Reader:
                               f"{', and every other was left out by truncation' if self.counts.left_out else ''}); {FORMS}")
         self.counts.seconds = time.monotonic() - start
         lengths = np.array([len(t) for t in self.tokens], dtype=np.int64)
-        return Tokenized(np.concatenate(self.tokens).astype(np.int32), np.concatenate(self.trains),
+        return Tokenized(np.concatenate(self.tokens), np.concatenate(self.trains),
                          np.concatenate([[0], np.cumsum(lengths)]), np.array(self.lines, dtype=np.int64))
 
     def line(self, number: int, raw: bytes) -> None:
@@ -293,7 +293,7 @@ class _Reader:
                                      f" of {self.vocab}", f"use a model whose vocab covers the tokenizer's"
                                      f" {self.tok.vocab_size} tokens (spec.model.vocab)")
                 return
-        tokens = np.array([t for span_ids in ids for t in span_ids], dtype=np.int64)
+        tokens = np.array([t for span_ids in ids for t in span_ids], dtype=np.int32)
         trains = np.concatenate([self.learned(s, i) for s, i in zip(spans, ids, strict=True)])
         trains[:1] = False
         if len(tokens) > self.row:
