@@ -274,6 +274,9 @@ BAD_LINES = [
     ('{"messages": [{"role": "user", "content": null}]}', "messages[0].content is a JSON null, not a string"),
     ('{"messages": [{"role": "user", "content": "a"}]}', "messages has no assistant message"),
     ('{"messages": [{"role": "assistant", "content": "a"}], "tools": {}}', '"tools" is a JSON object, not an array'),
+    ('{"prompt": "a", "completion": "b\\ud800"}', "completion holds an unpaired surrogate (\\ud800)"),
+    ('{"messages": [{"role": "user", "content": "\\udc00"}, {"role": "assistant", "content": "b"}]}',
+     "messages[0] holds an unpaired surrogate (\\udc00)"),
 ]
 
 

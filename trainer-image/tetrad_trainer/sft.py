@@ -35,7 +35,7 @@ resumes exactly.
 
 Every line is checked at start-up, on every rank, before any collective (one streamed pass,
 tokenized in chunks of CHUNK_LINES lines). A line that is not a JSON object of one of the two forms,
-a missing or mistyped field, an empty completion, a chat without an assistant turn, a template that
+text no tokenizer takes (not UTF-8, an unpaired surrogate escape), a missing or mistyped field, an empty completion, a chat without an assistant turn, a template that
 fails on it, a token id at or above the model's vocab, and a sample longer than seqLen+1 tokens
 (unless spec.data.truncate) are errors naming spec.data.path, the file, the line and the field:
 exit 78 (the first SHOWN, and how many more). Empty lines are skipped and counted; with
@@ -266,6 +266,13 @@ class _Reader:
         except LineProblem as e:
             self.problem(number, str(e))
             return
+        for span in spans:  # JSON may escape half a surrogate pair, which no tokenizer takes
+            try:
+                span.text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                self.problem(number, f"{span.field} holds an unpaired surrogate (\\u{ord(span.text[e.start]):04x}); escape"
+                                     " characters outside the BMP as a pair, or write them as UTF-8")
+                return
         self.pending.append((number, spans, chat))
         if len(self.pending) >= CHUNK_LINES:
             self.flush()
