@@ -24,6 +24,7 @@ from tetrad.api.rules import (
     SCRIPT_CHECKPOINT_MESSAGE,
     TRAINER_ONLY,
     TRAINER_PIPELINE,
+    check_data,
     check_layout,
     microbatches,
     plugin_dims_message,
@@ -31,7 +32,7 @@ from tetrad.api.rules import (
     trainer_only_message,
     trainer_pipeline_message,
 )
-from tetrad.api.spec import DataSource, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
+from tetrad.api.spec import ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
 from tetrad.plan.estimate import Estimate, GiB
 from tetrad.plan.solver import Solution, solve
 
@@ -122,9 +123,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
                 problems.append(Problem(f"spec.resources.{name}", str(e)))
     if r.gpu and r.gpu != spec.nproc_per_node:
         problems.append(Problem("spec.resources.gpu", f"gpu={r.gpu} must equal nprocPerNode={spec.nproc_per_node} (one process per GPU), or be 0 for CPU"))
-    d = spec.data
-    if d.source in (DataSource.TEXT, DataSource.TOKENS) and not d.path:
-        problems.append(Problem("spec.data.path", f"data.source={d.source.value} needs data.path; set the file's path inside the pod"))
+    check_data(spec.data, problems)
     if spec.gang.scheduler == Scheduler.KUEUE and not spec.gang.queue:
         problems.append(Problem("spec.gang.queue", "gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name"))
     top = spec.metrics.port + spec.nproc_per_node - 1

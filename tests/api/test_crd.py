@@ -171,6 +171,12 @@ CASES = [
      ["spec.model: spec.script runs your own training code", "spec.training: spec.script", "spec.data: spec.script"]),
     (script_job(checkpoint={"enabled": True}, parallelism={"ppMicrobatches": 4}),
      ["spec.checkpoint.enabled: spec.script saves its own", "spec.parallelism.ppMicrobatches: ppMicrobatches configures"]),
+    # Data: a file source needs its path, jsonl a Hugging Face tokenizer.
+    (manifest(data={"source": "jsonl"}), ["spec.data.path: data.source=jsonl needs data.path",
+                                          "spec.data.tokenizer: data.source=jsonl needs a Hugging Face tokenizer"]),
+    (manifest(data={"source": "tokens"}), ["spec.data.path: data.source=tokens needs data.path"]),
+    (manifest(data={"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tokenizer"}), []),
+    (manifest(data={"source": "text", "path": "/data/corpus.txt"}), []),
     # A model of one's own: kvHeads defaults to its heads.
     (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "vocab": 64, "seqLen": 48},
               nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), []),
@@ -200,6 +206,8 @@ SHARED_RULES: dict[tuple[str, str], Any] = {
     **{(f".{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.{name}" and "spec.script runs" in p.message)
        for name in ("model", "training", "data")},
     (".checkpoint.enabled", "FieldValueForbidden"): lambda p: p.field == "spec.checkpoint.enabled",
+    (".data.path", "FieldValueRequired"): lambda p: p.field == "spec.data.path",
+    (".data.tokenizer", "FieldValueInvalid"): lambda p: p.field == "spec.data.tokenizer",
     **{(f".parallelism.{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.parallelism.{name}"
                                                          and "configures Tetrad's trainer's pipeline" in p.message)
        for name in ("ppMicrobatches", "ppStagesPerRank")},
@@ -249,6 +257,13 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
                              "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
+    if draw(st.integers(0, 2)) == 0:  # data from a file, or not; with a path and a tokenizer, or not
+        data: dict[str, Any] = {"source": draw(st.sampled_from(["synthetic", "text", "tokens", "jsonl"]))}
+        if draw(st.booleans()):
+            data["path"] = "/data/train"
+        if draw(st.booleans()):
+            data["tokenizer"] = draw(st.sampled_from(["byte", "/data/tokenizer"]))
+        doc["spec"]["data"] = data
     if draw(st.integers(0, 5)) == 0:  # a script job, with or without what only the trainer takes
         doc["spec"]["script"] = {"path": "/app/train.py"}
         for name in ("model", "training"):

@@ -42,6 +42,14 @@ RULES = [
     ("unknown preset", manifest(model={"preset": "gpt5"}), manifest(model={"preset": "debug"}), "spec.model.preset", ["gpt5", "llama3-8b"]),
     ("gpu equals nproc", manifest(resources={"gpu": 2}), manifest(resources={"gpu": 4}), "spec.resources.gpu", ["gpu=2", "nprocPerNode=4"]),
     ("data path", manifest(data={"source": "tokens"}), manifest(data={"source": "tokens", "path": "/data/t.bin"}), "spec.data.path", ["tokens"]),
+    ("jsonl path", manifest(data={"source": "jsonl", "tokenizer": "/data/tok"}),
+     manifest(data={"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tok"}), "spec.data.path",
+     ["data.source=jsonl needs data.path"]),
+    ("jsonl tokenizer", manifest(data={"source": "jsonl", "path": "/data/train.jsonl"}),
+     manifest(data={"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tok"}), "spec.data.tokenizer",
+     ["data.source=jsonl needs a Hugging Face tokenizer", "tokenizer.json and tokenizer_config.json"]),
+    ("empty data path", manifest(data={"source": "text", "path": ""}), manifest(data={"source": "text", "path": "/data/c.txt"}),
+     "spec.data.path", ["at least 1 character"]),
     ("kueue queue", manifest(gang={"scheduler": "kueue"}), manifest(gang={"scheduler": "kueue", "queue": "team-a"}), "spec.gang.queue", ["LocalQueue"]),
     ("topology key", manifest(gang={"topologyKey": "rack label"}), manifest(gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"}),
      "spec.gang.topologyKey", ["node label key", "tetrad.dev/rack"]),
@@ -97,6 +105,14 @@ def test_reshard_after_forward_without_fsdp_is_only_a_warning():
                                           training={"globalBatch": 8, "fsdp": {"reshardAfterForward": False}}))
     assert [(p.field, p.severity) for p in problems] == [("spec.training.fsdp.reshardAfterForward", "warning")]
     assert "no effect" in problems[0].message
+
+
+def test_packing_and_truncate_without_jsonl_are_only_warnings():
+    problems = validate_document(manifest(data={"source": "synthetic", "packing": True, "truncate": False}))
+    assert [(p.field, p.severity) for p in problems] == [("spec.data.packing", "warning"), ("spec.data.truncate", "warning")]
+    assert "acts on data.source=jsonl alone, this job reads synthetic data: remove it" in problems[0].message
+    jsonl = {"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tok", "packing": True, "truncate": True}
+    assert validate_document(manifest(data=jsonl)) == []
 
 
 def test_offload_steers_auto_degrees_to_fsdp():

@@ -91,6 +91,7 @@ def test_the_examples_cover_every_strategy():
     entries = {next(iter(j["spec"]["script"].keys() & {"path", "module", "command"})) for j in JOBS if "script" in j["spec"]}
     assert "path" in entries, "a script of one's own (level 1 and 2)"
     assert any(j["spec"].get("model", {}).get("module") for j in JOBS), "a model of one's own (level 3)"
+    assert any(j["spec"].get("data", {}).get("source") == "jsonl" for j in JOBS), "fine-tuning data"
 
 
 def gib(report: dict[str, Any]) -> str:

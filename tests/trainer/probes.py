@@ -108,5 +108,5 @@ def padded_training(argv: list[str]) -> int:
     from tetrad_trainer import train
 
     real = train.build_source
-    train.build_source = lambda cfg: PaddedSource(real(cfg), cfg.model.seq_len, cfg.training.seed)
+    train.build_source = lambda cfg, **kw: PaddedSource(real(cfg, **kw), cfg.model.seq_len, cfg.training.seed)
     return train.main(argv)

@@ -52,8 +52,9 @@ PARAM_ATOL = 1e-4
 
 def train(tmp: Path, parallelism: dict[str, object], nodes: int, nproc: int,
           training: dict[str, object] | None = None, *, model: dict[str, object] = MODEL,
-          env: dict[str, str] | None = None) -> tuple[Run, dict[str, torch.Tensor]]:
-    cfg = job(parallelism, nodes=nodes, nproc=nproc, model=model, training={**TRAINING, **(training or {})})
+          env: dict[str, str] | None = None, data: dict[str, object] | None = None) -> tuple[Run, dict[str, torch.Tensor]]:
+    cfg = job(parallelism, nodes=nodes, nproc=nproc, model=model, training={**TRAINING, **(training or {})},
+              **({"data": data} if data is not None else {}))
     params = tmp / "params.pt"
     run = run_trainer(cfg, tmp, args=("--save-full-parameters", str(params)), timeout=480, env=env)
     assert run.codes == [0] * cfg.world_size, run.logs()
@@ -98,3 +99,30 @@ def _initial(params: dict[str, torch.Tensor], model: dict[str, object]) -> dict[
 
     cfg = job({}, nproc=1, model=model, training=TRAINING)
     return {k: initial_value(k, v.shape, cfg.model, cfg.training.seed) for k, v in params.items()}
+
+
+# Fine-tuning data (data.source: jsonl): prompt tokens, the text between assistant turns and padding are
+# not learned, so each rank's share of the global batch holds a different number of learned tokens.
+# 24 lines of prompt/completion and chat, padded (24 rows) or packed: 5 steps of 8 rows cross an epoch.
+JSONL_LAYOUTS: dict[str, tuple[dict[str, object], int, int]] = {
+    "dpShard2": ({"dpShard": 2}, 1, 2),
+    "tp2": ({"tp": 2}, 1, 2),
+}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["padded", "packed"])
+def jsonl_reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                    ) -> tuple[dict[str, object], tuple[list[float], dict[str, torch.Tensor]]]:
+    from tests.trainer.sft_data import mixed_lines, sft_data
+
+    path, tokenizer = sft_data(tmp_path_factory.mktemp("sft-data"), mixed_lines(24))
+    data: dict[str, object] = {"source": "jsonl", "path": str(path), "tokenizer": str(tokenizer), "packing": request.param}
+    run, params = train(tmp_path_factory.mktemp("sft-single"), {}, 1, 1, data=data)
+    return data, ([r["loss"] for r in run.records], params)
+
+
+@pytest.mark.parametrize("name", list(JSONL_LAYOUTS))
+def test_jsonl_layout_matches_single_process(name: str, jsonl_reference: tuple[dict[str, object], tuple[
+        list[float], dict[str, torch.Tensor]]], tmp_path: Path) -> None:
+    data, reference = jsonl_reference
+    assert_matches(f"jsonl-{name}", reference, *train(tmp_path, *JSONL_LAYOUTS[name], data=data))

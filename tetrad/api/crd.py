@@ -14,7 +14,11 @@ from typing import Any
 from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS
 from tetrad.api.rules import (
+    BYTE_TOKENIZER,
+    DATA_PATH_MESSAGE,
     DEFAULT_MULTI_STAGES_PER_RANK,
+    FILE_SOURCES,
+    JSONL_TOKENIZER_MESSAGE,
     MULTI_STAGE,
     NON_BLOCK_STAGE_UNITS,
     PLUGIN_DIMS,
@@ -30,6 +34,7 @@ from tetrad.api.spec import (
     CHECKPOINT_PATH_RULE,
     DNS1035_LABEL,
     JOB_NAME_MAX,
+    DataSource,
     Offload,
     ParallelTrainingJobSpec,
     ParallelTrainingJobStatus,
@@ -211,6 +216,7 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".training.fsdp.offload",
         },
         *script_rules(),
+        *data_rules(),
         {
             "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",
             "message": "spec.gang.queue: gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name",
@@ -232,6 +238,20 @@ def script_rules() -> list[dict[str, str]]:
                "message": f"spec.parallelism.{name}: {trainer_pipeline_message(name)}",
                "reason": "FieldValueForbidden", "fieldPath": f".parallelism.{name}"} for name in TRAINER_PIPELINE]
     return rules
+
+
+def data_rules() -> list[dict[str, str]]:
+    """A file source needs its path, jsonl a Hugging Face tokenizer (tetrad.api.rules.check_data says the same)."""
+    sources = ", ".join(f"'{s.value}'" for s in FILE_SOURCES)
+    return [
+        {"rule": f"!has(self.data) || !(self.data.source in [{sources}]) || has(self.data.path)",
+         "messageExpression": _fmt("spec.data.path: " + DATA_PATH_MESSAGE.replace("{}", "%s"), "self.data.source"),
+         "reason": "FieldValueRequired", "fieldPath": ".data.path"},
+        {"rule": (f"!has(self.data) || self.data.source != '{DataSource.JSONL.value}'"
+                  f" || self.data.tokenizer != '{BYTE_TOKENIZER}'"),
+         "message": f"spec.data.tokenizer: {JSONL_TOKENIZER_MESSAGE}",
+         "reason": "FieldValueInvalid", "fieldPath": ".data.tokenizer"},
+    ]
 
 
 SCRIPT_RULE = {

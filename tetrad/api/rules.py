@@ -14,7 +14,7 @@ from typing import Final
 
 from tetrad.api.problems import Problem
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
-from tetrad.api.spec import Offload, ParallelTrainingJobSpec, PPSchedule, Training
+from tetrad.api.spec import Data, DataSource, Offload, ParallelTrainingJobSpec, PPSchedule, Training
 
 # Schedules that hold several pipeline stages per rank.
 MULTI_STAGE: Final = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
@@ -55,6 +55,30 @@ PLUGIN_PRESET_MESSAGE: Final = ("a model definition of your own (module) takes i
 
 def plugin_dims_message(missing: list[str] | tuple[str, ...]) -> str:
     return f"module needs its dims in spec.model: {', '.join(missing)} missing (kvHeads defaults to heads, ffnDim to 4 x dim)"
+
+
+# Data: the sources read from a file, and what a JSONL source needs of its tokenizer.
+FILE_SOURCES: Final = (DataSource.TEXT, DataSource.TOKENS, DataSource.JSONL)
+BYTE_TOKENIZER: Final = "byte"
+JSONL_ONLY: Final = ("packing", "truncate")
+# The path message takes the source's name ({} in Python, %s in CEL's format()).
+DATA_PATH_MESSAGE: Final = "data.source={} needs data.path; set the path of the file inside the pod"
+JSONL_TOKENIZER_MESSAGE: Final = (
+    "data.source=jsonl needs a Hugging Face tokenizer, not the byte tokenizer: its special tokens end each completion and"
+    " its chat template renders chat lines; set data.tokenizer to the tokenizer's directory inside the pod (tokenizer.json"
+    " and tokenizer_config.json), e.g. /data/tokenizer")
+
+
+def check_data(data: Data, problems: list[Problem]) -> None:
+    """A file source needs its path; jsonl needs a Hugging Face tokenizer; packing and truncate act on jsonl alone."""
+    if data.source in FILE_SOURCES and not data.path:
+        problems.append(Problem("spec.data.path", DATA_PATH_MESSAGE.format(data.source.value)))
+    if data.source == DataSource.JSONL and data.tokenizer == BYTE_TOKENIZER:
+        problems.append(Problem("spec.data.tokenizer", JSONL_TOKENIZER_MESSAGE))
+    if data.source != DataSource.JSONL:
+        problems += [Problem(f"spec.data.{name}", f"{name} acts on data.source=jsonl alone, this job reads "
+                             f"{data.source.value} data: remove it", "warning")
+                     for name in JSONL_ONLY if name in data.model_fields_set]
 
 
 def divisors(n: int) -> list[int]:
@@ -173,7 +197,7 @@ def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout
 
 
 def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
-    """The pipeline and batch rules for a resolved config (the trainer's check of configs written by hand)."""
+    """The pipeline, batch and data rules for a resolved config (the trainer's check of configs written by hand)."""
     problems: list[Problem] = []
     if cfg.model is None:
         problems.append(Problem("script", "the config is a script job's (spec.script): Tetrad's trainer has no model to train"))
@@ -182,4 +206,5 @@ def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
         check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches, cfg.model.layers, problems)
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
     check_fsdp(cfg.training, cfg.layout, problems)
+    check_data(cfg.data, problems)
     return problems

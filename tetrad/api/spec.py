@@ -201,13 +201,16 @@ class DataSource(StrEnum):
     SYNTHETIC = "synthetic"
     TEXT = "text"
     TOKENS = "tokens"
+    JSONL = "jsonl"
 
 
 class Data(CamelModel):
-    source: DataSource = Field(DataSource.SYNTHETIC, strict=False, description="synthetic (deterministic from the seed), text (a local text file) or tokens (a pre-tokenized, memory-mapped token file).")
-    path: str | None = Field(None, description="Path inside the pod of the text or token file.")
-    tokenizer: str = Field("byte", description="For text: 'byte' for the byte-level tokenizer, or the path of a local tokenizer.json.")
+    source: DataSource = Field(DataSource.SYNTHETIC, strict=False, description="synthetic (deterministic from the seed), text (a local text file), tokens (a pre-tokenized, memory-mapped token file) or jsonl (fine-tuning data: prompt/completion or chat lines, only the answers learned; docs/data.md).")
+    path: str | None = Field(None, min_length=1, description="Path inside the pod of the text, token or JSONL file.")
+    tokenizer: str = Field("byte", description="'byte' for the byte-level tokenizer (text only), or the path inside the pod of a Hugging Face tokenizer: its directory (tokenizer.json, tokenizer_config.json with the special tokens and chat template, chat_template.jinja) or its tokenizer.json. jsonl needs the directory's special tokens (eos_token) and, for chat lines, its chat template.")
     token_dtype: Literal["uint16", "uint32"] = Field("uint16", description="Element type of a token file.")
+    packing: bool = Field(False, description="jsonl: false puts each sample alone in a row of seqLen+1 tokens, padded; true fills rows with whole samples in an order drawn from the seed (less padding; a sample attends to the earlier samples of its row).")
+    truncate: bool = Field(False, description="jsonl: a sample longer than seqLen+1 tokens stops every rank with exit 78 naming its line (false), or keeps its first seqLen+1 tokens (true; rank 0 logs how many were cut, and leaves out those with nothing left to learn).")
 
 
 class Checkpoint(CamelModel):

@@ -1,7 +1,9 @@
 """Deterministic, layout-independent batches.
 
 A source maps a global sample index to seq_len+1 tokens (inputs plus the shifted labels); a source
-that pads marks padding with IGNORE_INDEX: the model reads it as token PAD_INPUT, the loss skips it. The
+that pads marks padding with IGNORE_INDEX: the model reads it as token PAD_INPUT, the loss skips it.
+A source whose inputs are not all learned (fine-tuning data: the prompt is read, not learned) gives
+the pair (inputs, labels) instead, each seq_len long, IGNORE_INDEX where nothing is learned. The
 global batch of step s is samples [s*B, (s+1)*B) for every layout; data-parallel rank r of dp
 takes the contiguous slice r of it. The loader's whole state is the next global sample index,
 so a checkpoint taken with one dp degree resumes under another. Nothing is downloaded.
@@ -9,6 +11,7 @@ so a checkpoint taken with one dp degree resumes under another. Nothing is downl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -19,13 +22,27 @@ from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import DataSource
 from tetrad_trainer.config import ConfigError
 from tetrad_trainer.loss import IGNORE_INDEX
+from tetrad_trainer.sft import jsonl_source
+from tetrad_trainer.tokenizer import FIELD as TOKENIZER_FIELD
+from tetrad_trainer.tokenizer import load_tokenizer
 
 PAD_INPUT = 0  # the input token fed at a padded position (its label is IGNORE_INDEX)
 
+# seq_len+1 tokens (IGNORE_INDEX where padded), or (inputs, labels) of seq_len each
+Sample = np.ndarray | tuple[np.ndarray, np.ndarray]
+
 
 class TokenSource(Protocol):
-    def sample(self, index: int) -> np.ndarray:
-        """The seq_len+1 tokens of global sample index; IGNORE_INDEX where padded."""
+    def sample(self, index: int) -> Sample:
+        """Global sample index: its seq_len+1 tokens, IGNORE_INDEX where padded; or its (inputs, labels)."""
+
+
+def inputs_and_labels(sample: Sample) -> tuple[np.ndarray, np.ndarray]:
+    """A sample as (inputs, labels), each seq_len long: seq_len+1 tokens are shifted, padding read as PAD_INPUT."""
+    if isinstance(sample, tuple):
+        return sample
+    tokens = np.asarray(sample)
+    return np.where(tokens[:-1] == IGNORE_INDEX, PAD_INPUT, tokens[:-1]), tokens[1:]
 
 
 class SyntheticTokens:
@@ -69,20 +86,21 @@ def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
         if vocab < 256:
             raise ConfigError(f"the byte tokenizer needs vocab >= 256, the model has {vocab}")
         return np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    from tokenizers import Tokenizer
-
-    if not Path(tokenizer).is_file():
-        raise ConfigError(f"data.tokenizer {tokenizer!r} is neither 'byte' nor an existing tokenizer.json")
-    tok = Tokenizer.from_file(tokenizer)
+    tok = load_tokenizer(tokenizer).tokenizer
     if tok.get_vocab_size() > vocab:
-        raise ConfigError(f"tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the model's vocab of {vocab}")
+        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the"
+                          f" model's vocab of {vocab}")
     return np.asarray(tok.encode(path.read_text(encoding="utf-8")).ids, dtype=np.int64)
 
 
-def build_source(cfg: ResolvedConfig) -> TokenSource:
+def build_source(cfg: ResolvedConfig, note: Callable[[str], None] = lambda _: None) -> TokenSource:
+    """The job's source, its files checked (ConfigError, before any collective); `note` receives what rank 0 logs."""
     d, m = cfg.data, cfg.model
+    assert m is not None, "a script job's config has no model to feed"
     if d.source == DataSource.SYNTHETIC:
         return SyntheticTokens(cfg.training.seed, m.vocab, m.seq_len)
+    if d.source == DataSource.JSONL:
+        return jsonl_source(cfg, note)
     path = Path(d.path or "")
     if not path.is_file():
         raise ConfigError(f"spec.data.path: {d.path!r} is not a file (data.source={d.source.value})")
@@ -119,11 +137,11 @@ class BatchLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         first = self.sample_index + self.dp_rank * self.local_batch
-        rows = np.stack([self.source.sample(i) for i in range(first, first + self.local_batch)])
+        rows = [inputs_and_labels(self.source.sample(i)) for i in range(first, first + self.local_batch)]
         self.sample_index += self.global_batch
-        tokens = torch.from_numpy(rows.astype(np.int64))
-        inputs = tokens[:, :-1].masked_fill(tokens[:, :-1] == IGNORE_INDEX, PAD_INPUT)
-        return inputs, tokens[:, 1:]
+        inputs = torch.from_numpy(np.stack([x for x, _ in rows]).astype(np.int64))
+        labels = torch.from_numpy(np.stack([y for _, y in rows]).astype(np.int64))
+        return inputs, labels
 
     def state_dict(self) -> dict[str, int]:
         return {"sample_index": self.sample_index}

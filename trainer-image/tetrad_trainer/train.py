@@ -57,7 +57,7 @@ from tetrad_trainer.checkpoint.store import writable_problem
 from tetrad_trainer.checkpoint_request import CheckpointRequests
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
-from tetrad_trainer.data import BatchLoader, build_source
+from tetrad_trainer.data import BatchLoader, TokenSource, build_source
 from tetrad_trainer.export import ConversionError, init_from_hf
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import (
@@ -92,7 +92,7 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None,
-                 preemption: Preemption | None = None, init_from: Path | None = None):
+                 preemption: Preemption | None = None, init_from: Path | None = None, source: TokenSource | None = None):
         self.cfg, self.device = cfg, device
         self.init_from = init_from
         self.preemption = preemption or Preemption()
@@ -103,7 +103,8 @@ class Trainer:
         self.flops_per_token = definition.flops_per_token(cfg.model)  # for MFU
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
         dp_rank = self.mesh.dp.get_local_rank()
-        self.loader = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
+        self.loader = BatchLoader(source if source is not None else build_source(cfg), cfg.training.global_batch,
+                                  dp_rank=dp_rank, dp_size=cfg.layout.dp)
         self.checkpointer = Checkpointer(cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
                                          data_loader=self.loader, dp_rank=dp_rank, logger=log,
                                          on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at))
@@ -336,12 +337,14 @@ def run(args: argparse.Namespace) -> int:
         checked_definition(cfg)  # the model's import path and parts, before any collective
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
+        # Every rank reads and checks the data files (a JSONL file's every line) before joining the group.
+        source = build_source(cfg, note=log if os.environ.get("RANK", "0") == "0" else lambda _: None)
         device = init_distributed(cfg.collective_timeout_seconds)
     except ConfigError as e:
         return config_error(e)
     try:
         init_from = args.init_from or (Path(cfg.training.init_from) if cfg.training.init_from else None)
-        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=init_from)
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=init_from, source=source)
         if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:  # the gate's, run by the launcher
             trainer.metrics.preflight(figures)
         try:
