@@ -26,17 +26,16 @@ import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint, Scheduler
+from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase, Scheduler
 from tetrad.render import names
 from tetrad.render.gang import KUEUE_API_VERSION
 from tetrad.render.gang import group_name as gang_group_name
-from tetrad_operator import lifecycle, scrape
+from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.informer import Informer
 from tetrad_operator.kube import ApiError, Kube, object_path, path
 from tetrad_operator.lifecycle import (
-    SCRAPER_OWNED,
     AnnotatePod,
     CreatePod,
     DeleteJob,
@@ -321,11 +320,10 @@ class Controller:
             pods = await self.listed_pods(loop)
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
                                         rejection=loop.rejection, queued=queued)
-        old = body.get("status") or {}
-        if not await self._write_status(loop, job_path, body, old, decision.status, decision.merged):
+        if not await self._write_status(loop, job_path, body, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
-        self._count(old, decision.status)
-        loop.phase = decision.status.get("phase") or ""
+        self._count(status.read(body.get("status")), decision.status)
+        loop.phase = decision.status.phase or ""
         # The events go beside the actions: a new job's pods need not wait for its Created event.
         await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events),
                              self._apply(body, loop, pods, decision.actions, decision.release_at_creation))
@@ -336,7 +334,7 @@ class Controller:
         delay = min(decision.requeue_after if decision.requeue_after is not None else self.settings.resync_seconds,
                     self.settings.resync_seconds)
         delay = max(delay, 0.1)
-        if decision.status.get("phase") == "Running":
+        if decision.status.phase == Phase.RUNNING:
             self._maybe_scrape(body, loop, pods, decision.status)
             delay = min(delay, self.settings.scrape_interval_seconds)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
@@ -354,18 +352,13 @@ class Controller:
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], old: dict[str, Any],
-                            new: dict[str, Any], merged: dict[str, dict[str, Any]] | None = None) -> bool:
-        current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
-        learned = {key: changed for key, fields in (merged or {}).items()
-                   if (changed := {k: v for k, v in fields.items() if (old.get(key) or {}).get(k) != v})}
-        if new == current and not learned:
+    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], new: ParallelTrainingJobStatus,
+                            merged: dict[str, dict[str, Any]] | None = None) -> bool:
+        """Write the pass's status over the body it read, guarded by that body's resourceVersion;
+        False when the job changed or went meanwhile."""
+        patch = status.patch(body.get("status") or {}, new, merged)
+        if patch is None:
             return True
-        patch: dict[str, Any] = dict(new)
-        for k in current:
-            if k not in new:
-                patch[k] = None  # merge patch: null removes the field
-        patch.update(learned)  # merged into the scraper's fields
         rv = body["metadata"]["resourceVersion"]
         rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
                                     ok=(404, 409))
@@ -375,18 +368,18 @@ class Controller:
         loop.keep(rsp, read=True)
         return True
 
-    def _count(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        before, after = old.get("phase"), new.get("phase")
+    def _count(self, old: ParallelTrainingJobStatus, new: ParallelTrainingJobStatus) -> None:
+        before, after = old.phase, new.phase
         if before is None and after is not None:
             self.metrics.jobs_created.inc()
         if before == after:
             return
-        reason = next((c.get("reason", "") for c in new.get("conditions") or [] if c.get("type") == after), "")
-        if after == "Succeeded":
+        reason = next((c.reason for c in new.conditions if c.type == after), "")
+        if after == Phase.SUCCEEDED:
             self.metrics.jobs_succeeded.inc()
-        elif after == "Failed":
+        elif after == Phase.FAILED:
             self.metrics.jobs_failed.labels(reason).inc()
-        elif after == "Restarting" and (new.get("restarts") or 0) > (old.get("restarts") or 0):
+        elif after == Phase.RESTARTING and new.restarts > old.restarts:
             self.metrics.restarts.labels(reason).inc()
 
     async def _post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -536,11 +529,12 @@ class Controller:
 
     # ------------------------------------------------------------------ live training figures
 
-    def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState], status: dict[str, Any]) -> None:
+    def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
+                      decided: ParallelTrainingJobStatus) -> None:
         now = time.monotonic()
         if (loop.scrape is not None and not loop.scrape.done()) or now < loop.next_scrape:
             return
-        restart = status.get("restarts") or 0
+        restart = decided.restarts
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
         host = self.settings.scrape_host or (rank0.ip if rank0 else None)
         if not host or self.session is None:
@@ -558,17 +552,9 @@ class Controller:
         if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
-        figures, checkpoint, request, measured = read
-        figures["updated"] = format_time(datetime.now(UTC))
-        status: dict[str, Any] = {"training": figures}
-        if measured:  # the preflight gate's bandwidth, of this incarnation
-            status["preflight"] = {**measured, "restart": restart, "updated": figures["updated"]}
-        if checkpoint := scrape.checkpoint(checkpoint, checkpoint_path, restart):
-            status["checkpoint"] = checkpoint  # a merge patch: what this incarnation has not set yet stays
-        if request:
-            status.setdefault("checkpoint", {})["requestCommitted"] = request
+        patch = scrape.status_patch(read, checkpoint_path, restart, datetime.now(UTC))
         try:
-            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
+            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": patch})
             if written is not None and (loop := self.jobs.get(key)) is not None:
                 loop.keep(written, read=True)
             self.metrics.scrapes.labels("ok").inc()

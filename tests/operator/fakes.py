@@ -1,7 +1,8 @@
 """A tiny in-memory cluster for driving the pure lifecycle without an API server.
 
 It applies a Decision the way the operator's handlers do (create-if-absent, delete-if-present,
-status replaced) and plays scheduler and kubelet in `tick()`. Tests inject pod outcomes.
+status replaced) and plays scheduler and kubelet in `tick()`. Tests inject pod outcomes. Every
+status it stores is validated against ParallelTrainingJobStatus: a key the model lacks fails.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tetrad_operator import gang, lifecycle
+from tetrad_operator import gang, lifecycle, status
 from tetrad_operator.state import NodeState, PodState, format_time
 
 from tetrad.api import contract
+from tetrad.api.spec import ParallelTrainingJobStatus
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -112,11 +114,12 @@ class FakeCluster:
     def apply(self, d: lifecycle.Decision) -> None:
         assert self.job is not None
         # the controller's write leaves the scraper's fields as they are
-        scraped = {k: self.status[k] for k in lifecycle.SCRAPER_OWNED if self.status.get(k)}
-        self.job["status"] = copy.deepcopy(d.status) | scraped
+        scraped = {k: self.status[k] for k in status.SCRAPER_OWNED if self.status.get(k)}
+        self.job["status"] = status.wire(d.status) | scraped
         for key, fields in d.merged.items():  # a merge patch into the scraper's status objects
             merged = {**self.status.get(key, {}), **fields}
             self.job["status"][key] = {k: v for k, v in merged.items() if v is not None}
+        ParallelTrainingJobStatus.model_validate(self.job["status"])  # strict: a misspelled key fails
         self.events += d.events
         creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
         if creates and self.refuse is not None:

@@ -12,7 +12,7 @@ import time
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
-from tetrad_operator import scrape
+from tetrad_operator import scrape, status
 from tetrad_operator.admission import ungate_patch
 from tetrad_operator.controller import (
     FINALIZER,
@@ -150,8 +150,8 @@ def test_the_status_write_leaves_the_scrapers_fields_alone():
     checkpoint = {"step": 50, "path": "/ckpt/step-00000050"}
     old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57}, "checkpoint": checkpoint}
     body = {"metadata": {"resourceVersion": "7"}, "status": old}
-    new = {"phase": "Restarting", "restarts": 1}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new))
+    new = status.read({"phase": "Restarting", "restarts": 1})
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, new))
     assert kube.patches == [{"metadata": {"resourceVersion": "7"},
                              "status": {"phase": "Restarting", "restarts": 1, "message": None}}]
 
@@ -199,11 +199,11 @@ def test_the_status_write_merges_what_the_pass_learned_into_the_scrapers_objects
     ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
     old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}, "training": {"step": 49}}
     body = {"metadata": {"resourceVersion": "7"}, "status": old}
-    new = {"phase": "Suspended"}
+    new = status.read({"phase": "Suspended"})
     learned = {"checkpoint": {"step": 50, "resumedFrom": None}, "training": {"step": 50}}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, learned))
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, new, learned))
     nothing_new = {"checkpoint": {"step": 50}, "training": {"step": 49}}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, nothing_new))  # no write
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, new, nothing_new))  # no write
     assert kube.patches == [{"metadata": {"resourceVersion": "7"}, "status": {
         "phase": "Suspended", "checkpoint": {"resumedFrom": None}, "training": {"step": 50}}}]
 
@@ -233,14 +233,14 @@ def test_a_job_loop_holds_the_newest_body_it_has_seen():
 
 
 def test_a_status_write_keeps_its_answer_and_a_lost_one_drops_the_body():
-    old, new = {"phase": "Pending"}, {"phase": "Running"}
+    old, new = {"phase": "Pending"}, status.read({"phase": "Running"})
     loop = JobLoop(("ns", "j"))
     loop.keep(version("7"), read=True)
     ctl = Controller(RecordingKube(answer=version("8")), OperatorSettings())  # type: ignore[arg-type]
-    assert asyncio.run(ctl._write_status(loop, "/job", {**version("7"), "status": old}, old, new))
+    assert asyncio.run(ctl._write_status(loop, "/job", {**version("7"), "status": old}, new))
     assert loop.body == version("8")
     conflict = Controller(ConflictKube(), OperatorSettings())  # type: ignore[arg-type]
-    assert not asyncio.run(conflict._write_status(loop, "/job", {**version("8"), "status": old}, old, new))
+    assert not asyncio.run(conflict._write_status(loop, "/job", {**version("8"), "status": old}, new))
     assert loop.body is None
 
 
