@@ -368,8 +368,8 @@ class ReviewingKube:
     def __init__(self, allowed: set[tuple[str, str]]) -> None:
         self.allowed, self.asked = allowed, []
 
-    async def request(self, verb: str, url: str, *, body: dict, **_: object) -> dict:
-        assert (verb, url) == ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+    async def post(self, url: str, body: dict) -> dict:
+        assert url == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
         attributes = body["spec"]["resourceAttributes"]
         assert attributes["resource"] == "pods"
         self.asked.append((attributes["verb"], attributes["namespace"]))

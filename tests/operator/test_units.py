@@ -23,7 +23,7 @@ from tetrad_operator.controller import (
     job_key,
     pod_view,
 )
-from tetrad_operator.kube import ApiError, path
+from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState
