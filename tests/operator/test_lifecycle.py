@@ -1,4 +1,5 @@
-"""The pure state machine, driven through whole scenarios on the in-memory FakeCluster."""
+"""The job's state machine, driven through whole scenarios: the real controller on the in-memory
+Kubernetes (FakeCluster). A few tests call the pure `decide` alone."""
 
 from __future__ import annotations
 
@@ -300,14 +301,14 @@ def test_not_ready_node_is_lost_only_after_the_grace_period():
 
 def test_stuck_terminating_pod_is_force_deleted():
     settings = lifecycle.Settings(stuck_terminating_seconds=5)
-    c = FakeCluster(job_body(nodes=1, runPolicy=FAST), settings=settings)
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "terminationGracePeriodSeconds": 5}), settings=settings)
     running(c)
-    c.finish(1)
+    c.finish(1, rank=1)  # the API server removes the finished pod at once; rank 0's deletion takes its grace
     c.reconcile()
     c.tick(1, kubelet_deletes=False)
     d = c.reconcile()
     assert not [a for a in d.actions if isinstance(a, DeletePod) and a.force]
-    c.tick(40, kubelet_deletes=False)  # grace 30 + 5
+    c.tick(40, kubelet_deletes=False)  # well past its grace period (5 s) and stuck_terminating_seconds (5 s)
     d = c.reconcile()
     assert [a.name for a in d.actions if isinstance(a, DeletePod) and a.force] == ["job-r0-0"]
 
