@@ -47,7 +47,7 @@ from typing import Any, NoReturn
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ValidationError
-from tetrad_operator.kubeapi import MERGE, STRATEGIC, ApiError, Gone
+from tetrad_operator.kubeapi import MERGE, STRATEGIC, ApiError, Gone, path
 
 from tetrad.api.contract import PLURAL
 from tetrad.api.spec import ParallelTrainingJobStatus
@@ -171,16 +171,16 @@ def leaves(obj: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> set[tuple[st
     return out
 
 
-def remove_field(obj: dict[str, Any], path: tuple[str, ...]) -> None:
-    """Remove the field at `path`, and the objects it leaves empty."""
+def remove_field(obj: dict[str, Any], at: tuple[str, ...]) -> None:
+    """Remove the field at `at`, and the objects it leaves empty."""
     parent = obj
-    for k in path[:-1]:
+    for k in at[:-1]:
         parent = parent.get(k)  # type: ignore[assignment]
         if not isinstance(parent, dict):
             return
-    parent.pop(path[-1], None)
-    if len(path) > 1 and not parent:
-        remove_field(obj, path[:-1])
+    parent.pop(at[-1], None)
+    if len(at) > 1 and not parent:
+        remove_field(obj, at[:-1])
 
 
 def apply_fields(target: dict[str, Any], applied: Mapping[str, Any]) -> None:
@@ -548,8 +548,7 @@ class Collection(MutableMapping[str, dict[str, Any]]):
 
     def _path(self, name: str) -> str:
         a = self.address
-        base = "/api/v1" if a.group_version == "v1" else f"/apis/{a.group_version}"
-        return f"{base}{f'/namespaces/{a.namespace}' if a.namespace else ''}/{a.plural}/{name}"
+        return path(a.group_version, a.plural, a.namespace or None, name)
 
     def __getitem__(self, name: str) -> dict[str, Any]:
         return self.kube._objects[self.address.key(name)]
