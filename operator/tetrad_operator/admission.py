@@ -32,7 +32,7 @@ from typing import Any
 from tetrad.api import contract
 from tetrad_operator import gang
 from tetrad_operator.informer import Informer
-from tetrad_operator.kube import STRATEGIC, Kube, path
+from tetrad_operator.kubeapi import STRATEGIC, KubeApi, path
 from tetrad_operator.metrics import OperatorMetrics
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
@@ -60,7 +60,7 @@ def created_released(pod: dict[str, Any], now: datetime) -> dict[str, Any]:
     return {**pod, "metadata": {**meta, "annotations": annotations}, "spec": spec}
 
 
-async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:
+async def ungate(kube: KubeApi, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:
     patch = ungate_patch(datetime.now(UTC))
 
     async def one(name: str, uid: str) -> None:
@@ -73,10 +73,10 @@ async def ungate(kube: Kube, namespace: str, pods: Sequence[tuple[str, str]], li
 
 
 class GangAdmitter:
-    def __init__(self, kube: Kube, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
+    def __init__(self, kube: KubeApi, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
                  metrics: OperatorMetrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
                  retry_seconds: float = OperatorSettings.admission_retry_seconds,
-                 batch_seconds: float = OperatorSettings.batch_seconds):
+                 batch_seconds: float = OperatorSettings.batch_seconds, monotonic: Callable[[], float] = time.monotonic):
         self.kube = kube
         self.nodes = nodes
         self.wake = wake
@@ -85,10 +85,11 @@ class GangAdmitter:
         self.namespaces = namespaces  # None: list pods cluster-wide
         self.retry_seconds = retry_seconds
         self.batch_seconds = batch_seconds
+        self.monotonic = monotonic  # the timer of what it remembers: how long gangs waited, releases unseen
         self.waiting: dict[Key, gang.GangRequest] = {}
         self.reserved: dict[Key, tuple[PodState, ...]] = {}  # released at creation, not all created yet
         # Gangs released here (gates removed, or created released) that the watch may not show
-        # released yet: (key, restart) -> (time.monotonic() of the release, its pods).
+        # released yet: (key, restart) -> (monotonic() of the release, its pods).
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         # New incarnations asking to be created released, answered by the next round.
@@ -102,7 +103,7 @@ class GangAdmitter:
     def request(self, req: gang.GangRequest) -> None:
         known = self.waiting.get(req.key)
         self.waiting[req.key] = req
-        self.first_seen.setdefault((req.key, req.restart), time.monotonic())
+        self.first_seen.setdefault((req.key, req.restart), self.monotonic())
         if known is None or known.restart != req.restart:
             self._kick.set()
 
@@ -154,7 +155,7 @@ class GangAdmitter:
         show as a LIST every 10 s in place of the watch."""
         for verb in ("list", "watch"):
             attributes = {"verb": verb, "resource": "pods", "namespace": namespace or ""}
-            review = await self.kube.request("POST", ACCESS_REVIEWS, body={
+            review = await self.kube.post(ACCESS_REVIEWS, {
                 "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                 "spec": {"resourceAttributes": attributes}})
             if not (review.get("status") or {}).get("allowed"):
@@ -205,7 +206,7 @@ class GangAdmitter:
         unseen = []
         for k, (at, pods) in list(self.released.items()):
             shown = [by_name.get((p.namespace, p.name)) for p in pods]
-            if all(s is not None and not s.gated for s in shown) or time.monotonic() - at > RELEASE_SEEN_SECONDS:
+            if all(s is not None and not s.gated for s in shown) or self.monotonic() - at > RELEASE_SEEN_SECONDS:
                 del self.released[k]
             else:
                 unseen.append(pods)
@@ -243,7 +244,7 @@ class GangAdmitter:
     def unreserve(self, key: Key) -> None:
         """The reserved gang's creations are over: it counts until the watch shows its pods."""
         if pods := self.reserved.pop(key, None):
-            self.released[(key, pods[0].restart)] = (time.monotonic(), pods)
+            self.released[(key, pods[0].restart)] = (self.monotonic(), pods)
         self.kick()
 
     async def admit_once(self) -> list[gang.GangRelease]:
@@ -263,13 +264,13 @@ class GangAdmitter:
             for a in plan:
                 req = a.request
                 t = time.monotonic()
-                self.released[(req.key, req.restart)] = (t, req.pods)  # before the first write lands
+                self.released[(req.key, req.restart)] = (self.monotonic(), req.pods)  # before the first write lands
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
                 asked = self.first_seen.pop((req.key, req.restart), None)
                 if asked is not None:
-                    self.metrics.gang_wait.observe(time.monotonic() - asked)
+                    self.metrics.gang_wait.observe(self.monotonic() - asked)
                 self.metrics.gangs_admitted.inc()
                 log.info("released the gang of %s/%s (restart %d, %d pods; plan %.2fs, ungate %.2fs)",
                          req.namespace, req.name, req.restart, len(req.pods), planned - started, time.monotonic() - t)

@@ -17,26 +17,25 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint, Scheduler
+from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase, Scheduler
 from tetrad.render import names
 from tetrad.render.gang import KUEUE_API_VERSION
 from tetrad.render.gang import group_name as gang_group_name
-from tetrad_operator import lifecycle, scrape
+from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.gang import GangRequest
 from tetrad_operator.informer import Informer
-from tetrad_operator.kube import ApiError, Kube, object_path, path
+from tetrad_operator.kubeapi import ApiError, KubeApi, object_path, path
 from tetrad_operator.lifecycle import (
-    SCRAPER_OWNED,
     AnnotatePod,
     CreatePod,
     DeleteJob,
@@ -63,25 +62,49 @@ FINALIZER = "tetrad.dev/operator"  # kopf's, on every job whose loop runs (see m
 FINALIZER_WAIT_SECONDS = 2.0  # how long a new job's first pass waits for kopf to add it
 
 
+class Clock(Protocol):
+    """The time of a pass (`now`, for the decisions and what the operator writes) and the loop's own
+    timer (`monotonic`, for what it remembers: expectations, resyncs, reads it spares)."""
+
+    def now(self) -> datetime: ...
+
+    def monotonic(self) -> float: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
 @dataclass
 class JobLoop:
     """What one job's loop remembers between passes; it lives exactly as long as the loop."""
 
     key: Key
+    clock: Clock = SYSTEM_CLOCK
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     phase: str = ""
     expected: dict[str, float] = field(default_factory=dict)  # pods created, not yet in the informer
     gone: set[str] = field(default_factory=set)  # uids of pods the informer still has but the API has not
-    last_listed: float = -1e9  # time.monotonic() of the last consistent LIST of the job's pods
+    last_listed: float = -1e9  # clock.monotonic() of the last consistent LIST of the job's pods
     scrape: asyncio.Task[None] | None = None
     next_scrape: float = 0.0
     spec: ResolvedJob | None = None  # the spec of generation `spec_of`, parsed and resolved once
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
-    queue_read: tuple[int, float, str | None] | None = None  # (restart, time.monotonic(), Kueue's reason)
+    queue_read: tuple[int, float, str | None] | None = None  # (restart, clock.monotonic(), Kueue's reason)
     body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
-    body_read: float = -1e9  # time.monotonic() of the last GET of the job
-    started: float = field(default_factory=time.monotonic)
+    body_read: float = -1e9  # clock.monotonic() of the last GET of the job
+    started: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock.monotonic()
 
     def keep(self, body: dict[str, Any], *, read: bool = False) -> None:
         """Hold `body` if it is newer than the one held. A watch event only advances a held body
@@ -105,21 +128,21 @@ class JobLoop:
         is taken as it is, without a GET: its first pass writes the status, guarded by the
         resourceVersion, before it acts, so a body that lags costs only a conflict and a read."""
         if not body.get("status"):
-            self.body, self.body_read = body, time.monotonic()
+            self.body, self.body_read = body, self.clock.monotonic()
 
     def awaits_finalizer(self, body: dict[str, Any]) -> bool:
         """Whether this new job's first status write should wait: kopf adds its finalizer just after
         it starts the loop, and a write racing that patch loses (409) and is done over. The watch
         brings the job with it in milliseconds; after FINALIZER_WAIT_SECONDS the loop goes on anyway."""
         return (not body.get("status") and FINALIZER not in (body["metadata"].get("finalizers") or [])
-                and time.monotonic() - self.started < FINALIZER_WAIT_SECONDS)
+                and self.clock.monotonic() - self.started < FINALIZER_WAIT_SECONDS)
 
     def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
         """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
         once per resync period, from the loop's first pass on. Never for a job not reconciled yet
         (no status: a pass writes it before creating anything), which has no pod of ours that a
         lagging watch could hide; `reconcile` starts its period there."""
-        return bool(body.get("status")) and time.monotonic() - self.last_listed > resync_seconds
+        return bool(body.get("status")) and self.clock.monotonic() - self.last_listed > resync_seconds
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -143,22 +166,26 @@ class JobLoop:
 
 
 class Controller:
-    def __init__(self, kube: Kube, settings: OperatorSettings, namespaces: list[str] | None = None):
+    def __init__(self, kube: KubeApi, settings: OperatorSettings, namespaces: list[str] | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.kube = kube
         self.settings = settings
+        self.clock = clock
         self.jobs: dict[Key, JobLoop] = {}
         self.metrics = OperatorMetrics(lambda: self.phases)
         kube.on_error = self.metrics.api_error
         self.limit = asyncio.Semaphore(settings.api_concurrency)
         # Every unfinished pod and the operator's own (theirs grouped by job), from `start`; every node.
         self.pod_informers: list[Informer[PodState]] = []
-        self.node_informer = Informer(kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
+        self.node_informer = self._node_informer()
         self.session: aiohttp.ClientSession | None = None
         self.admission = GangAdmitter(kube, self.nodes, self.wake, self.metrics, self.limit, namespaces,
                                    retry_seconds=settings.admission_retry_seconds,
-                                   batch_seconds=settings.batch_seconds)
+                                   batch_seconds=settings.batch_seconds, monotonic=clock.monotonic)
         self._tasks: list[asyncio.Task[None]] = []
         self.instance = socket.gethostname()
+        # Told each pass's decision once its status is written, before its actions (tests record them).
+        self.on_decision: Callable[[JobLoop, lifecycle.Decision], None] = lambda loop, decision: None
 
     @property
     def phases(self) -> dict[Key, str]:
@@ -168,19 +195,27 @@ class Controller:
     # ------------------------------------------------------------------ lifetime
 
     async def start(self) -> None:
-        """Start watching; returns once every informer holds its first LIST."""
+        """Start watching, scraping and admitting; returns once every informer holds its first LIST."""
         self.session = aiohttp.ClientSession()
+        await self.watch()
+        self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
+
+    async def watch(self) -> None:
+        """Start the informers; returns once each holds its first LIST."""
         # One pod watch serves the job loops and the gang admission: its scopes are the admission's.
         self.pod_informers = self.admission.informers = [
             Informer(self.kube, path("v1", "pods", ns), pod_view, self.on_pod_change, group=job_key)
             for ns in await self.admission.scopes()]
+        self.node_informer = self._node_informer()
         informers: list[Informer[Any]] = [*self.pod_informers, self.node_informer]
         self._tasks += [asyncio.create_task(i.run(), name=f"watch {i.url_path}") for i in informers]
         await asyncio.gather(*(i.synced.wait() for i in informers))
-        self._tasks.append(asyncio.create_task(self.admission.run(), name="gang admission"))
+
+    def _node_informer(self) -> Informer[NodeState]:
+        return Informer(self.kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *(j.scrape for j in self.jobs.values() if j.scrape is not None)]
+        tasks, self._tasks = [*self._tasks, *(j.scrape for j in self.jobs.values() if j.scrape is not None)], []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -204,7 +239,7 @@ class Controller:
         items = await self.kube.list(path("v1", "pods", namespace), labelSelector=names.pod_selector(name))
         listed = [PodState.from_body(b) for b in items]
         loop.gone.update(indexed - {p.uid for p in listed})
-        loop.last_listed = time.monotonic()
+        loop.last_listed = self.clock.monotonic()
         return listed
 
     def nodes(self) -> list[NodeState]:
@@ -248,9 +283,7 @@ class Controller:
         """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us.
         `body` is the job as kopf's watch last showed it."""
         key = (namespace, name)
-        loop = self.jobs[key] = JobLoop(key)
-        if body is not None:
-            loop.first_seen(body)
+        loop = self.job_loop(key, body)
         wake = loop.wake
         failures = 0
         delay: float | None = 0.0
@@ -285,6 +318,13 @@ class Controller:
             if loop.scrape is not None:
                 loop.scrape.cancel()
 
+    def job_loop(self, key: Key, body: dict[str, Any] | None = None) -> JobLoop:
+        """A new loop for the job, known to the controller's wake-ups; `body` as kopf's watch showed it."""
+        loop = self.jobs[key] = JobLoop(key, self.clock)
+        if body is not None:
+            loop.first_seen(body)
+        return loop
+
     async def reconcile(self, loop: JobLoop) -> float | None:
         """One read-decide-write pass; the delay until the next one, or None when the job is gone.
 
@@ -298,8 +338,8 @@ class Controller:
         started = time.perf_counter()
         key = namespace, name = loop.key
         job_path = path(API_VERSION, PLURAL, namespace, name)
-        if loop.body is None or time.monotonic() - loop.body_read > self.settings.resync_seconds:
-            loop.body, loop.body_read = await self.kube.get(job_path), time.monotonic()
+        if loop.body is None or self.clock.monotonic() - loop.body_read > self.settings.resync_seconds:
+            loop.body, loop.body_read = await self.kube.get(job_path), self.clock.monotonic()
         if (body := loop.body) is None:
             return None
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
@@ -307,11 +347,11 @@ class Controller:
             return None
         if loop.awaits_finalizer(body):
             return 0.05  # the watch event carrying it updates loop.body
-        now = datetime.now(UTC)
+        now = self.clock.now()
         nodes = self.node_informer.items  # by name; decide only reads it
         stale = loop.list_due(body, self.settings.resync_seconds)
         if not body.get("status"):
-            loop.last_listed = time.monotonic()  # a new job's resync period starts with its first pass
+            loop.last_listed = self.clock.monotonic()  # a new job's resync period starts with its first pass
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)
@@ -321,11 +361,11 @@ class Controller:
             pods = await self.listed_pods(loop)
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
                                         rejection=loop.rejection, queued=queued)
-        old = body.get("status") or {}
-        if not await self._write_status(loop, job_path, body, old, decision.status, decision.merged):
+        if not await self._write_status(loop, job_path, body, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
-        self._count(old, decision.status)
-        loop.phase = decision.status.get("phase") or ""
+        self._count(status.read(body.get("status")), decision.status)
+        loop.phase = decision.status.phase or ""
+        self.on_decision(loop, decision)
         # The events go beside the actions: a new job's pods need not wait for its Created event.
         await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events),
                              self._apply(body, loop, pods, decision.actions, decision.release_at_creation))
@@ -336,7 +376,7 @@ class Controller:
         delay = min(decision.requeue_after if decision.requeue_after is not None else self.settings.resync_seconds,
                     self.settings.resync_seconds)
         delay = max(delay, 0.1)
-        if decision.status.get("phase") == "Running":
+        if decision.status.phase == Phase.RUNNING:
             self._maybe_scrape(body, loop, pods, decision.status)
             delay = min(delay, self.settings.scrape_interval_seconds)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
@@ -354,18 +394,13 @@ class Controller:
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], old: dict[str, Any],
-                            new: dict[str, Any], merged: dict[str, dict[str, Any]] | None = None) -> bool:
-        current = {k: v for k, v in old.items() if k not in SCRAPER_OWNED}
-        learned = {key: changed for key, fields in (merged or {}).items()
-                   if (changed := {k: v for k, v in fields.items() if (old.get(key) or {}).get(k) != v})}
-        if new == current and not learned:
+    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], new: ParallelTrainingJobStatus,
+                            merged: dict[str, dict[str, Any]] | None = None) -> bool:
+        """Write the pass's status over the body it read, guarded by that body's resourceVersion;
+        False when the job changed or went meanwhile."""
+        patch = status.patch(body.get("status") or {}, new, merged)
+        if patch is None:
             return True
-        patch: dict[str, Any] = dict(new)
-        for k in current:
-            if k not in new:
-                patch[k] = None  # merge patch: null removes the field
-        patch.update(learned)  # merged into the scraper's fields
         rv = body["metadata"]["resourceVersion"]
         rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
                                     ok=(404, 409))
@@ -375,23 +410,23 @@ class Controller:
         loop.keep(rsp, read=True)
         return True
 
-    def _count(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        before, after = old.get("phase"), new.get("phase")
+    def _count(self, old: ParallelTrainingJobStatus, new: ParallelTrainingJobStatus) -> None:
+        before, after = old.phase, new.phase
         if before is None and after is not None:
             self.metrics.jobs_created.inc()
         if before == after:
             return
-        reason = next((c.get("reason", "") for c in new.get("conditions") or [] if c.get("type") == after), "")
-        if after == "Succeeded":
+        reason = next((c.reason for c in new.conditions if c.type == after), "")
+        if after == Phase.SUCCEEDED:
             self.metrics.jobs_succeeded.inc()
-        elif after == "Failed":
+        elif after == Phase.FAILED:
             self.metrics.jobs_failed.labels(reason).inc()
-        elif after == "Restarting" and (new.get("restarts") or 0) > (old.get("restarts") or 0):
+        elif after == Phase.RESTARTING and new.restarts > old.restarts:
             self.metrics.restarts.labels(reason).inc()
 
     async def _post_event(self, job: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = job["metadata"]
-        now = format_time(datetime.now(UTC))
+        now = format_time(self.clock.now())
         event = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
@@ -407,12 +442,11 @@ class Controller:
         except ApiError as e:
             log.warning("could not record event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], e)
 
-    @staticmethod
-    def _expected(loop: JobLoop, observed: Iterable[PodState]) -> dict[str, float]:
+    def _expected(self, loop: JobLoop, observed: Iterable[PodState]) -> dict[str, float]:
         """Pods this operator created that the watch has not shown yet (stale entries expire)."""
         exp = loop.expected
         seen = {p.name for p in observed}
-        cutoff = time.monotonic() - EXPECTATION_SECONDS
+        cutoff = self.clock.monotonic() - EXPECTATION_SECONDS
         for name in [n for n, t in exp.items() if n in seen or t < cutoff]:
             del exp[name]
         return exp
@@ -431,7 +465,7 @@ class Controller:
         reserved = (release is not None and len(creates) == len(release.pods) and not expected
                     and await self.admission.reserve(release))
         if reserved:
-            now = datetime.now(UTC)
+            now = self.clock.now()
             creates = [CreatePod(created_released(a.obj, now)) for a in creates]
         calls: list[Awaitable[None]] = [self._create_pod(loop, a) for a in creates]
         for a in actions:
@@ -471,7 +505,7 @@ class Controller:
             return None
         restart = max(p.restart for p in waiting)
         group = gang_group_name(job.spec, loop.key[1], restart)
-        if loop.queue_read and loop.queue_read[0] == restart and time.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
+        if loop.queue_read and loop.queue_read[0] == restart and self.clock.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
             return loop.queue_read[2]
         workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
         reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
@@ -479,7 +513,7 @@ class Controller:
         reason = None
         if reserved is not None and reserved.get("status") == "False":
             reason = str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
-        loop.queue_read = (restart, time.monotonic(), reason)
+        loop.queue_read = (restart, self.clock.monotonic(), reason)
         return reason
 
     async def _ensure(self, job: dict[str, Any], obj: dict[str, Any]) -> None:
@@ -504,8 +538,7 @@ class Controller:
         gone (the apiserver's PodGroupProtection finalizer holds it until then)."""
         selector = f"{contract.LABEL_JOB}={job['metadata']['name']},{contract.LABEL_RESTART}!={action.keep}"
         for api_version, kind in action.kinds:
-            await self.kube.request("DELETE", path(api_version, kind, namespace),
-                                    query={"labelSelector": selector}, ok=(404,))
+            await self.kube.delete_collection(path(api_version, kind, namespace), selector)
 
     async def _annotate_pod(self, namespace: str, action: AnnotatePod) -> None:
         """A merge patch of the pod's annotations, if it is still the pod (uid) the decision saw."""
@@ -516,7 +549,7 @@ class Controller:
     async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:
             created = await self.kube.create(path("v1", "pods", loop.key[0]), action.obj)
-        loop.expected[action.name] = time.monotonic()
+        loop.expected[action.name] = self.clock.monotonic()
         if created:
             self.metrics.pods_created.inc()
 
@@ -536,11 +569,12 @@ class Controller:
 
     # ------------------------------------------------------------------ live training figures
 
-    def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState], status: dict[str, Any]) -> None:
-        now = time.monotonic()
+    def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
+                      decided: ParallelTrainingJobStatus) -> None:
+        now = self.clock.monotonic()
         if (loop.scrape is not None and not loop.scrape.done()) or now < loop.next_scrape:
             return
-        restart = status.get("restarts") or 0
+        restart = decided.restarts
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
         host = self.settings.scrape_host or (rank0.ip if rank0 else None)
         if not host or self.session is None:
@@ -558,17 +592,9 @@ class Controller:
         if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
-        figures, checkpoint, request, measured = read
-        figures["updated"] = format_time(datetime.now(UTC))
-        status: dict[str, Any] = {"training": figures}
-        if measured:  # the preflight gate's bandwidth, of this incarnation
-            status["preflight"] = {**measured, "restart": restart, "updated": figures["updated"]}
-        if checkpoint := scrape.checkpoint(checkpoint, checkpoint_path, restart):
-            status["checkpoint"] = checkpoint  # a merge patch: what this incarnation has not set yet stays
-        if request:
-            status.setdefault("checkpoint", {})["requestCommitted"] = request
+        patch = scrape.status_patch(read, checkpoint_path, restart, self.clock.now())
         try:
-            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": status})
+            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": patch})
             if written is not None and (loop := self.jobs.get(key)) is not None:
                 loop.keep(written, read=True)
             self.metrics.scrapes.labels("ok").inc()

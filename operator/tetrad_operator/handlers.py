@@ -19,6 +19,7 @@ from kubernetes.config import ConfigException
 
 from tetrad.api import contract
 from tetrad.api.contract import GROUP, PLURAL, VERSION
+from tetrad_operator import status
 from tetrad_operator.controller import Controller
 from tetrad_operator.kube import Kube
 
@@ -57,10 +58,10 @@ async def job_changed(namespace: str | None, name: str, body: kopf.Body, event: 
         memo.controller.job_seen((namespace, name), event["object"])  # the loop's next pass reads it
     # Our own status writes come back here too; only a new spec generation or a new checkpoint-now
     # token (an annotation: no new generation) needs a reconcile.
-    status = body.get("status", {})
+    written = status.read(body.get("status"))
     token = body.meta.annotations.get(contract.ANNOTATION_CHECKPOINT_NOW)
-    if body.meta.get("generation") != status.get("observedGeneration") or \
-            (token and token != (status.get("checkpoint") or {}).get("requested")):
+    if body.meta.get("generation") != written.observed_generation or \
+            (token and token != (written.checkpoint and written.checkpoint.requested)):
         memo.controller.wake((namespace, name))
 
 

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Generic, TypeVar
 
-from tetrad_operator.kube import Gone, Kube
+from tetrad_operator.kubeapi import Gone, KubeApi
 
 log = logging.getLogger(__name__)
 V = TypeVar("V")
@@ -29,7 +29,7 @@ def object_key(obj: Mapping[str, Any]) -> str:
 
 
 class Informer(Generic[V]):
-    def __init__(self, kube: Kube, url_path: str, view: Callable[[Mapping[str, Any]], V | None],
+    def __init__(self, kube: KubeApi, url_path: str, view: Callable[[Mapping[str, Any]], V | None],
                  on_change: Callable[[V | None, V | None], None], *, selector: str | None = None,
                  group: Callable[[V], Hashable | None] | None = None):
         self.kube = kube

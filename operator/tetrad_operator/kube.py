@@ -1,4 +1,5 @@
-"""A small asyncio client of the Kubernetes REST API.
+"""A small asyncio client of the Kubernetes REST API: the operator's `KubeApi` (kubeapi.py) against
+a real API server.
 
 It speaks plain JSON dicts (no generated models; orjson parses a 1024-pod LIST in milliseconds)
 over one aiohttp session, retries what is safe to retry, turns the answers the operator expects (404 on
@@ -14,51 +15,18 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 import orjson
 from kubernetes import client, config
 
+from tetrad_operator.kubeapi import MERGE, ApiError, Gone
+
 log = logging.getLogger(__name__)
 
-PLURALS = {
-    "Pod": "pods", "Service": "services", "ConfigMap": "configmaps", "Event": "events",
-    "PodGroup": "podgroups", "Workload": "workloads", "ParallelTrainingJob": "paralleltrainingjobs",
-}
 RETRYABLE = {429, 500, 502, 503, 504}
-MERGE = "application/merge-patch+json"
-STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"  # server-side apply (a JSON body is valid YAML)
 WATCH_SECONDS = 300  # the server ends each watch after this long; the client allows 30 s more
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, verb: str, path: str, body: Any):
-        self.status = status
-        self.reason = body.get("reason", "") if isinstance(body, dict) else ""
-        self.message = body.get("message", "") if isinstance(body, dict) else str(body)[:300]  # the server's words
-        super().__init__(f"{verb} {path}: {status} {self.reason}: {self.message}")
-
-
-def path(api_version: str, kind_or_plural: str, namespace: str | None = None, name: str | None = None,
-         sub: str | None = None) -> str:
-    """/api/v1/namespaces/ns/pods/name, /apis/group/version/plural, ... for a kind or a plural."""
-    plural = PLURALS.get(kind_or_plural, kind_or_plural)
-    out = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespace:
-        out += f"/namespaces/{quote(namespace)}"
-    out += f"/{plural}"
-    if name:
-        out += f"/{quote(name)}"
-    if sub:
-        out += f"/{sub}"
-    return out
-
-
-def object_path(obj: Mapping[str, Any]) -> str:
-    meta = obj["metadata"]
-    return path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
 
 
 def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
@@ -79,10 +47,6 @@ def tls_context(configuration: client.Configuration) -> ssl.SSLContext:
     if not configuration.verify_ssl:
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
     return ctx
-
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (410): list again."""
 
 
 class Kube:
@@ -218,6 +182,10 @@ class Kube:
         """POST to a collection; False when the object already exists. The answer is not decoded."""
         return await self.request("POST", url_path, body=body, ok=(409,), decode=False) is not None
 
+    async def post(self, url_path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST a request object (a review) and return the server's answer."""
+        return await self.request("POST", url_path, body=body)  # type: ignore[no-any-return]
+
     async def patch(self, url_path: str, body: Mapping[str, Any], content_type: str = MERGE,
                     ok: tuple[int, ...] = (404,)) -> dict[str, Any] | None:
         return await self.request("PATCH", url_path, body=body, content_type=content_type, ok=ok)  # type: ignore[no-any-return]
@@ -239,3 +207,6 @@ class Kube:
         if propagation:
             options["propagationPolicy"] = propagation
         return await self.request("DELETE", url_path, body=options, ok=(404, 409)) is not None
+
+    async def delete_collection(self, url_path: str, label_selector: str) -> None:
+        await self.request("DELETE", url_path, query={"labelSelector": label_selector}, ok=(404,))

@@ -1,15 +1,17 @@
 """Read live training figures from rank 0's Prometheus endpoint into status.training, and its
 checkpoint figures into status.checkpoint.
 
-A sample that is not finite (a gauge not set yet: NaN) is left out, so a merge patch of what was
-read keeps the last incarnation's figure until this one sets its own: a restart never erases the
-last committed checkpoint.
+The contract's SCRAPED tables name the status field each gauge fills; its key and type are the
+model's (tetrad_operator.status.field). A sample that is not finite (a gauge not set yet: NaN) is
+left out, so a merge patch of what was read keeps the last incarnation's figure until this one sets
+its own: a restart never erases the last committed checkpoint.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,22 +24,31 @@ from tetrad.api.contract import (
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
     SCRAPED,
     SCRAPED_CHECKPOINT,
-    SCRAPED_INTEGERS,
     SCRAPED_REQUEST,
-    SCRAPED_TIMES,
     SCRAPED_UNSET_AT_ZERO,
     step_path,
 )
+from tetrad.api.spec import (
+    CheckpointRequestStatus,
+    CheckpointStatus,
+    ParallelTrainingJobStatus,
+    PreflightNode,
+    PreflightStatus,
+    TrainingStatus,
+)
+from tetrad_operator import status
 from tetrad_operator.state import format_time
 
+Figures = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
 
-def parse(text: str, fields: dict[str, str] = SCRAPED) -> dict[str, Any]:
-    """The figures `fields` names (metric -> status key) in a Prometheus text exposition; a sample
-    labelled rank="0" wins."""
+
+def parse(text: str, fields: Mapping[str, str] = SCRAPED) -> dict[str, Any]:
+    """The figures `fields` names (metric -> status field, one of the contract's SCRAPED tables) in a
+    Prometheus text exposition, camelCase as stored; a sample labelled rank="0" wins."""
     return parse_each(text, fields)[0]
 
 
-def parse_each(text: str, *field_maps: dict[str, str]) -> list[dict[str, Any]]:
+def parse_each(text: str, *field_maps: Mapping[str, str]) -> list[dict[str, Any]]:
     """`parse` for each of `field_maps`, reading the exposition once."""
     samples = _samples(text)
     return [_pick(samples, fields) for fields in field_maps]
@@ -50,68 +61,89 @@ def _samples(text: str) -> list[Sample]:
 def request_committed(samples: list[Sample]) -> dict[str, Any]:
     """status.checkpoint.requestCommitted: the checkpoint-now token rank 0 served, with the step and
     time of the checkpoint that committed it; empty before the first."""
-    out: dict[str, Any] = {}
+    token: str | None = None
+    values: dict[str, Any] = {}
     for sample in samples:
-        key = SCRAPED_REQUEST.get(sample.name)
-        token = sample.labels.get(LABEL_REQUEST_TOKEN)
-        if key is not None and token and math.isfinite(sample.value):
-            out["token"] = token
-            out[key] = _value(key, sample.value)
-    return out
+        path = SCRAPED_REQUEST.get(sample.name)
+        label = sample.labels.get(LABEL_REQUEST_TOKEN)
+        if path is not None and label and math.isfinite(sample.value):
+            token = label
+            filled = status.field(path)
+            values[filled.name] = _value(filled.kind, sample.value)
+    return status.wire(CheckpointRequestStatus(token=token, **values)) if token else {}
 
 
 def preflight(samples: list[Sample]) -> dict[str, Any]:
     """status.preflight from rank 0's preflight gauges (every node's bus bandwidth, labelled node and
     node_rank, and their median); empty while the gate has not reported."""
-    nodes: dict[int, dict[str, Any]] = {}
+    nodes: dict[int, PreflightNode] = {}
     for sample in samples:
         rank = sample.labels.get("node_rank", "")
         if sample.name == METRIC_PREFLIGHT_BUS_BANDWIDTH and rank.isdigit() and math.isfinite(sample.value):
-            nodes[int(rank)] = {"node": sample.labels.get("node") or f"node-rank-{rank}", "nodeRank": int(rank),
-                                "busBandwidthGBps": sample.value / 1e9}
+            nodes[int(rank)] = PreflightNode(node=sample.labels.get("node") or f"node-rank-{rank}", node_rank=int(rank),
+                                             bus_bandwidth_g_bps=sample.value / 1e9)
     if not nodes:
         return {}
     listed = [nodes[r] for r in sorted(nodes)]
-    return {"busBandwidthGBps": statistics.median(n["busBandwidthGBps"] for n in listed), "nodes": listed}
+    median = statistics.median(n.bus_bandwidth_g_bps for n in listed)
+    return status.wire(PreflightStatus(bus_bandwidth_g_bps=median, nodes=listed))
 
 
-def _pick(samples: list[Sample], fields: dict[str, str]) -> dict[str, Any]:
+def _pick(samples: list[Sample], fields: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     chosen_rank0: set[str] = set()
     for sample in samples:
-        key = fields.get(sample.name) or fields.get(sample.name.removesuffix("_total"))
-        if key is None or not math.isfinite(sample.value) or key in chosen_rank0:
+        metric = sample.name if sample.name in fields else sample.name.removesuffix("_total")
+        if metric not in fields or not math.isfinite(sample.value):
             continue
-        if key in SCRAPED_UNSET_AT_ZERO and sample.value <= 0:
-            continue  # not set yet in this process
+        filled = status.field(fields[metric])
+        if filled.key in chosen_rank0 or (metric in SCRAPED_UNSET_AT_ZERO and sample.value <= 0):
+            continue  # rank 0's is in; or not set yet in this process
         rank0 = sample.labels.get("rank") == "0"
-        if key in out and not rank0:
+        if filled.key in out and not rank0:
             continue
-        out[key] = _value(key, sample.value)
+        out[filled.key] = _value(filled.kind, sample.value)
         if rank0:
-            chosen_rank0.add(key)
+            chosen_rank0.add(filled.key)
     return out
 
 
-def _value(key: str, value: float) -> int | float | str:
-    if key in SCRAPED_TIMES:
+def _value(kind: type, value: float) -> int | float | str:
+    """A sample as its status field holds it: a text field holds a Unix time as RFC 3339."""
+    if kind is str:
         return format_time(datetime.fromtimestamp(value, UTC))
-    return int(value) if key in SCRAPED_INTEGERS else float(value)
+    return int(value) if kind is int else float(value)
 
 
-def checkpoint(figures: dict[str, Any], checkpoint_path: str | None, restart: int) -> dict[str, Any]:
+def checkpoint(figures: Mapping[str, Any], checkpoint_path: str | None, restart: int) -> dict[str, Any]:
     """status.checkpoint from the parsed SCRAPED_CHECKPOINT figures of incarnation `restart`: the
     committed step's directory named as the trainer's store names it, and which restart resumed."""
-    out = dict(figures)
-    if "step" in out and checkpoint_path:
-        out["path"] = step_path(checkpoint_path, out["step"])
-    if "resumedFrom" in out:
-        out["resumedAtRestart"] = restart
-    return out
+    read = CheckpointStatus.model_validate(figures)
+    if read.step is not None and checkpoint_path:
+        read.path = step_path(checkpoint_path, read.step)
+    if read.resumed_from is not None:
+        read.resumed_at_restart = restart
+    return status.wire(read)
 
 
-async def fetch(session: aiohttp.ClientSession, host: str, port: int,
-                timeout: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]] | None:
+def status_patch(figures: Figures, checkpoint_path: str | None, restart: int, now: datetime) -> dict[str, Any]:
+    """The merge patch of status that writes what a scrape of incarnation `restart` read (`fetch`)
+    into status.training, .checkpoint and .preflight, stamped `now`: a field not read stays."""
+    training, saved, request, measured = figures
+    read = TrainingStatus.model_validate(training)
+    read.updated = format_time(now)
+    scraped = ParallelTrainingJobStatus(training=read)  # the objects set are the patch's
+    if measured:  # the preflight gate's bandwidth, of this incarnation
+        scraped.preflight = status.merged(PreflightStatus(restart=restart, updated=read.updated), measured)
+    committed = CheckpointStatus.model_validate(checkpoint(saved, checkpoint_path, restart))
+    if request:
+        committed.request_committed = CheckpointRequestStatus.model_validate(request)
+    if status.wire(committed):
+        scraped.checkpoint = committed
+    return status.wire(scraped)
+
+
+async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> Figures | None:
     """(training figures, checkpoint figures, the checkpoint-now request committed, the preflight
     gate's figures), or None when the endpoint cannot be read in time (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"

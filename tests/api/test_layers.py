@@ -13,6 +13,11 @@ A module may import its own layer and the layers below it, never above. The core
 the operator or the trainer; the trainer imports only tetrad.api and tetrad.node of the core
 (tests/api/test_node.py checks what tetrad.node itself may import).
 
+The operator has layers of its own (OPERATOR_LAYERS): the Kubernetes protocol and the status model
+at the bottom, the pure decisions (lifecycle) below everything that talks to the API server, the
+controller above them, kopf's handlers on top. It holds no code for tests; the tests' in-memory
+Kubernetes knows the operator only by its protocol.
+
 Deferred imports: an import inside a function is allowed for third-party modules (heavy ones such
 as rich, yaml or kopf load only when used) and for a CLI subcommand's module; a deferred import of
 another layer of the core anywhere else is a cycle dodged, and fails here.
@@ -30,6 +35,19 @@ ROOT = Path(__file__).parents[2]
 LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.convert",), ("tetrad.render",),
           ("tetrad.launch",), ("tetrad.cli",)]
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
+OPERATOR = ROOT / "operator"
+OPERATOR_LAYERS = [  # bottom first
+    ("kubeapi", "quantity", "metrics", "status"),  # the protocol, resource sums, the operator's metrics, the job's status
+    ("state",),  # views of pods and nodes
+    ("gang", "scrape"),  # the built-in gang's fit; rank 0's figures
+    ("lifecycle",),  # the pure decisions: no API calls
+    ("settings",),
+    ("kube", "informer"),  # the REST client; watched kinds in memory
+    ("admission",),
+    ("controller",),
+    ("handlers", "main"),  # kopf
+    ("command", "__main__"),
+]
 
 
 def layer(module: str) -> int | None:
@@ -44,8 +62,9 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path, package: str) -> Iterator[tuple[str, bool]]:
-    """(imported module, inside a function) for every import statement of the file."""
+def imports(path: Path, package: str, names: bool = False) -> Iterator[tuple[str, bool]]:
+    """(imported module, inside a function) for every import statement of the file; with `names`,
+    module.name for each name a `from module import` takes (a submodule, or one of its attributes)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     deferred: set[int] = set()
     for node in ast.walk(tree):
@@ -58,10 +77,12 @@ def imports(path: Path, package: str) -> Iterator[tuple[str, bool]]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the file's package
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                yield (f"{base}.{node.module}" if node.module else base), id(node) in deferred
+                module = f"{base}.{node.module}" if node.module else base
             else:
                 assert node.module is not None
-                yield node.module, id(node) in deferred
+                module = node.module
+            for name in [f"{module}.{a.name}" for a in node.names] if names else [module]:
+                yield name, id(node) in deferred
 
 
 def core_modules() -> list[tuple[str, Path]]:
@@ -97,6 +118,38 @@ def test_api_and_plan_import_nothing_above_them():
                                                 "tetrad.launch", "tetrad.cli")), (module, imported)
             if module.startswith("tetrad.plan"):
                 assert not imported.startswith(("tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
+
+
+def operator_modules() -> list[tuple[str, Path]]:
+    return sorted((module_name(p, OPERATOR), p) for p in (OPERATOR / "tetrad_operator").rglob("*.py"))
+
+
+def operator_layer(module: str) -> int | None:
+    part = module.removeprefix("tetrad_operator.").split(".")[0]
+    return next((i for i, names in enumerate(OPERATOR_LAYERS) if part in names), None)
+
+
+def test_every_operator_module_has_a_layer():
+    assert [m for m, _ in operator_modules() if m != "tetrad_operator" and operator_layer(m) is None] == []
+
+
+@pytest.mark.parametrize("module, path", operator_modules(), ids=[m for m, _ in operator_modules()])
+def test_operator_imports_point_down(module: str, path: Path) -> None:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    own = operator_layer(module)
+    for imported, _ in imports(path, package, names=True):
+        assert imported != "tests" and not imported.startswith("tests."), f"{module} imports {imported}: test code"
+        if imported == "tetrad_operator" or not imported.startswith("tetrad_operator."):
+            continue
+        target = operator_layer(imported)
+        assert own is None or (target is not None and target <= own), \
+            f"{module} (layer {OPERATOR_LAYERS[own][0]}) imports {imported} from a layer above"
+
+
+def test_the_in_memory_kubernetes_knows_the_operator_by_its_protocol_alone():
+    memory = ROOT / "tests" / "operator" / "memory_kube.py"
+    used = {m.split(".")[1] for m, _ in imports(memory, "tests.operator", names=True) if m.startswith("tetrad_operator")}
+    assert used == {"kubeapi"}, used
 
 
 def test_trainer_imports_only_the_api_and_the_node_launcher_of_the_core():

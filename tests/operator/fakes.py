@@ -1,22 +1,51 @@
-"""A tiny in-memory cluster for driving the pure lifecycle without an API server.
-
-It applies a Decision the way the operator's handlers do (create-if-absent, delete-if-present,
-status replaced) and plays scheduler and kubelet in `tick()`. Tests inject pod outcomes.
+"""The lifecycle's scenarios on the real controller: `FakeCluster` runs Controller.reconcile over the
+in-memory Kubernetes (memory_kube.MemoryKube) and plays scheduler and kubelet in `tick()`. Tests
+inject pod outcomes by editing the objects in place, as a kubelet would write them.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
+import asyncio
+import weakref
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from tetrad_operator import gang, lifecycle
+from tetrad_operator import lifecycle
+from tetrad_operator.controller import EXPECTATION_SECONDS, FINALIZER, QUEUE_READ_SECONDS, Controller
+from tetrad_operator.gang import GangRequest
+from tetrad_operator.kubeapi import ApiError, path
+from tetrad_operator.lifecycle import core
+from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState, format_time
 
 from tetrad.api import contract
+from tetrad.render import names
+from tetrad.render.gang import KUEUE_API_VERSION
+
+from .memory_kube import MemoryKube, Refused
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
+R = TypeVar("R")
+EXTRA_LABEL = "tetrad.dev/test-extra"
+
+
+def older_renderer(monkeypatch: Any) -> dict[str, bool]:
+    """Render as an older operator version did (a ConfigMap key, a Service label and port more)
+    while the switch it returns is on, as this one once it is off."""
+    real_render = core.render
+    extra = {"on": True}
+
+    def render(job: Any, **kwargs: Any) -> Any:
+        out = real_render(job, **kwargs)
+        if extra["on"]:
+            out.configmap["data"]["extra.json"] = "{}"
+            out.service["metadata"]["labels"][EXTRA_LABEL] = "yes"
+            out.service["spec"]["ports"] = [*out.service["spec"]["ports"], {"name": "extra", "port": 1234, "protocol": "TCP"}]
+        return out
+
+    monkeypatch.setattr(core, "render", render)
+    return extra
 
 
 def job_body(name: str = "job", nodes: int = 2, **spec: Any) -> dict[str, Any]:
@@ -54,25 +83,85 @@ def terminated(pod: dict[str, Any], code: int, message: str | None = None) -> No
         state["message"] = message
 
 
+class ScenarioClock:
+    """The scenario's time, as tests set it (`now`), and the job loop's timer (`monotonic`), which
+    moves with it and, between two passes, past every period the loop remembers things for."""
+
+    def __init__(self, now: datetime):
+        self.wall, self.elapsed = now, 0.0
+
+    def now(self) -> datetime:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.elapsed
+
+
+# Each pass is the loop's resync pass: it GETs the job and LISTs its pods afresh, its expectations
+# have lapsed and Kueue's reason is read again, so a scenario depends on the cluster alone (the
+# loop's memory within a period is test_units' matter).
+PASS_APART = max(OperatorSettings.resync_seconds, EXPECTATION_SECONDS, QUEUE_READ_SECONDS) + 1.0
+JOBS = path(contract.API_VERSION, contract.PLURAL, "ns")
+
+
 class FakeCluster:
+    """One job, its namespace "ns" and the nodes, in memory; the operator's Controller over them.
+
+    `reconcile()` is one pass of Controller.reconcile and returns its Decision; with `admit` it is
+    followed, when the pass asked, by a round of the built-in gang admission (as the admission's own
+    loop would run it). The admission declines to create a new gang released: the gang is created
+    gated and released by that round, as the scenarios expect. Each call runs the controller's
+    informers over the cluster for its while; edits made in place before it are written first
+    (MemoryKube.sync).
+    """
+
     def __init__(self, job: dict[str, Any], nodes: list[dict[str, Any]] | None = None,
                  settings: lifecycle.Settings | None = None):
-        self.job: dict[str, Any] | None = job
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.nodes = {n["metadata"]["name"]: n for n in (nodes or [node_body("n0", cpu="64", memory="256Gi")])}
-        self.now = T0
+        self.clock = ScenarioClock(T0)
+        self.kube = MemoryKube(clock=self.clock.now)
+        meta = job["metadata"]
+        self.name = meta["name"]
+        finalizers = [*meta.get("finalizers", []), FINALIZER]  # kopf's, added when its daemon starts
+        self.kube.put(f"{JOBS}/{self.name}", {**job, "metadata": {**meta, "finalizers": finalizers}})
+        for node in nodes or [node_body("n0", cpu="64", memory="256Gi")]:
+            self.nodes[node["metadata"]["name"]] = node
         self.settings = settings or lifecycle.Settings()
-        self.events: list[lifecycle.Event] = []
-        self.created: list[str] = []  # every pod creation, in order
-        self.uids = itertools.count()
-        self.last: lifecycle.Decision | None = None
+        self.controller = Controller(self.kube, OperatorSettings(lifecycle=self.settings), clock=self.clock)
+        self.controller.admission.reserve = self._decline  # type: ignore[method-assign]
+        self.loop = self.controller.job_loop(("ns", self.name))
+        self.decisions: list[lifecycle.Decision] = []
+        self.controller.on_decision = lambda loop, decision: self.decisions.append(decision)
         self.placement: dict[str, str] = {}  # pod -> node, as the admission planned it
-        self.refuse: str | None = None  # the API server's answer to every pod creation, when set
-        self.rejection: lifecycle.PodRejection | None = None  # as the controller counts refused passes
-        self.queued: str | None = None  # what the controller reads from Kueue
+        self._refuse: str | None = None
+        self._queued: str | None = None
+        self._events = asyncio.new_event_loop()
+        weakref.finalize(self, self._events.close)
 
     # ------------------------------------------------------------------ observation
+
+    @property
+    def job(self) -> dict[str, Any] | None:
+        return self.kube.collection(JOBS).get(self.name)
+
+    @property
+    def pods(self) -> Any:
+        return self.kube.collection(path("v1", "pods", "ns"))
+
+    @property
+    def nodes(self) -> Any:
+        return self.kube.collection(path("v1", "nodes"))
+
+    @property
+    def objects(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """What the operator ensures beside the pods: (kind, name) -> object."""
+        return {(o["kind"], o["metadata"]["name"]): o for o in self.kube.objects("ns")
+                if o["kind"] not in ("Pod", "Event", contract.KIND)}
+
+    @property
+    def events(self) -> list[lifecycle.Event]:
+        """The job's Events the operator posted, in order."""
+        return [lifecycle.Event(e["type"], e["reason"], e["message"]) for e in self.kube.objects("ns")
+                if e["kind"] == "Event" and e["involvedObject"]["name"] == self.name]
 
     def pod_states(self) -> list[PodState]:
         return [PodState.from_body(p) for p in self.pods.values()]
@@ -89,75 +178,95 @@ class FakeCluster:
     def phase(self) -> str | None:
         return self.status.get("phase")
 
+    @property
+    def now(self) -> datetime:
+        return self.clock.wall
+
+    @now.setter
+    def now(self, value: datetime) -> None:
+        self.clock.elapsed += max((value - self.clock.wall).total_seconds(), 0.0)
+        self.clock.wall = value
+
+    @property
+    def rejection(self) -> lifecycle.PodRejection | None:
+        """The passes in a row whose pod creations the API server refused, as the loop counts them."""
+        return self.loop.rejection
+
     def alive(self) -> list[dict[str, Any]]:
         return [p for p in self.pods.values() if p["status"]["phase"] in ("Pending", "Running")]
+
+    # ------------------------------------------------------------------ the rest of the cluster
+
+    @property
+    def refuse(self) -> str | None:
+        """The API server's answer to every pod creation (a quota, say), when set."""
+        return self._refuse
+
+    @refuse.setter
+    def refuse(self, message: str | None) -> None:
+        self._refuse = message
+
+        def quota(verb: str, obj: dict[str, Any]) -> None:
+            if verb == "create" and obj.get("kind") == "Pod" and self._refuse is not None:
+                raise Refused(403, "Forbidden", self._refuse)
+
+        self.kube.webhooks = [quota]
+
+    @property
+    def queued(self) -> str | None:
+        """What Kueue says on the job's Workload while it does not admit the pods."""
+        return self._queued
+
+    @queued.setter
+    def queued(self, reason: str | None) -> None:
+        self._queued = reason
+        held = {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": reason}
+        self.kube.put(path(KUEUE_API_VERSION, "workloads", "ns", names.pod_group(self.name)), {
+            "apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": {"name": names.pod_group(self.name)},
+            "status": {"conditions": [held if reason else {"type": "QuotaReserved", "status": "True"}]}})
 
     # ------------------------------------------------------------------ the operator
 
     def reconcile(self, admit: bool = True) -> lifecycle.Decision:
-        assert self.job is not None
-        d = lifecycle.decide(self.job, self.pod_states(), self.node_states(), self.now, self.settings,
-                             rejection=self.rejection, queued=self.queued)
-        self.apply(d)
-        if admit and d.gang is not None:
-            nodes = list(self.node_states().values())
-            bound = [p for p in self.pod_states() if p.node]
-            for a in gang.plan_admission(nodes, bound, [], [d.gang]):
-                self.placement.update(a.placement)
-                for p in a.request.pods:
-                    self._ungate(p.name)
-        self.last = d
-        return d
+        return self._run(self._pass(admit))
 
-    def apply(self, d: lifecycle.Decision) -> None:
-        assert self.job is not None
-        # the controller's write leaves the scraper's fields as they are
-        scraped = {k: self.status[k] for k in lifecycle.SCRAPER_OWNED if self.status.get(k)}
-        self.job["status"] = copy.deepcopy(d.status) | scraped
-        for key, fields in d.merged.items():  # a merge patch into the scraper's status objects
-            merged = {**self.status.get(key, {}), **fields}
-            self.job["status"][key] = {k: v for k, v in merged.items() if v is not None}
-        self.events += d.events
-        creates = [a for a in d.actions if isinstance(a, lifecycle.CreatePod) and a.name not in self.pods]
-        if creates and self.refuse is not None:
-            attempts = self.rejection.attempts + 1 if self.rejection else 1
-            self.rejection = lifecycle.PodRejection(attempts, self.refuse)
-        elif creates:
-            self.rejection = None
-        for a in d.actions:
-            if isinstance(a, lifecycle.Ensure):
-                self.objects[(a.obj["kind"], a.obj["metadata"]["name"])] = copy.deepcopy(a.obj)
-            elif isinstance(a, lifecycle.CreatePod):
-                if a.name not in self.pods and self.refuse is None:
-                    pod = copy.deepcopy(a.obj)
-                    pod["metadata"].update(uid=f"pod-{next(self.uids)}", creationTimestamp=format_time(self.now))
-                    pod["status"] = {"phase": "Pending"}
-                    self.pods[a.name] = pod
-                    self.created.append(a.name)
-            elif isinstance(a, lifecycle.DeletePod):
-                pod = self.pods.get(a.name)
-                if pod is None or pod["metadata"]["uid"] != a.uid:
-                    continue
-                if (a.force or not pod["spec"].get("nodeName")) and not pod["metadata"].get("finalizers"):
-                    del self.pods[a.name]
-                else:
-                    pod["metadata"].setdefault("deletionTimestamp", format_time(self.now))
-                    pod["metadata"]["deletionGracePeriodSeconds"] = 30
-            elif isinstance(a, lifecycle.Ungate):
-                for name, _ in a.pods:
-                    self._ungate(name)
-            elif isinstance(a, lifecycle.AnnotatePod):
-                pod = self.pods.get(a.name)
-                if pod is not None and pod["metadata"]["uid"] == a.uid:
-                    pod["metadata"].setdefault("annotations", {}).update(a.annotations)
-            elif isinstance(a, lifecycle.DeleteStaleGang):
-                for key, obj in list(self.objects.items()):
-                    labels = obj["metadata"].get("labels") or {}
-                    if (obj["apiVersion"], key[0]) in a.kinds and labels.get(contract.LABEL_RESTART) != str(a.keep):
-                        del self.objects[key]
-            elif isinstance(a, lifecycle.DeleteJob):
-                self.job = None
-                return
+    async def _pass(self, admit: bool) -> lifecycle.Decision:
+        self.clock.elapsed += PASS_APART
+        decided = len(self.decisions)
+        try:
+            await self.controller.reconcile(self.loop)
+        except ApiError:  # an action the API server refused (a pod creation): the loop logs it, tries again
+            if len(self.decisions) == decided:
+                raise
+        assert len(self.decisions) == decided + 1, "the pass wrote no status"
+        decision = self.decisions[-1]
+        await self.kube.idle()
+        job = self.job
+        if job is not None and job["metadata"].get("deletionTimestamp"):  # kopf stops the job's loop
+            await self.controller.close_deleted(self.loop)
+            finalizers = [f for f in job["metadata"]["finalizers"] if f != FINALIZER]
+            await self.kube.patch(f"{JOBS}/{self.name}", {"metadata": {"finalizers": finalizers}})
+        if admit and decision.gang is not None:
+            for release in await self.controller.admission.admit_once():
+                self.placement.update(release.placement)
+        return decision
+
+    @staticmethod
+    async def _decline(request: GangRequest) -> bool:
+        return False
+
+    def _run(self, work: Awaitable[R]) -> R:
+        return self._events.run_until_complete(self._session(work))
+
+    async def _session(self, work: Awaitable[R]) -> R:
+        """The controller's informers over the cluster, for the while of `work`."""
+        self.kube.sync()
+        await self.controller.watch()
+        await self.kube.idle()
+        try:
+            return await work
+        finally:
+            await self.controller.stop()
 
     def _ungate(self, name: str) -> None:
         pod = self.pods.get(name)

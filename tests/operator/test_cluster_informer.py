@@ -12,7 +12,8 @@ from urllib.request import Request, urlopen
 import pytest
 from tetrad_operator.controller import job_key, pod_view
 from tetrad_operator.informer import Informer
-from tetrad_operator.kube import Gone, Kube, load_configuration, path
+from tetrad_operator.kube import Kube, load_configuration
+from tetrad_operator.kubeapi import Gone, path
 from tetrad_operator.state import PodState
 
 from tetrad.api import contract

@@ -9,28 +9,16 @@ import json
 
 import pytest
 from tetrad_operator.controller import FIELD_MANAGER
-from tetrad_operator.lifecycle import core
 
+from .fakes import EXTRA_LABEL, older_renderer
 from .helpers import condition, ptj, terminate, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
-EXTRA_LABEL = "tetrad.dev/test-extra"
 
 
 def test_a_field_the_operator_stops_rendering_leaves_the_object(api, operator, namespace, monkeypatch):
     ns = namespace
-    real_render = core.render
-    extra = {"on": True}
-
-    def render(job, **kwargs):  # the renderer of an older operator version, then of this one
-        out = real_render(job, **kwargs)
-        if extra["on"]:
-            out.configmap["data"]["extra.json"] = "{}"
-            out.service["metadata"]["labels"][EXTRA_LABEL] = "yes"
-            out.service["spec"]["ports"] = [*out.service["spec"]["ports"], {"name": "extra", "port": 1234, "protocol": "TCP"}]
-        return out
-
-    monkeypatch.setattr(core, "render", render)
+    extra = older_renderer(monkeypatch)  # the renderer of an older operator version, then of this one
     api.create_job(ns, ptj("applied", nodes=2, runPolicy={"maxRestarts": 2}))
     wait_running(api, ns, "applied", 2)
     cm = api.get(f"/api/v1/namespaces/{ns}/configmaps/applied-config")

@@ -14,6 +14,7 @@ from tetrad_operator.quantity import Resources, pod_requests, to_units
 from tetrad_operator.state import NodeState, PodState
 
 from .fakes import T0, node_body
+from .memory_kube import MemoryKube
 
 
 def pod(name: str, cpu: str = "4", memory: str = "8Gi", gpu: int = 0, node: str | None = None,
@@ -185,17 +186,6 @@ class Watch:
         self.items = {f"{p.namespace}/{p.name}": p for p in pods}
 
 
-class PatchingKube:
-    """Records the ungating patches; the watch shows none of them until a test says so."""
-
-    def __init__(self) -> None:
-        self.patched: list[str] = []
-
-    async def patch(self, url: str, body: dict, content_type: str = "", ok: tuple = ()) -> dict:
-        self.patched.append(url.rsplit("/", 1)[1])
-        return {}
-
-
 def admitter_on(ns: list[NodeState], kube: object = None) -> GangAdmitter:
     return GangAdmitter(kube, lambda: ns, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
 
@@ -341,7 +331,7 @@ def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_g
 
 def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
-    kube = PatchingKube()
+    kube = MemoryKube()  # holds none of the pods: the watch shows no ungating until a test says so
     admitter = admitter_on(ns, kube)
     first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)], age=0)
     second = request("second", [member(pod(f"s{i}", cpu="6"), "second", gated=True) for i in range(2)], age=1)
@@ -349,11 +339,11 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     admitter.request(first)
     admitter.request(second)
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
-    assert kube.patched == ["f0", "f1"]
+    assert patched(kube) == ["f0", "f1"]
     # The watch lags: it still shows the first gang gated. It is neither released again nor
     # forgotten, so the second, which fits only without it, waits.
     admitter.request(first)  # its loop asks again from the same lagging view
-    assert asyncio.run(admitter.admit_once()) == [] and kube.patched == ["f0", "f1"]
+    assert asyncio.run(admitter.admit_once()) == [] and patched(kube) == ["f0", "f1"]
     # The watch catches up (released, unbound): still no room for the second.
     admitter.informers = [Watch(*(dataclasses.replace(p, gated=False, released=True) for p in first.pods), *second.pods)]  # type: ignore[list-item]
     assert asyncio.run(admitter.admit_once()) == [] and not admitter.released
@@ -362,28 +352,35 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["second"]
 
 
-class ReviewingKube:
-    """Answers SelfSubjectAccessReviews from a set of allowed (verb, namespace) pairs ("" for every namespace)."""
+def patched(kube: MemoryKube) -> list[str]:
+    """The pods the admission sent an ungating patch."""
+    return [r.path.rsplit("/", 1)[1] for r in kube.requests if r.verb == "PATCH"]
 
-    def __init__(self, allowed: set[tuple[str, str]]) -> None:
-        self.allowed, self.asked = allowed, []
 
-    async def request(self, verb: str, url: str, *, body: dict, **_: object) -> dict:
-        assert (verb, url) == ("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
-        attributes = body["spec"]["resourceAttributes"]
-        assert attributes["resource"] == "pods"
-        self.asked.append((attributes["verb"], attributes["namespace"]))
-        return {"status": {"allowed": (attributes["verb"], attributes["namespace"]) in self.allowed}}
+def reviewing(allowed: set[tuple[str, str]]) -> MemoryKube:
+    """A Kubernetes that lets the operator list and watch pods where `allowed` says (verb, namespace;
+    "" for every namespace)."""
+    kube = MemoryKube()
+    kube.grants = {(verb, "pods", namespace) for verb, namespace in allowed}
+    return kube
+
+
+def asked(kube: MemoryKube) -> list[tuple[str, str]]:
+    """The SelfSubjectAccessReviews the operator sent: (verb, namespace) of pods."""
+    reviews = [r.body["spec"]["resourceAttributes"] for r in kube.requests
+               if r.path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"]
+    assert all(a["resource"] == "pods" for a in reviews)
+    return [(a["verb"], a["namespace"]) for a in reviews]
 
 
 def test_the_admission_asks_the_api_server_for_both_list_and_watch_before_choosing_its_scope():
-    kube = ReviewingKube({("list", ""), ("watch", ""), ("list", "a")})
-    admitter = GangAdmitter(kube, list, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(1), ["a"])  # type: ignore[arg-type]
+    kube = reviewing({("list", ""), ("watch", ""), ("list", "a")})
+    admitter = GangAdmitter(kube, list, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(1), ["a"])
     assert asyncio.run(admitter.may_watch_pods(None))
     assert not asyncio.run(admitter.may_watch_pods("a")), "list without watch is not enough"
-    assert kube.asked == [("list", ""), ("watch", ""), ("list", "a"), ("watch", "a")]
+    assert asked(kube) == [("list", ""), ("watch", ""), ("list", "a"), ("watch", "a")]
     assert asyncio.run(admitter.scopes()) == [None], "cluster-wide where it may"
-    namespaced = GangAdmitter(ReviewingKube({("list", "a"), ("watch", "a")}), list, lambda key: None,  # type: ignore[arg-type]
+    namespaced = GangAdmitter(reviewing({("list", "a"), ("watch", "a")}), list, lambda key: None,
                               OperatorMetrics(dict), asyncio.Semaphore(1), ["a"])
     assert asyncio.run(namespaced.scopes()) == ["a"], "else in the watched namespaces"
 
@@ -393,7 +390,7 @@ def test_the_admission_asks_the_api_server_for_both_list_and_watch_before_choosi
     (["a", "b"], {("list", ""), ("list", "a"), ("watch", "a"), ("list", "b")}, "pods in b:"),
 ])
 def test_an_admission_that_may_not_watch_pods_stops_the_start_naming_the_rule(namespaces, allowed, named):
-    admitter = GangAdmitter(ReviewingKube(allowed), list, lambda key: None, OperatorMetrics(dict),  # type: ignore[arg-type]
+    admitter = GangAdmitter(reviewing(allowed), list, lambda key: None, OperatorMetrics(dict),
                             asyncio.Semaphore(1), namespaces)
     with pytest.raises(PermissionError, match=named):
         asyncio.run(admitter.scopes())

@@ -1,4 +1,5 @@
-"""The pure state machine, driven through whole scenarios on the in-memory FakeCluster."""
+"""The job's state machine, driven through whole scenarios: the real controller on the in-memory
+Kubernetes (FakeCluster). A few tests call the pure `decide` alone."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tetrad_operator import lifecycle
+from tetrad_operator import lifecycle, status
 from tetrad_operator.admission import created_released
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
 from tetrad_operator.state import PodState, format_time, parse_time
@@ -78,7 +79,7 @@ def test_steady_state_is_a_fixed_point():
     before = dict(c.status)
     d1 = decide(c.job, c.pod_states(), c.node_states(), c.now)
     d2 = decide(c.job, c.pod_states(), c.node_states(), c.now + timedelta(seconds=30))
-    assert d1.status == before and d2.status == before
+    assert status.wire(d1.status) == before and status.wire(d2.status) == before
     assert d1.actions == d2.actions == [] and not d1.events and not d1.verify
 
 
@@ -191,7 +192,7 @@ def test_a_restart_keeps_the_last_committed_checkpoint():
     c.job["status"]["checkpoint"] = dict(committed)  # what the scraper wrote
     c.finish(75, rank=0)  # preempted after committing step 40
     d = c.reconcile()
-    assert c.phase == "Restarting" and "checkpoint" not in d.status  # a pass never writes it ...
+    assert c.phase == "Restarting" and "checkpoint" not in status.wire(d.status)  # a pass never writes it ...
     c.settle(60)
     running(c)
     assert c.status["restarts"] == 1 and c.status["checkpoint"] == committed  # ... so the restart keeps it
@@ -300,14 +301,14 @@ def test_not_ready_node_is_lost_only_after_the_grace_period():
 
 def test_stuck_terminating_pod_is_force_deleted():
     settings = lifecycle.Settings(stuck_terminating_seconds=5)
-    c = FakeCluster(job_body(nodes=1, runPolicy=FAST), settings=settings)
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "terminationGracePeriodSeconds": 5}), settings=settings)
     running(c)
-    c.finish(1)
+    c.finish(1, rank=1)  # the API server removes the finished pod at once; rank 0's deletion takes its grace
     c.reconcile()
     c.tick(1, kubelet_deletes=False)
     d = c.reconcile()
     assert not [a for a in d.actions if isinstance(a, DeletePod) and a.force]
-    c.tick(40, kubelet_deletes=False)  # grace 30 + 5
+    c.tick(40, kubelet_deletes=False)  # well past its grace period (5 s) and stuck_terminating_seconds (5 s)
     d = c.reconcile()
     assert [a.name for a in d.actions if isinstance(a, DeletePod) and a.force] == ["job-r0-0"]
 

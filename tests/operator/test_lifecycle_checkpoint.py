@@ -1,4 +1,4 @@
-"""The lifecycle's checkpoint side, driven through `decide` on the fake cluster: a suspend of a
+"""The lifecycle's checkpoint side, driven through the controller on the fake cluster: a suspend of a
 running job that lets the trainer save first (with and without checkpointing), the resume, and
 checkpoint-now requests forwarded to rank 0."""
 

@@ -1,5 +1,5 @@
 """The last figures rank 0 leaves in its termination message reach the job's status, driven through
-`decide` on the fake cluster: a job that ends between two scrapes shows its last step, loss and
+the controller on the fake cluster: a job that ends between two scrapes shows its last step, loss and
 checkpoint, not the last ones a scrape caught; a message without figures, or a cut one, changes nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The preflight gate in the lifecycle (pure, with the fake cluster): a pod that exits 69 naming a node
+"""The preflight gate in the lifecycle (the controller on the fake cluster): a pod that exits 69 naming a node
 restarts the gang as a disruption, the node is named in status.failedNodes and the next pods avoid
 it, within spec.preflight.maxExcludedNodes; slow nodes the scraper found make the SlowNodes condition."""
 

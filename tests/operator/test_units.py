@@ -1,4 +1,5 @@
-"""Small pure pieces: observed-state parsing, the metrics reader, settings, REST paths."""
+"""Small pieces: observed-state parsing, the metrics reader, settings, REST paths, and the job loop's
+own memory and writes, on the in-memory Kubernetes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
-from tetrad_operator import scrape
+from tetrad_operator import scrape, status
 from tetrad_operator.admission import ungate_patch
 from tetrad_operator.controller import (
     FINALIZER,
@@ -23,7 +24,7 @@ from tetrad_operator.controller import (
     job_key,
     pod_view,
 )
-from tetrad_operator.kube import ApiError, path
+from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 from tetrad_operator.state import NodeState, PodState
@@ -32,6 +33,9 @@ from tetrad.api import contract
 
 from .conftest import free_port
 from .fakes import T0, job_body
+from .memory_kube import MemoryKube
+
+JOB = path(contract.API_VERSION, contract.PLURAL, "ns", "j")
 
 
 def pod_body(**status) -> dict:
@@ -133,27 +137,27 @@ def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
     assert scrape.parse(text) == {"step": 57}  # status.training's step is the training step, not the checkpoint's
 
 
-class RecordingKube:
-    """A Kube that records the status patches the controller sends."""
+def stored(kube: MemoryKube, job_status: dict, revision: int = 7) -> dict:
+    """The job ns/j as the API server holds it at `revision`, as the loop read it."""
+    kube.revision = revision - 1
+    return copy.deepcopy(kube.put(JOB, {"apiVersion": contract.API_VERSION, "kind": contract.KIND,
+                                        "metadata": {"name": "j"}, "status": job_status}))
 
-    def __init__(self, answer: dict | None = None):  # the patched object the API server answers
-        self.on_error, self.patches, self.answer = None, [], answer or {}
 
-    async def patch(self, url, body, ok=()):
-        self.patches.append(body)
-        return self.answer
+def patches(kube: MemoryKube) -> list:
+    return [r.body for r in kube.requests if r.verb == "PATCH"]
 
 
 def test_the_status_write_leaves_the_scrapers_fields_alone():
-    kube = RecordingKube()
-    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings())
     checkpoint = {"step": 50, "path": "/ckpt/step-00000050"}
     old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57}, "checkpoint": checkpoint}
-    body = {"metadata": {"resourceVersion": "7"}, "status": old}
-    new = {"phase": "Restarting", "restarts": 1}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new))
-    assert kube.patches == [{"metadata": {"resourceVersion": "7"},
-                             "status": {"phase": "Restarting", "restarts": 1, "message": None}}]
+    body = stored(kube, old)
+    new = status.read({"phase": "Restarting", "restarts": 1})
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), JOB, body, new))
+    assert patches(kube) == [{"metadata": {"resourceVersion": "7"},
+                              "status": {"phase": "Restarting", "restarts": 1, "message": None}}]
 
 
 def test_scrape_fetch_reads_an_endpoint_and_never_raises():
@@ -195,23 +199,17 @@ def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
 
 
 def test_the_status_write_merges_what_the_pass_learned_into_the_scrapers_objects():
-    kube = RecordingKube()
-    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings())
     old = {"phase": "Suspended", "checkpoint": {"step": 50, "resumedFrom": 0}, "training": {"step": 49}}
-    body = {"metadata": {"resourceVersion": "7"}, "status": old}
-    new = {"phase": "Suspended"}
+    body = stored(kube, old)
+    new = status.read({"phase": "Suspended"})
     learned = {"checkpoint": {"step": 50, "resumedFrom": None}, "training": {"step": 50}}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, learned))
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), JOB, body, new, learned))
     nothing_new = {"checkpoint": {"step": 50}, "training": {"step": 49}}
-    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), "/job", body, old, new, nothing_new))  # no write
-    assert kube.patches == [{"metadata": {"resourceVersion": "7"}, "status": {
+    assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), JOB, body, new, nothing_new))  # no write
+    assert patches(kube) == [{"metadata": {"resourceVersion": "7"}, "status": {
         "phase": "Suspended", "checkpoint": {"resumedFrom": None}, "training": {"step": 50}}}]
-
-
-class ConflictKube(RecordingKube):
-    async def patch(self, url, body, ok=()):
-        self.patches.append(body)
-        return None  # 409 (in `ok`): a newer version exists
 
 
 def version(rv: str) -> dict:
@@ -233,49 +231,51 @@ def test_a_job_loop_holds_the_newest_body_it_has_seen():
 
 
 def test_a_status_write_keeps_its_answer_and_a_lost_one_drops_the_body():
-    old, new = {"phase": "Pending"}, {"phase": "Running"}
+    kube = MemoryKube()
+    body, new = stored(kube, {"phase": "Pending"}), status.read({"phase": "Running"})
     loop = JobLoop(("ns", "j"))
-    loop.keep(version("7"), read=True)
-    ctl = Controller(RecordingKube(answer=version("8")), OperatorSettings())  # type: ignore[arg-type]
-    assert asyncio.run(ctl._write_status(loop, "/job", {**version("7"), "status": old}, old, new))
-    assert loop.body == version("8")
-    conflict = Controller(ConflictKube(), OperatorSettings())  # type: ignore[arg-type]
-    assert not asyncio.run(conflict._write_status(loop, "/job", {**version("8"), "status": old}, old, new))
+    loop.keep(body, read=True)
+    ctl = Controller(kube, OperatorSettings())
+    assert asyncio.run(ctl._write_status(loop, JOB, body, new))
+    assert loop.body == asyncio.run(kube.get(JOB)) and loop.body["metadata"]["resourceVersion"] == "8"
+    # A pass that read the job before that write (resourceVersion 7) loses: 409.
+    assert not asyncio.run(ctl._write_status(loop, JOB, body, status.read({"phase": "Failed"})))
     assert loop.body is None
 
 
-class WorkloadKube:
-    """A Kube whose every Workload says Kueue has no quota for it (numbering the reads)."""
-
-    def __init__(self):
-        self.on_error, self.gets = None, []
-
-    async def get(self, url):
-        self.gets.append(url)
-        return {"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": f"no quota ({len(self.gets)})"}]}}
-
-
 def test_a_job_kueue_holds_reads_its_workload_at_most_every_few_seconds():
-    kube = WorkloadKube()
-    ctl = Controller(kube, OperatorSettings())  # type: ignore[arg-type]
+    kube = MemoryKube()
+    workload = path("kueue.x-k8s.io/v1beta2", "workloads", "ns", "j")
+
+    def kueue_says(message: str) -> None:
+        kube.put(workload, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {"name": "j"},
+                            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": message}]}})
+
+    ctl = Controller(kube, OperatorSettings())
     loop = JobLoop(("ns", "j"))
     spec = loop.resolved(job_body("j", gang={"scheduler": "kueue", "queue": "team-a"}))
     waiting = [PodState(name=f"j-r0-{i}", uid=str(i), job="j", restart=0, rank=i, phase="Pending") for i in range(2)]
     # a burst of passes (pod events come many a second): one read, the same reason
+    kueue_says("no quota (1)")
     assert [asyncio.run(ctl._queued(loop, spec, waiting)) for _ in range(5)] == ["no quota (1)"] * 5
-    assert kube.gets == [path("kueue.x-k8s.io/v1beta2", "workloads", "ns", "j")]
+    def gets() -> list[str]:
+        return [r.path for r in kube.requests if r.verb == "GET"]
+
+    assert gets() == [workload]
+    kueue_says("no quota (2)")
     key, at, reason = loop.queue_read
     loop.queue_read = (key, at - QUEUE_READ_SECONDS, reason)  # that read is now old enough
     assert asyncio.run(ctl._queued(loop, spec, waiting)) == "no quota (2)"
     # the next incarnation's pods (Kueue's group keeps its name) read it at once
+    kueue_says("no quota (3)")
     next_incarnation = [dataclasses.replace(p, name=f"j-r1-{p.rank}", restart=1) for p in waiting]
     assert asyncio.run(ctl._queued(loop, spec, next_incarnation)) == "no quota (3)"
     running = [dataclasses.replace(p, phase="Running", node="n0") for p in next_incarnation]
-    assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(kube.gets) == 3  # nothing waits: no read
+    assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(gets()) == 3  # nothing waits: no read
 
 
 def test_only_a_change_the_decisions_see_wakes_a_job_loop():
-    ctl = Controller(RecordingKube(), OperatorSettings())  # type: ignore[arg-type]
+    ctl = Controller(MemoryKube(), OperatorSettings())
     loop = ctl.jobs[("ns", "j")] = JobLoop(("ns", "j"))
     pod = PodState.from_body(pod_body(phase="Pending"))
     assert (pod.namespace, pod.job) == loop.key
@@ -331,22 +331,14 @@ def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_neve
     assert new.list_due({"status": {"phase": "Pending"}}, 30.0)
 
 
-class NoCallsKube:
-    """A Kube no call may reach."""
-
-    on_error = None
-
-    def __getattr__(self, name):
-        raise AssertionError(f"unexpected API call: {name}")
-
-
 def test_a_new_jobs_first_pass_waits_for_kopfs_finalizer_before_writing_anything():
-    ctl = Controller(NoCallsKube(), OperatorSettings())  # type: ignore[arg-type]
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings())
     loop = JobLoop(("ns", "j"))
     new = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "5"}}
     loop.keep(new, read=True)
     loop.body_read = time.monotonic()
-    assert asyncio.run(ctl.reconcile(loop)) == 0.05, "no write races kopf's finalizer patch"
+    assert asyncio.run(ctl.reconcile(loop)) == 0.05 and not kube.requests, "no write races kopf's finalizer patch"
     loop.keep({"metadata": {**new["metadata"], "resourceVersion": "6", "finalizers": [FINALIZER]}})  # the watch
     assert not loop.awaits_finalizer(loop.body)
     assert not loop.awaits_finalizer({**new, "status": {"phase": "Pending"}}), "a job reconciled before never waits"
@@ -359,8 +351,10 @@ def test_a_new_jobs_first_pass_reads_the_body_kopf_brought_and_a_reconciled_one_
     loop = JobLoop(("ns", "j"))
     loop.first_seen(new)
     assert loop.body is new, "never reconciled: its first pass writes the status, guarded, before acting"
-    ctl = Controller(NoCallsKube(), OperatorSettings())  # type: ignore[arg-type]
-    assert asyncio.run(ctl.reconcile(loop)) == 0.05, "no GET: the pass waits for kopf's finalizer from this body"
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings())
+    assert asyncio.run(ctl.reconcile(loop)) == 0.05 and not kube.requests, \
+        "no GET: the pass waits for kopf's finalizer from this body"
     reconciled = JobLoop(("ns", "k"))
     reconciled.first_seen({**new, "status": {"phase": "Running"}})
     assert reconciled.body is None, "a job with a status may act without writing: its first pass GETs"

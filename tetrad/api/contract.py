@@ -164,32 +164,34 @@ PREFLIGHT_GAUGES: Final[dict[str, str]] = {
     METRIC_PREFLIGHT_SECONDS: "Wall time of the preflight gang check on the node (the slowest of its ranks).",
 }
 
-# Trainer gauge -> status.training field (camelCase, as stored), and which of them are integers.
+# Trainer gauge -> the status field it fills, as a path of the status model's field names
+# (tetrad.api.spec.ParallelTrainingJobStatus): the operator writes each under the field's camelCase
+# alias, as the field's type (a gauge filling a text field is a Unix time, stored as RFC 3339).
 SCRAPED: Final[dict[str, str]] = {
-    METRIC_STEP: "step",
-    METRIC_LOSS: "loss",
-    METRIC_TOKENS_PER_SECOND: "tokensPerSecond",
-    METRIC_MFU: "mfu",
-    METRIC_PEAK_MEMORY: "peakMemoryBytes",
-    METRIC_STEP_TIME: "stepTimeSeconds",
-    METRIC_LAST_STEP_TIME: "lastStepTime",
-    METRIC_STARTUP: "startupSeconds",
+    METRIC_STEP: "training.step",
+    METRIC_LOSS: "training.loss",
+    METRIC_TOKENS_PER_SECOND: "training.tokens_per_second",
+    METRIC_MFU: "training.mfu",
+    METRIC_PEAK_MEMORY: "training.peak_memory_bytes",
+    METRIC_STEP_TIME: "training.step_time_seconds",
+    METRIC_LAST_STEP_TIME: "training.last_step_time",
+    METRIC_STARTUP: "training.startup_seconds",
 }
 # ... and into status.checkpoint; these are NaN until set, and a NaN is left out of a scrape, so a
 # restart keeps the last committed step until its own first commit.
 SCRAPED_CHECKPOINT: Final[dict[str, str]] = {
-    METRIC_CHECKPOINT_STEP: "step",
-    METRIC_CHECKPOINT_TIME: "time",
-    METRIC_RESUMED_FROM: "resumedFrom",
+    METRIC_CHECKPOINT_STEP: "checkpoint.step",
+    METRIC_CHECKPOINT_TIME: "checkpoint.time",
+    METRIC_RESUMED_FROM: "checkpoint.resumed_from",
 }
-SCRAPED_INTEGERS: Final = frozenset({"step", "peakMemoryBytes", "resumedFrom"})
-SCRAPED_TIMES: Final = frozenset({"lastStepTime", "time"})  # Unix seconds, stored as RFC 3339
 # 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
-SCRAPED_UNSET_AT_ZERO: Final = frozenset({"lastStepTime", "stepTimeSeconds", "startupSeconds", "tokensPerSecond", "mfu"})
+SCRAPED_UNSET_AT_ZERO: Final = frozenset({METRIC_LAST_STEP_TIME, METRIC_STEP_TIME, METRIC_STARTUP,
+                                          METRIC_TOKENS_PER_SECOND, METRIC_MFU})
 
 
-# status.checkpoint.requestCommitted: the checkpoint-now request rank 0 served (token, step, time).
-SCRAPED_REQUEST: Final[dict[str, str]] = {METRIC_REQUEST_STEP: "step", METRIC_REQUEST_TIME: "time"}
+# status.checkpoint.requestCommitted: the checkpoint-now request rank 0 served (with its token, the label).
+SCRAPED_REQUEST: Final[dict[str, str]] = {METRIC_REQUEST_STEP: "checkpoint.request_committed.step",
+                                          METRIC_REQUEST_TIME: "checkpoint.request_committed.time"}
 
 
 def step_dir_name(step: int) -> str:

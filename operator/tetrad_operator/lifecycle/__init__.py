@@ -34,10 +34,10 @@ from tetrad_operator.lifecycle.actions import (
     Ungate,
 )
 from tetrad_operator.lifecycle.core import PodRejection, ResolvedJob, decide, resolve_job
-from tetrad_operator.lifecycle.machine import SCRAPER_OWNED, Settings
+from tetrad_operator.lifecycle.machine import Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
     "Action", "AnnotatePod", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
-    "SCRAPER_OWNED", "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
+    "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tetrad.api.spec import ParallelTrainingJobStatus
 from tetrad_operator.gang import GangRequest
 
 
@@ -77,7 +78,7 @@ Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | AnnotatePod
 
 @dataclass
 class Decision:
-    status: dict[str, Any]
+    status: ParallelTrainingJobStatus  # the next status, without the scraper's objects (see `merged`)
     actions: list[Action] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None  # reconcile again after this long even without events
@@ -88,8 +89,8 @@ class Decision:
     # The whole new incarnation this pass creates (built-in gang): it may be created released if
     # the admission finds it fits now; otherwise its pods are created gated, as rendered.
     release_at_creation: GangRequest | None = None
-    # Fields this pass learned of the status objects the scraper writes (SCRAPER_OWNED: training,
-    # checkpoint), by object; merge-patched into them (None removes a field): `status` never carries them.
+    # What this pass learned of the status objects the scraper writes (status.SCRAPER_OWNED: training,
+    # checkpoint), by object, as camelCase fields merge-patched into them (None removes one).
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def after(self, seconds: float) -> None:

@@ -16,19 +16,18 @@ reports the commit in status.checkpoint.requestCommitted.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from tetrad.api import contract
-from tetrad.api.spec import ParallelTrainingJob, Phase
+from tetrad.api.spec import CheckpointStatus, ParallelTrainingJob, Phase
 from tetrad_operator.lifecycle import figures, gang
 from tetrad_operator.lifecycle.actions import AnnotatePod, Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState, format_time
 
 
-def recorded(m: JobPass) -> dict[str, Any]:
+def recorded(m: JobPass) -> CheckpointStatus:
     """status.checkpoint as read (the scraper's and earlier passes' writes)."""
-    return dict((m.body.get("status") or {}).get("checkpoint") or {})
+    return m.read.checkpoint or CheckpointStatus()
 
 
 def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
@@ -42,9 +41,9 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
                             "and checkpointing is off (spec.checkpoint.enabled=false): the training state is lost"))
         else:
             m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
-        m.status.pop("startTime", None)
+        m.status.start_time = None
         gang.withdraw_release(m, "Suspended", "the job is suspended")
-    restart = int(m.status.get("restarts") or 0)
+    restart = m.status.restarts
     rank0 = next((p for p in m.pods if p.rank == 0 and p.restart == restart and p.message), None)
     figures.record_left(m, job, rank0)
     if spec.checkpoint.enabled:
@@ -52,26 +51,24 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
     if m.pods:
         m.delete(m.pods)
         return
-    if (m.condition(Phase.SUSPENDED) or {}).get("reason") == "Suspending":
+    if (suspended := m.condition(Phase.SUSPENDED)) is not None and suspended.reason == "Suspending":
         m.transition(Phase.SUSPENDED, "Suspended", f"the pods are gone; {_saved_note(m, job)}")
 
 
 def _record_saved(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:
     """Rank 0's termination message says which step it committed last: into status.checkpoint."""
-    if rank0 is None or (step := rank0.said.checkpoint_step) is None or recorded(m).get("step") == step:
+    if rank0 is None or (step := rank0.said.checkpoint_step) is None or recorded(m).step == step:
         return
-    left = rank0.said
-    saved: dict[str, Any] = {"step": step, "path": contract.step_path(job.spec.checkpoint.path, step)}
-    at = left.checkpoint_time
+    at = rank0.said.checkpoint_time
+    m.checkpoint.step, m.checkpoint.path = step, contract.step_path(job.spec.checkpoint.path, step)
     # committed by an earlier process when absent: its time is unknown here
-    saved["time"] = format_time(datetime.fromtimestamp(at, UTC)) if at is not None else None
-    m.merge("checkpoint", saved)
+    m.checkpoint.time = format_time(datetime.fromtimestamp(at, UTC)) if at is not None else None
 
 
 def _saved_note(m: JobPass, job: ParallelTrainingJob) -> str:
     if not job.spec.checkpoint.enabled:
         return "checkpointing is off (spec.checkpoint.enabled=false): the training state is lost, a resume starts from step 0"
-    step = {**recorded(m), **m.decision.merged.get("checkpoint", {})}.get("step")
+    step = m.checkpoint.step
     if step is None:
         return "no checkpoint was committed: a resume starts from step 0"
     return f"the last committed checkpoint is step {step} (status.checkpoint); a resume continues from it"
@@ -79,20 +76,20 @@ def _saved_note(m: JobPass, job: ParallelTrainingJob) -> str:
 
 def resumed(m: JobPass, job: ParallelTrainingJob) -> None:
     """suspend is false again: the same incarnation is created anew and resumes from the last checkpoint."""
-    step = recorded(m).get("step")
+    step = recorded(m).step
     where = f"; the trainer resumes from checkpoint step {step}" if job.spec.checkpoint.enabled and step is not None else ""
     m.transition(Phase.PENDING, "Resumed", f"the job was resumed{where}")
-    m.status.pop("startTime", None)
+    m.status.start_time = None
     # The resume of the gone incarnation no longer describes the job: the new one reports its own.
-    m.merge("checkpoint", {"resumedFrom": None, "resumedAtRestart": None})
+    m.checkpoint.resumed_from = m.checkpoint.resumed_at_restart = None
 
 
 def forward_request(m: JobPass, job: ParallelTrainingJob, rank0: PodState) -> None:
     """A checkpoint-now token not forwarded yet: onto rank 0's running pod, whose trainer saves at its next step."""
     token = (m.meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW)
-    if not token or recorded(m).get("requested") == token or rank0.phase != "Running" or rank0.deleting:
+    if not token or recorded(m).requested == token or rank0.phase != "Running" or rank0.deleting:
         return
-    m.merge("checkpoint", {"requested": token})
+    m.checkpoint.requested = token
     if not job.spec.checkpoint.enabled:
         m.decision.events.append(Event("Warning", "CheckpointNotConfigured", f"checkpoint-now {token!r} ignored: "
                                        "checkpointing is off (spec.checkpoint.enabled=false)"))

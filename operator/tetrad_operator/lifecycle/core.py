@@ -60,57 +60,61 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
     `queued` is the queue's reason for holding the job's pods (Kueue's word on its Workload).
     """
     m = JobPass(body, pods, nodes, now, settings or Settings())
-    spec = spec or resolve_job(body)
-    job, cfg = spec.job, spec.config
+    _phases(m, spec or resolve_job(body), rejection, queued)
+    return m.decided()
+
+
+def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queued: str | None) -> None:
+    job, cfg, now = spec.job, spec.config, m.now
     if job is None or cfg is None:
         if m.phase not in TERMINAL:
             m.transition(Phase.FAILED, "InvalidSpec", f"the spec is invalid: {spec.problem}", warning=True)
-            m.status["completionTime"] = format_time(now)
+            m.status.completion_time = format_time(now)
         m.finished(job.spec.run_policy if job is not None else RunPolicy())
-        return m.decision
+        return
 
-    m.status["worldSize"] = cfg.world_size
-    m.status["mesh"] = cfg.layout.label()
+    m.status.world_size = cfg.world_size
+    m.status.mesh = cfg.layout.label()
     run_policy = job.spec.run_policy
     if m.phase in TERMINAL:
         m.finished(run_policy)
         if m.phase == Phase.FAILED:
             m.decision.actions.extend(queue.closing(job.spec, m.pods))
-        return m.decision
+        return
     if run_policy.suspend or (m.phase == Phase.SUSPENDED and m.pods):  # a resume waits for the suspend's pods
         checkpoint.suspend(m, job)
-        return m.decision
+        return
     if m.phase == Phase.SUSPENDED:
         checkpoint.resumed(m, job)
     if not m.phase:
         m.transition(Phase.PENDING, "Created", "creating the job's objects")
-    m.status.setdefault("startTime", format_time(now))
+    if m.status.start_time is None:
+        m.status.start_time = format_time(now)
 
     deadline = run_policy.active_deadline_seconds
     if deadline is not None:
-        start = parse_time(m.status["startTime"]) or now
+        start = parse_time(m.status.start_time) or now
         left = deadline - (now - start).total_seconds()
         if left <= 0:
             m.fail("DeadlineExceeded", f"the job was active longer than activeDeadlineSeconds={deadline}", run_policy)
-            return m.decision
+            return
         m.decision.after(left)
 
     if rejection is not None and rejection.attempts >= m.settings.pod_create_attempts:
         m.fail("PodCreationRejected", f"the API server rejected the job's pods {rejection.attempts} times in a row: "
                f"{rejection.message}", run_policy)
-        return m.decision
+        return
 
     _active(m, job, cfg, queued)
-    return m.decision
 
 
 def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: str | None) -> None:
     spec, run_policy = job.spec, job.spec.run_policy
-    recorded = int(m.status.get("restarts") or 0)
+    recorded = m.status.restarts
     restart = max([recorded, *(p.restart for p in m.pods)])
     if restart > recorded and m.phase == Phase.RUNNING:
         m.transition(Phase.RESTARTING, "Recovered", f"found pods of restart {restart}; continuing with it")
-    m.status["restarts"] = restart
+    m.status.restarts = restart
     old = [p for p in m.pods if p.restart < restart]
     current = {p.rank: p for p in m.pods if p.restart == restart and 0 <= p.rank < spec.nodes}
     builtin = spec.gang.scheduler == Scheduler.BUILTIN
@@ -168,7 +172,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     if all(p.phase == "Succeeded" for p in pods):
         figures.record_left(m, job, pods[0])  # the last step and loss, which no scrape may have caught
         m.transition(Phase.SUCCEEDED, "Succeeded", f"all {spec.nodes} pods succeeded")
-        m.status["completionTime"] = format_time(m.now)
+        m.status.completion_time = format_time(m.now)
         m.finished(run_policy)
         return
 
@@ -192,5 +196,5 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         else:
             why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
             reason, message = "WaitingForScheduler", f"all {spec.nodes} pods exist; waiting for {scheduler} to place and start them{why}"
-        if m.phase != Phase.GANG_WAITING or (not builtin and m.status.get("message") != message):
+        if m.phase != Phase.GANG_WAITING or (not builtin and m.status.message != message):
             m.transition(Phase.GANG_WAITING, reason, message)

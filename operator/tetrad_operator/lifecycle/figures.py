@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tetrad.api import contract
 from tetrad.api.spec import ParallelTrainingJob
-from tetrad_operator import scrape
+from tetrad_operator import scrape, status
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState, format_time
 
@@ -20,8 +20,8 @@ def record_left(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) ->
         training, saved = scrape.parse_each(text, contract.SCRAPED, contract.SCRAPED_CHECKPOINT)
     except ValueError:  # not an exposition: a message cut short, say
         return
-    status = m.body.get("status") or {}
-    if training and any((status.get("training") or {}).get(k) != v for k, v in training.items()):
-        m.merge("training", {**training, "updated": format_time(m.now)})
+    if training and any(status.wire(m.training).get(k) != v for k, v in training.items()):
+        m.training = status.merged(m.training, training)
+        m.training.updated = format_time(m.now)
     if saved:
-        m.merge("checkpoint", scrape.checkpoint(saved, job.spec.checkpoint.path, rank0.restart))
+        m.checkpoint = status.merged(m.checkpoint, scrape.checkpoint(saved, job.spec.checkpoint.path, rank0.restart))

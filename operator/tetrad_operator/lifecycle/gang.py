@@ -23,8 +23,8 @@ RELEASED = "GangReleased"
 
 def timed_out(m: JobPass) -> bool:
     """The last release timed out: the gang is being re-created behind its gates."""
-    c = m.condition(RELEASED) or {}
-    return c.get("status") == "False" and c.get("reason") == "GangTimeout"
+    c = m.condition(RELEASED)
+    return c is not None and c.status == "False" and c.reason == "GangTimeout"
 
 
 def creating(m: JobPass, nodes: int, restart: int, new: Sequence[Mapping[str, Any]] = ()) -> None:
@@ -32,7 +32,7 @@ def creating(m: JobPass, nodes: int, restart: int, new: Sequence[Mapping[str, An
     the admission may create released if the gang fits at once; never right after a gang timeout,
     when the scheduler could not place what the fit had released (the gang waits gated instead)."""
     released = m.condition(RELEASED)
-    if released is None or released.get("status") == "True":
+    if released is None or released.status == "True":
         m.set_condition(RELEASED, "False", "Creating", f"creating the {nodes} pods of restart {restart}")
     if new and not timed_out(m):
         created = parse_time(m.meta.get("creationTimestamp"))

@@ -3,17 +3,18 @@
 `JobPass` owns the phase transitions (exactly the current phase's condition is True), the
 judgement of pods whose node is gone or NotReady, the deletion of pods (forced where no kubelet
 will finish it), and the end of the job (cleanPodPolicy, TTL). It reads only its arguments.
+The status is the model (tetrad_operator.status reads it and writes it back).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from tetrad.api.spec import CleanPodPolicy, Phase, RunPolicy
+from tetrad.api.spec import CheckpointStatus, CleanPodPolicy, Condition, Phase, RunPolicy, TrainingStatus
+from tetrad_operator import status
 from tetrad_operator.lifecycle.actions import Decision, DeleteJob, DeletePod, Event
 from tetrad_operator.state import NodeState, PodState, format_time, parse_time
 
@@ -34,25 +35,20 @@ class Settings:
     stall_collective_margin_seconds: float = 60.0  # ... and at least runPolicy.collectiveTimeoutSeconds + this
 
 
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+def set_condition(conditions: list[Condition], type_: str, value: ConditionStatus, reason: str, message: str,
                   now: datetime) -> None:
     """Upsert a condition; lastTransitionTime moves only when its status flips."""
     for c in conditions:
-        if c.get("type") == type_:
-            if c.get("status") != status:
-                c["lastTransitionTime"] = format_time(now)
-            c.update(status=status, reason=reason, message=message)
+        if c.type == type_:
+            if c.status != value:
+                c.last_transition_time = format_time(now)
+            c.status, c.reason, c.message = value, reason, message
             return
-    conditions.append({"type": type_, "status": status, "reason": reason, "message": message,
-                       "lastTransitionTime": format_time(now)})
-
-
-def get_condition(status: Mapping[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), None)
-
-
-# Status fields only the scraper writes: a pass never writes them, so a restart keeps them.
-SCRAPER_OWNED = ("training", "checkpoint", "preflight")
+    conditions.append(Condition(type=type_, status=value, reason=reason, message=message,
+                                last_transition_time=format_time(now)))
 
 
 class JobPass:
@@ -62,50 +58,56 @@ class JobPass:
         self.meta = body.get("metadata", {})
         self.name: str = self.meta.get("name", "")
         self.namespace: str = self.meta.get("namespace", "default")
-        self.status: dict[str, Any] = copy.deepcopy(dict(body.get("status") or {}))
-        for key in SCRAPER_OWNED:
-            self.status.pop(key, None)
-        self.status.setdefault("conditions", [])
-        self.status.setdefault("restarts", 0)
-        self.status.setdefault("disruptions", 0)
+        self.read = status.read(body.get("status"))  # as stored, the scraper's objects included
+        # The next status, without the scraper's objects: what a pass learns of them is merged (`decided`).
+        self.status = status.read(body.get("status"), scraped=False)
+        # A field set is written: every pass writes these three, even where the stored status lacks them.
+        self.status.conditions = self.status.conditions
+        self.status.restarts = self.status.restarts
+        self.status.disruptions = self.status.disruptions
         if self.meta.get("generation") is not None:
-            self.status["observedGeneration"] = self.meta["generation"]
+            self.status.observed_generation = self.meta["generation"]
+        self.training = (self.read.training or TrainingStatus()).model_copy(deep=True)
+        self.checkpoint = (self.read.checkpoint or CheckpointStatus()).model_copy(deep=True)
         self.pods = list(pods)
         self.nodes = nodes
         self.now = now
         self.settings = settings
         self.decision = Decision(status=self.status)
 
+    def decided(self) -> Decision:
+        """The Decision, with what this pass learned of status.training and status.checkpoint."""
+        for key, before, after in (("training", self.read.training, self.training),
+                                   ("checkpoint", self.read.checkpoint, self.checkpoint)):
+            if changed := status.changes(before, after):
+                self.decision.merged[key] = changed
+        return self.decision
+
     @property
-    def phase(self) -> str | None:
-        return self.status.get("phase")
+    def phase(self) -> Phase | None:
+        return self.status.phase
 
     def transition(self, phase: Phase, reason: str, message: str, warning: bool = False) -> None:
         previous = self.phase
-        conds = self.status["conditions"]
+        conds = self.status.conditions
         current = self.condition(phase)
-        if previous != phase or current is None or current.get("reason") != reason:
+        if previous != phase or current is None or current.reason != reason:
             self.decision.events.append(Event("Warning" if warning else "Normal", reason, message))
         if previous and previous != phase:
-            set_condition(conds, previous, "False", reason, message, self.now)
+            set_condition(conds, previous.value, "False", reason, message, self.now)
         set_condition(conds, phase.value, "True", reason, message, self.now)
-        self.status["phase"] = phase.value
-        self.status["message"] = message
+        self.status.phase = phase
+        self.status.message = message
 
-    def set_condition(self, type_: str, status: str, reason: str, message: str) -> None:
-        set_condition(self.status["conditions"], type_, status, reason, message, self.now)
+    def set_condition(self, type_: str, value: ConditionStatus, reason: str, message: str) -> None:
+        set_condition(self.status.conditions, type_, value, reason, message, self.now)
 
-    def merge(self, key: str, fields: dict[str, Any]) -> None:
-        """Merge `fields` into status.<key>, one of SCRAPER_OWNED (the Decision carries them: see Decision.merged)."""
-        assert key in SCRAPER_OWNED, key
-        self.decision.merged[key] = {**self.decision.merged.get(key, {}), **fields}
-
-    def condition(self, type_: str) -> dict[str, Any] | None:
-        return get_condition(self.status, type_)
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.status.conditions if c.type == type_), None)
 
     def since(self, type_: str) -> datetime:
         c = self.condition(type_)
-        return parse_time(c.get("lastTransitionTime") if c else None) or self.now
+        return parse_time(c.last_transition_time if c else None) or self.now
 
     # ------------------------------------------------------------------ pods the cluster took away
 
@@ -154,7 +156,7 @@ class JobPass:
 
     def fail(self, reason: str, message: str, policy: RunPolicy) -> None:
         self.transition(Phase.FAILED, reason, message, warning=True)
-        self.status["completionTime"] = format_time(self.now)
+        self.status.completion_time = format_time(self.now)
         self.finished(policy)
 
     def finished(self, policy: RunPolicy) -> None:
@@ -165,7 +167,7 @@ class JobPass:
             self.delete([p for p in self.pods if not p.terminal])
         ttl = policy.ttl_seconds_after_finished
         if ttl is not None:
-            done = parse_time(self.status.get("completionTime")) or self.now
+            done = parse_time(self.status.completion_time) or self.now
             left = ttl - (self.now - done).total_seconds()
             if left <= 0:
                 self.decision.actions.append(DeleteJob())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
-from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy
+from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
 from tetrad_operator.lifecycle import gang, preflight
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
@@ -110,12 +110,12 @@ def preflight_failure(rank: int, pod: PodState, current: dict[int, PodState]) ->
                    nodes=tuple(nodes))
 
 
-def stall_timeout(m: JobPass, policy: RunPolicy, training: dict[str, object]) -> float | None:
+def stall_timeout(m: JobPass, policy: RunPolicy, training: TrainingStatus) -> float | None:
     """Seconds without a rank-0 step that make the gang stalled; None when detection is off."""
     if policy.stall_timeout_seconds is not None:
         return float(policy.stall_timeout_seconds) or None
-    step_time = training.get("stepTimeSeconds")
-    measured = m.settings.stall_step_factor * step_time if isinstance(step_time, (int, float)) else 0.0
+    step_time = training.step_time_seconds
+    measured = m.settings.stall_step_factor * step_time if step_time is not None else 0.0
     return max(measured, stall_floor(m, policy))
 
 
@@ -146,23 +146,23 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
     heartbeat with its first report (tetrad_trainer.runtime), not before: an incarnation that has not
     reported is never judged stalled.
     """
-    training = dict((m.body.get("status") or {}).get("training") or {})
+    training = m.read.training or TrainingStatus()
     timeout = stall_timeout(m, policy, training)
     running = m.since(Phase.RUNNING)
-    read = parse_time(training.get("updated"))
-    finishing = steps is not None and isinstance(training.get("step"), int) and training["step"] >= steps
+    read = parse_time(training.updated)
+    finishing = steps is not None and training.step is not None and training.step >= steps
     if timeout is None or read is None or read < running or finishing:
         return None
-    beat = parse_time(training.get("lastStepTime"))
+    beat = parse_time(training.last_step_time)
     started = beat is not None and beat >= running
     if not started and steps is None:
         return None
     since = beat if started and beat is not None else running
     source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
               f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
-    startup = training.get("startupSeconds")
+    startup = training.startup_seconds
     if not started:
-        measured = m.settings.stall_startup_factor * startup if isinstance(startup, (int, float)) else 0.0
+        measured = m.settings.stall_startup_factor * startup if startup is not None else 0.0
         if (longest := max(stall_floor(m, policy), measured)) > timeout:
             timeout = longest
             source = (f"before the first step: at least {stall_floor(m, policy):g}s and "
@@ -172,7 +172,7 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
         if (left := (since + timedelta(seconds=timeout) - m.now).total_seconds()) > 0:
             m.decision.after(left)  # the first moment a read can tell (the scraper's write wakes the job too)
         return None
-    what = f"no step since {training['lastStepTime']}" if started else "no step"
+    what = f"no step since {training.last_step_time}" if started else "no step"
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
                    f"timeout of {timeout:g}s ({source})", True)
 
@@ -207,7 +207,7 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     # A disruption's peers often fail too (a collective loses a rank): one disruption covers them.
     disruption = next((f for f in found if f.disruption), None)
     first = disruption or found[0]
-    disruptions = min(int(m.status.get("disruptions") or 0), restart)
+    disruptions = min(m.status.disruptions, restart)
     if disruption is None and restart - disruptions >= policy.max_restarts:
         m.fail("MaxRestartsExceeded",
                f"{first.detail}; the gang was already restarted {restart - disruptions} times after failures"
@@ -219,8 +219,8 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
                f" (spec.runPolicy.maxDisruptions={policy.max_disruptions}); raise it if the cluster is expected"
                f" to take the job's pods this often", policy)
         return
-    m.status["restarts"] = restart + 1
-    m.status["disruptions"] = disruptions + (disruption is not None)
+    m.status.restarts = restart + 1
+    m.status.disruptions = disruptions + (disruption is not None)
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     wait = backoff_seconds(policy, restart + 1)
     m.transition(Phase.RESTARTING, first.reason,

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from typing import Any
 
 from tetrad.api.preflight import slow_nodes
-from tetrad.api.spec import Preflight
+from tetrad.api.spec import FailedNode, ParallelTrainingJobStatus, Preflight
 from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.state import PodState
@@ -44,18 +43,18 @@ def named_nodes(pod: PodState, current: Mapping[int, PodState]) -> tuple[list[tu
     return nodes, gang
 
 
-def excluded(status: Mapping[str, Any]) -> list[str]:
+def excluded(status: ParallelTrainingJobStatus) -> list[str]:
     """The nodes later incarnations avoid."""
-    return sorted({f["node"] for f in status.get("failedNodes") or [] if f.get("excluded")})
+    return sorted({f.node for f in status.failed_nodes if f.excluded})
 
 
 def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflight) -> None:
     """Name the failed nodes of incarnation `restart` in status.failedNodes; exclude those the
     budget allows."""
-    failed: list[dict[str, Any]] = list(m.status.get("failedNodes") or [])
+    failed = list(m.status.failed_nodes)
     avoided = set(excluded(m.status))
     for node, reason in nodes:
-        if any(f["node"] == node and f["restart"] == restart for f in failed):
+        if any(f.node == node and f.restart == restart for f in failed):
             continue  # a later pass over the same failure
         exclude = spec.exclude_failed_nodes and (node in avoided or len(avoided) < spec.max_excluded_nodes)
         if exclude and node not in avoided:
@@ -68,23 +67,21 @@ def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflig
                    f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} nodes are excluded already")
             m.decision.events.append(Event("Warning", "NodeNotExcluded", f"node {node} failed the preflight gate "
                                            f"({reason}); not excluded: {why}"))
-        failed.append({"node": node, "reason": reason, "restart": restart, "excluded": exclude})
-    kept = [f for f in failed if f["excluded"]]
-    m.status["failedNodes"] = kept + [f for f in failed if not f["excluded"]][-KEPT_FAILURES:]
+        failed.append(FailedNode(node=node, reason=reason, restart=restart, excluded=exclude))
+    kept = [f for f in failed if f.excluded]
+    m.status.failed_nodes = kept + [f for f in failed if not f.excluded][-KEPT_FAILURES:]
 
 
 def report_slow(m: JobPass, restart: int, fraction: float) -> None:
     """Condition SlowNodes (and a Warning Event when it turns True or names other nodes): the nodes
     whose bus bandwidth in the current incarnation's preflight, as the scraper read it into
     status.preflight, is below `fraction` of the median."""
-    measured = (m.body.get("status") or {}).get("preflight") or {}
-    if measured.get("restart") != restart:
+    measured = m.read.preflight
+    if measured is None or measured.restart != restart:
         return  # not measured in this incarnation yet
     bandwidth: dict[str, float] = {}
-    for n in measured.get("nodes") or []:
-        node, value = n.get("node"), n.get("busBandwidthGBps")
-        if isinstance(node, str) and isinstance(value, (int, float)):
-            bandwidth[node] = min(value, bandwidth.get(node, value))
+    for n in measured.nodes:
+        bandwidth[n.node] = min(n.bus_bandwidth_g_bps, bandwidth.get(n.node, n.bus_bandwidth_g_bps))
     slow = slow_nodes(bandwidth, fraction)
     before = m.condition(SLOW_NODES)
     if slow:
@@ -92,8 +89,8 @@ def report_slow(m: JobPass, restart: int, fraction: float) -> None:
         message = (f"node{'s' if len(slow) > 1 else ''} {', '.join(slow)} measured a preflight all-reduce bus "
                    f"bandwidth below spec.preflight.slowNodeFraction={fraction:g} of the gang's median "
                    f"({median:.3g} GB/s): " + ", ".join(f"{node} {bandwidth[node]:.3g} GB/s" for node in slow))
-        if before is None or before.get("status") != "True" or before.get("message") != message:
+        if before is None or before.status != "True" or before.message != message:
             m.decision.events.append(Event("Warning", SLOW_NODES, message))
         m.set_condition(SLOW_NODES, "True", SLOW_NODES, message)
-    elif before is not None and before.get("status") == "True":
+    elif before is not None and before.status == "True":
         m.set_condition(SLOW_NODES, "False", "NoSlowNodes", f"restart {restart}: no node below the fraction")

@@ -1,0 +1,134 @@
+"""The controller's reads and writes, on the in-memory Kubernetes (memory_kube.MemoryKube): the
+objects it applies, the status it writes (through its model, or refused), and the informer's watch.
+tests/operator/test_cluster_objects.py and test_cluster_informer.py check the same against a real
+API server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from tetrad_operator import scrape, status
+from tetrad_operator.informer import Informer
+from tetrad_operator.kubeapi import ApiError, path
+from tetrad_operator.state import NodeState
+
+from tetrad.api import contract
+
+from .fakes import EXTRA_LABEL, T0, FakeCluster, job_body, node_body, older_renderer
+from .memory_kube import MemoryKube
+from .test_lifecycle import running
+
+JOB = path(contract.API_VERSION, contract.PLURAL, "ns", "j")
+
+
+def test_a_field_the_operator_stops_rendering_leaves_the_object(monkeypatch):
+    extra = older_renderer(monkeypatch)  # the renderer of an older operator version, then of this one
+    c = FakeCluster(job_body(nodes=2, runPolicy={"backoffSeconds": 1, "maxRestarts": 2}))
+    running(c)
+    c.objects[("Service", "job")]["metadata"]["annotations"] = {"someone": "else"}  # another writer's field
+    assert c.objects[("ConfigMap", "job-config")]["data"]["extra.json"] == "{}"
+    ports = [p["name"] for p in c.objects[("Service", "job")]["spec"]["ports"]]
+    assert "extra" in ports and len(ports) > 1
+    extra["on"] = False
+    c.finish(1, rank=1)  # the next incarnation applies the objects again
+    c.settle(10)
+    running(c)
+    assert c.status["restarts"] == 1
+    assert set(c.objects[("ConfigMap", "job-config")]["data"]) == {"config.json"}, "what it stopped rendering is gone"
+    assert json.loads(c.objects[("ConfigMap", "job-config")]["data"]["config.json"])["nodes"] == 2
+    service = c.objects[("Service", "job")]
+    assert EXTRA_LABEL not in service["metadata"]["labels"] and service["spec"]["clusterIP"] == "None"
+    assert [p["name"] for p in service["spec"]["ports"]] == [p for p in ports if p != "extra"]
+    assert service["metadata"]["annotations"] == {"someone": "else"}, "what another writer set stays"
+
+
+def test_a_foreign_object_of_the_same_name_is_left_alone_with_an_event():
+    c = FakeCluster(job_body("taken", nodes=2))
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-config"}, "data": {"mine": "1"}}
+    c.kube.put(path("v1", "configmaps", "ns", "taken-config"), foreign)
+    c.reconcile()
+    conflict = next(e for e in c.events if e.reason == "ObjectConflict")
+    assert conflict.type == "Warning"
+    assert conflict.message == "ConfigMap taken-config exists and is not owned by this job; delete it or rename the job"
+    assert c.objects[("ConfigMap", "taken-config")]["data"] == {"mine": "1"}
+    assert not c.pods, "no pod starts without its own ConfigMap"
+    assert c.phase == "Pending"
+    c.kube.remove(path("v1", "configmaps", "ns", "taken-config"))  # the user resolves the conflict
+    running(c)
+    owner = c.objects[("ConfigMap", "taken-config")]["metadata"]["ownerReferences"][0]
+    assert owner["name"] == "taken" and "config.json" in c.objects[("ConfigMap", "taken-config")]["data"]
+
+
+def test_a_status_field_the_model_lacks_is_refused_not_dropped():
+    kube = MemoryKube()
+    kube.put(JOB, {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j"},
+                   "status": {"phase": "Running"}})
+    with pytest.raises(ApiError, match="tokensPerSecnd") as refused:
+        asyncio.run(kube.patch(f"{JOB}/status", {"status": {"training": {"tokensPerSecnd": 7.5}}}))
+    assert refused.value.status == 422
+    assert asyncio.run(kube.get(JOB))["status"] == {"phase": "Running"}
+    # What the operator reads of a status it cannot read is left out; the rest still counts.
+    read = status.read({"phase": "Running", "restarts": "two", "newerField": 1, "training": {"step": 3}})
+    assert status.wire(read) == {"phase": "Running", "training": {"step": 3}}
+    assert status.patch({"phase": "Running", "newerField": 1}, status.read({"phase": "Failed"})) == {"phase": "Failed"}, \
+        "a field the model does not know is left as it is"
+
+
+def test_every_scraped_gauge_fills_a_field_of_the_status_model():
+    for table in (contract.SCRAPED, contract.SCRAPED_CHECKPOINT, contract.SCRAPED_REQUEST):
+        for metric, field_path in table.items():
+            assert status.field(field_path).kind in (int, float, str), (metric, field_path)
+    assert status.field("training.tokens_per_second").key == "tokensPerSecond"
+    assert status.field("checkpoint.request_committed.step").key == "step"
+    with pytest.raises(KeyError):
+        status.field("training.tokens_per_secnd")
+    assert contract.SCRAPED.keys() >= contract.SCRAPED_UNSET_AT_ZERO
+
+
+def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
+    read = ({"step": 3, "tokensPerSecond": 5.0}, {"step": 2, "resumedFrom": 0},
+            {"token": "t1", "step": 2, "time": "2030-01-01T00:00:00Z"},
+            {"busBandwidthGBps": 10.0, "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]})
+    patch = scrape.status_patch(read, "/ckpt", 1, T0)
+    assert patch == {
+        "training": {"step": 3, "tokensPerSecond": 5.0, "updated": "2030-01-01T00:00:00Z"},
+        "checkpoint": {"step": 2, "path": "/ckpt/step-00000002", "resumedFrom": 0, "resumedAtRestart": 1,
+                       "requestCommitted": {"token": "t1", "step": 2, "time": "2030-01-01T00:00:00Z"}},
+        "preflight": {"restart": 1, "busBandwidthGBps": 10.0, "updated": "2030-01-01T00:00:00Z",
+                      "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]}}
+    assert scrape.status_patch(({}, {}, {}, {}), "/ckpt", 1, T0) == {"training": {"updated": "2030-01-01T00:00:00Z"}}
+    kube = MemoryKube()
+    kube.put(JOB, {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j"},
+                   "status": {"phase": "Running", "training": {"loss": 6.5}}})
+    written = asyncio.run(kube.patch(f"{JOB}/status", {"status": patch}))
+    assert written["status"]["training"] == {"loss": 6.5, **patch["training"]}, "a figure not read stays"
+
+
+def test_the_informer_lists_watches_and_lists_again_when_its_version_is_gone():
+    nodes = path("v1", "nodes")
+    kube = MemoryKube()
+    kube.put(f"{nodes}/a", node_body("a"))
+    seen: list[tuple[str | None, str | None]] = []
+
+    def changed(old: NodeState | None, new: NodeState | None) -> None:
+        if old != new:  # a relist tells every object again; the controller, too, looks at changes only
+            seen.append((old.name if old else None, new.name if new else None))
+
+    informer = Informer(kube, nodes, NodeState.from_body, changed)
+
+    async def go() -> None:
+        task = asyncio.create_task(informer.run())
+        await informer.synced.wait()
+        kube.put(f"{nodes}/b", node_body("b"))
+        await kube.idle()
+        kube.compact()  # the watch ends with 410 Gone: the informer lists again ...
+        kube.remove(f"{nodes}/a")  # ... and finds what went meanwhile
+        await asyncio.sleep(0)
+        await kube.idle()
+        task.cancel()
+
+    asyncio.run(go())
+    assert seen == [(None, "a"), (None, "b"), ("a", None)]
+    assert set(informer.items) == {"b"}
