@@ -91,13 +91,13 @@ def _leave_interpreter() -> None:
     if bundle is None:  # run from an installed tetrad (tests, `python -m tetrad.node`): nothing to hide
         return
 
-    def inside(path: str) -> bool:
-        resolved = Path(path).resolve()
-        return resolved == bundle or bundle in resolved.parents
+    def inside(path: str | None) -> bool:
+        resolved = Path(path).resolve() if path else None
+        return resolved is not None and (resolved == bundle or bundle in resolved.parents)
 
-    for name in [n for n, m in sys.modules.items() if getattr(m, "__file__", None) and inside(m.__file__)]:
+    for name in [n for n, m in sys.modules.items() if inside(getattr(m, "__file__", None))]:
         del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if not (p and inside(p))]
+    sys.path[:] = [p for p in sys.path if not inside(p)]
 
 
 def run_in_process(entry: Entry) -> int:
