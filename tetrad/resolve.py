@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from tetrad.api.families import FAMILIES
+from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
@@ -37,9 +37,18 @@ from tetrad.api.rules import (
     trainer_only_message,
     trainer_pipeline_message,
 )
-from tetrad.api.spec import DataSource, Family, ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
+from tetrad.api.spec import (
+    DataSource,
+    Family,
+    ModelSpec,
+    ParallelTrainingJob,
+    ParallelTrainingJobSpec,
+    Scheduler,
+)
 from tetrad.plan.estimate import Estimate, GiB
 from tetrad.plan.solver import Solution, solve
+
+DEFAULT_HF_SEQ_LEN = 4096  # a readable directory's job without seqLen trains at most this long
 
 DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
 
@@ -105,6 +114,44 @@ def hf_source(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> str | N
             f"initFrom={b} and model.hfDir={a} name two Hugging Face directories for one model; remove initFrom"
             " (hfDir gives the initial weights)")))
     return a or b
+
+
+def model_from_hf(spec: ParallelTrainingJobSpec, hf: HFModel, where: str) -> tuple[ParallelTrainingJobSpec, list[Problem]]:
+    """The spec with the family and dims of a Hugging Face config.json the CLI could read (`where`): fields the
+    manifest leaves out taken from it (seqLen: the checkpoint's context, at most DEFAULT_HF_SEQ_LEN), fields it
+    gives, or its preset's, that contradict it refused by name. The cluster never calls this: it resolves the
+    manifest as written, and the trainer checks the directory at start-up."""
+    problems = [Problem("spec.model.hfDir", f"{where}: {p}") for p in hf.problems]
+    if problems or spec.model.module is not None:
+        return spec, problems
+    m = spec.model
+    given = m.model_dump(by_alias=True, exclude_none=True, mode="json")
+    preset = PRESETS.get(m.preset) if m.preset is not None else None
+    for f, value in hf.fields.items():
+        said = f"{where} says {config_key(f)}={value!r}"
+        if f in given and given[f] != value:
+            problems.append(Problem(f"spec.model.{f}", f"{f}={given[f]!r} but {said}; remove {f} (the directory gives it)"))
+        elif f not in given and preset is not None and preset.get(f) != value:
+            problems.append(Problem("spec.model.preset", (
+                f"preset {m.preset} has {f}={preset.get(f)!r} but {said}; use the directory's preset or leave the "
+                "preset out (the directory gives every dim)")))
+    if problems:
+        return spec, problems
+    filled = given if preset is not None else {**hf.fields, **given}
+    if "seqLen" not in filled and preset is None:
+        filled["seqLen"] = min(hf.max_positions or DEFAULT_HF_SEQ_LEN, DEFAULT_HF_SEQ_LEN)
+    seq_len = filled.get("seqLen", preset["seqLen"] if preset else None)
+    if hf.max_positions is not None and seq_len is not None and seq_len > hf.max_positions:
+        problems.append(Problem("spec.model.seqLen", (
+            f"seqLen={seq_len} is beyond the checkpoint's context ({where} says max_position_embeddings="
+            f"{hf.max_positions}): the model never saw such positions; use seqLen <= {hf.max_positions}"), "warning"))
+    model = ModelSpec.model_validate(filled)
+    return spec.model_copy(update={"model": model}), problems
+
+
+def preset_of(hf: HFModel) -> str | None:
+    """The preset whose family and dims are a config.json's (read_hf_config), if any."""
+    return next((name for name, dims in PRESETS.items() if all(dims.get(f) == v for f, v in hf.fields.items())), None)
 
 
 def check_script(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
