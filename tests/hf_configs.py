@@ -4,11 +4,12 @@ download here: written down from the model repositories' files), and their shrun
 `shrunk` keeps every feature that changes the arithmetic (head_dim, including a head_dim that is not
 hidden/heads, the GQA ratio, RoPE theta and scaling, tying, biases, norms, eps, the key layout of the
 file: a Llama 2 without rope_theta stays without it) and makes the model small enough for the CPU:
-2 layers, 2 kv heads, a 512-token vocabulary, an MLP as wide as the hidden size.
+2 layers, 2 kv heads, a 512-token vocabulary (token ids taken modulo it), an MLP as wide as the hidden size.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 _LLAMA31_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -102,8 +103,11 @@ def shrunk(config: dict[str, Any], *, kv_heads: int = 2, layers: int = 2, vocab:
     ratio = heads // (config.get("num_key_value_heads") or heads)
     per_head = hidden // heads  # hidden/heads, which an explicit head_dim may differ from (Qwen3)
     new_heads = kv_heads * ratio
-    small = dict(config, num_hidden_layers=layers, num_attention_heads=new_heads, num_key_value_heads=kv_heads,
+    small = dict(copy.deepcopy(config), num_hidden_layers=layers, num_attention_heads=new_heads, num_key_value_heads=kv_heads,
                  hidden_size=new_heads * per_head, intermediate_size=new_heads * per_head, vocab_size=vocab)
     if "max_window_layers" in config:
         small["max_window_layers"] = layers
+    for key in ("bos_token_id", "eos_token_id"):
+        if isinstance(config.get(key), int):
+            small[key] = config[key] % vocab
     return small

@@ -237,7 +237,7 @@ def write_hf_config(cfg: ModelConfig, *, dtype: str, source: Mapping[str, Any] |
         "tie_word_embeddings": cfg.tie_embeddings,
         # transformers 5 reads rope_parameters; 4.x and vLLM rope_theta and rope_scaling (None: plain RoPE)
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": rope if cfg.rope_scaling is not None else None,
+        "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if cfg.rope_scaling is not None else None,
         "rope_parameters": rope,
         "torch_dtype": dtype,
     })
