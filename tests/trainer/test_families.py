@@ -14,7 +14,7 @@ Llama 3.1's rope_scaling, ...), a tokenizer and a generation config beside it. T
 - imported and exported again, the directory's tensors come back bit for bit (fp32 and bf16), with its
   config keys, tokenizer and generation config; a sharded export loads in transformers with the same logits;
 - the trainer (gloo) started from the directory logs transformers' loss on the same batch as its first
-  loss, tp2 and dpShard2 log the same, and its checkpoint exports to a directory transformers loads with
+  loss, tp2, dpShard2 and pp2 log the same, and its checkpoint exports to a directory transformers loads with
   the trained model's logits and Tetrad imports bit for bit.
 """
 
@@ -282,7 +282,7 @@ def test_the_trainer_starts_from_the_directory_with_transformers_loss_and_export
     print(f"\n[families] {name}: first loss {ours:.6f}, transformers {theirs:.6f}")
     assert ours == pytest.approx(theirs, rel=1e-5)
 
-    for parallelism in ({"tp": 2}, {"dpShard": 2}):
+    for parallelism in ({"tp": 2}, {"dpShard": 2}, {"pp": 2}):  # pp2: a tied output's stage reads the embedding
         other = run_trainer(trainer_job(d, parallelism, 2), tmp_path / next(iter(parallelism)))
         assert other.codes == [0, 0], other.logs()
         assert first_loss(other) == pytest.approx(ours, rel=1e-5), parallelism
