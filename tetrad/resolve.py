@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
+from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
@@ -19,57 +21,137 @@ from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.rules import (
+    FAMILY_PRESET_MESSAGE,
+    HF_DIMS,
     PLUGIN_DIMS,
+    PLUGIN_HF_MESSAGE,
     PLUGIN_PRESET_MESSAGE,
     SCRIPT_CHECKPOINT_MESSAGE,
     TRAINER_ONLY,
     TRAINER_PIPELINE,
     check_data,
     check_layout,
+    hf_dims_message,
     microbatches,
     plugin_dims_message,
     stages_per_rank,
     trainer_only_message,
     trainer_pipeline_message,
 )
-from tetrad.api.spec import ParallelTrainingJob, ParallelTrainingJobSpec, Scheduler
+from tetrad.api.spec import (
+    Family,
+    ModelSpec,
+    ParallelTrainingJob,
+    ParallelTrainingJobSpec,
+    Scheduler,
+)
 from tetrad.plan.estimate import Estimate, GiB
 from tetrad.plan.solver import Solution, solve
+
+DEFAULT_HF_SEQ_LEN = 4096  # a readable directory's job without seqLen trains at most this long
 
 DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
 
 
 def expand_model(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> ModelConfig | None:
-    """The model's dims from its preset (debug when none is named) and explicit fields, or a plug-in's
-    explicit dims; None (and problems) when they make no model."""
+    """The model's family and dims from its preset (debug when none is named) and explicit fields, or a
+    plug-in's explicit dims; None (and problems) when they make no model."""
     m = spec.model
-    explicit = m.model_dump(by_alias=True, exclude={"preset", "module"}, exclude_none=True)
+    explicit = m.model_dump(by_alias=True, exclude={"preset", "module", "hf_dir"}, exclude_none=True, mode="json")
+    hf_dir = hf_source(spec, problems)
     if m.module is not None:
         if m.preset is not None:
             problems.append(Problem("spec.model.preset", PLUGIN_PRESET_MESSAGE))
+        problems += [Problem(f"spec.model.{f}", PLUGIN_HF_MESSAGE) for f in ("family", "hfDir") if f in m.model_dump(by_alias=True, exclude_none=True)]
         if missing := [k for k in PLUGIN_DIMS if k not in explicit]:
             problems.append(Problem("spec.model", plugin_dims_message(missing)))
             return None
-        dims = {"kvHeads": explicit["heads"], "ffnDim": 4 * explicit["dim"]} | explicit
+        dims = {"kvHeads": explicit["heads"], "ffnDim": 4 * explicit["dim"], "family": None} | explicit
         name, preset = m.module, None
     else:
         preset = m.preset or DEFAULT_PRESET
         if preset not in PRESETS:
             problems.append(Problem("spec.model.preset", f"unknown preset {preset!r}; use one of {', '.join(PRESETS)} or give explicit dims"))
             return None
-        dims = dict(PRESETS[preset]) | explicit
+        if m.hf_dir is not None and m.preset is None and (missing := [k for k in HF_DIMS if k not in explicit]):
+            problems.append(Problem("spec.model.hfDir", hf_dims_message(missing)))
+            return None
+        base = dict(PRESETS[preset])
+        if m.preset is not None and m.family is not None and m.family != base["family"]:
+            problems.append(Problem("spec.model.family", f"{FAMILY_PRESET_MESSAGE} (family={m.family.value}, preset {preset} is a {base['family']})"))
+        if "headDim" not in explicit and ("dim" in explicit or "heads" in explicit):
+            del base["headDim"]  # the preset's head size goes with its dim and heads
+        dims = base | explicit
         name = model_name(preset, explicit)
+        if m.hf_dir is not None and name == "custom":
+            name = PurePosixPath(m.hf_dir).name
     dims.setdefault("ropeTheta", 500000.0)
     dims.setdefault("normEps", 1e-5)
-    cfg = ModelConfig(name=name, module=m.module, **dims)
+    if "headDim" not in dims and dims["dim"] % dims["heads"]:
+        problems.append(Problem("spec.model.dim", f"dim={dims['dim']} is not a multiple of heads={dims['heads']}; make dim a multiple of heads or give headDim"))
+        return None
+    family = FAMILIES[Family(dims["family"])] if dims["family"] is not None else None
+    options: dict[str, Any] = {"qkvBias": family.qkv_bias, "qkNorm": family.qk_norm} if family is not None else {}
+    cfg = ModelConfig.model_validate({"name": name, "module": m.module, "hfDir": hf_dir, **dims, **options})
     before = len(problems)
     if cfg.heads % cfg.kv_heads:
         problems.append(Problem("spec.model.kvHeads", f"kvHeads={cfg.kv_heads} does not divide heads={cfg.heads}; use a divisor of heads"))
-    if cfg.dim % cfg.heads:
-        problems.append(Problem("spec.model.dim", f"dim={cfg.dim} is not a multiple of heads={cfg.heads}; make dim a multiple of heads"))
-    elif cfg.head_dim % 2 and m.module is None:
-        problems.append(Problem("spec.model.dim", f"head dim {cfg.dim}/{cfg.heads}={cfg.head_dim} is odd, RoPE needs it even; change dim or heads"))
+    if cfg.head_dim % 2 and m.module is None:
+        problems.append(Problem("spec.model.headDim" if "headDim" in explicit else "spec.model.dim",
+                                f"head dim {cfg.head_dim} is odd, RoPE needs it even; change dim or heads, or headDim"))
+    if (s := cfg.rope_scaling) is not None and s.high_freq_factor <= s.low_freq_factor:
+        problems.append(Problem("spec.model.ropeScaling.highFreqFactor", (
+            f"highFreqFactor={s.high_freq_factor} must exceed lowFreqFactor={s.low_freq_factor} (the band between"
+            " them is interpolated); Llama 3.1 uses 4 and 1")))
     return cfg if len(problems) == before else None
+
+
+def hf_source(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> str | None:
+    """The Hugging Face directory the model starts from: model.hfDir, or training.initFrom (the same thing)."""
+    a, b = spec.model.hf_dir, spec.training.init_from
+    if a is not None and b is not None and a != b:
+        problems.append(Problem("spec.training.initFrom", (
+            f"initFrom={b} and model.hfDir={a} name two Hugging Face directories for one model; remove initFrom"
+            " (hfDir gives the initial weights)")))
+    return a or b
+
+
+def model_from_hf(spec: ParallelTrainingJobSpec, hf: HFModel, where: str) -> tuple[ParallelTrainingJobSpec, list[Problem]]:
+    """The spec with the family and dims of a Hugging Face config.json the CLI could read (`where`): fields the
+    manifest leaves out taken from it (seqLen: the checkpoint's context, at most DEFAULT_HF_SEQ_LEN), fields it
+    gives, or its preset's, that contradict it refused by name. The cluster never calls this: it resolves the
+    manifest as written, and the trainer checks the directory at start-up."""
+    problems = [Problem("spec.model.hfDir", f"{where}: {p}") for p in hf.problems]
+    if problems or spec.model.module is not None:
+        return spec, problems
+    m = spec.model
+    given = m.model_dump(by_alias=True, exclude_none=True, mode="json")
+    preset = PRESETS.get(m.preset) if m.preset is not None else None
+    for f, value in hf.fields.items():
+        said = f"{where} says {config_key(f)}={value!r}"
+        if f in given and given[f] != value:
+            problems.append(Problem(f"spec.model.{f}", f"{f}={given[f]!r} but {said}; remove {f} (the directory gives it)"))
+        elif f not in given and preset is not None and preset.get(f) != value:
+            problems.append(Problem("spec.model.preset", (
+                f"preset {m.preset} has {f}={preset.get(f)!r} but {said}; use the directory's preset or leave the "
+                "preset out (the directory gives every dim)")))
+    if problems:
+        return spec, problems
+    filled = given if preset is not None else {**hf.fields, **given}
+    if "seqLen" not in filled and preset is None:
+        filled["seqLen"] = min(hf.max_positions or DEFAULT_HF_SEQ_LEN, DEFAULT_HF_SEQ_LEN)
+    seq_len = filled.get("seqLen", preset["seqLen"] if preset else None)
+    if hf.max_positions is not None and seq_len is not None and seq_len > hf.max_positions:
+        problems.append(Problem("spec.model.seqLen", (
+            f"seqLen={seq_len} is beyond the checkpoint's context ({where} says max_position_embeddings="
+            f"{hf.max_positions}): the model never saw such positions; use seqLen <= {hf.max_positions}"), "warning"))
+    model = ModelSpec.model_validate(filled)
+    return spec.model_copy(update={"model": model}), problems
+
+
+def preset_of(hf: HFModel) -> str | None:
+    """The preset whose family and dims are a config.json's (read_hf_config), if any."""
+    return next((name for name, dims in PRESETS.items() if all(dims.get(f) == v for f, v in hf.fields.items())), None)
 
 
 def check_script(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:

@@ -356,13 +356,43 @@ def test_the_entry_point_and_plugin_rules() -> None:
     for entry_point, ok in (({"path": "/a.py"}, True), ({"module": "m"}, True), ({"command": ["x"]}, True),
                       ({}, False), ({"path": "/a.py", "module": "m"}, False)):
         assert _evaluate(entry, {"self": celpy.json_to_cel(entry_point)})[0] == ok, entry_point
-    preset, dims = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    preset, dims, _, _, _ = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
     full = {"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32}
     assert _evaluate(preset, {"self": celpy.json_to_cel(full)})[0] and _evaluate(dims, {"self": celpy.json_to_cel(full)})[0]
     assert not _evaluate(preset, {"self": celpy.json_to_cel({**full, "preset": "debug"})})[0]
     ok, msg = _evaluate(dims, {"self": celpy.json_to_cel({"module": "m:d", "dim": 64})})
     assert not ok and "module needs its dims in spec.model" in msg
     assert _evaluate(dims, {"self": celpy.json_to_cel({"preset": "debug"})})[0], "no module: the preset's dims"
+
+
+def test_the_family_rules_say_what_python_says() -> None:
+    """A Hugging Face directory the cluster cannot read needs a preset or the dims; a module is no family;
+    family and preset agree. Each case is refused by CEL exactly when Python refuses it, naming the same field."""
+    props = schema()["properties"]["spec"]["properties"]
+    rules = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]][2:]
+    hf_dims = {"family": "qwen3", "dim": 64, "layers": 2, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 96,
+               "seqLen": 32, "ropeTheta": 1e6, "normEps": 1e-6}
+    cases = [
+        ({"hfDir": "/models/q"}, "spec.model.hfDir"),
+        ({"hfDir": "/models/q", **{k: v for k, v in hf_dims.items() if k != "normEps"}}, "spec.model.hfDir"),
+        ({"hfDir": "/models/q", **hf_dims}, None),
+        ({"hfDir": "/models/q", "preset": "qwen3-1.7b"}, None),
+        ({"preset": "qwen3-1.7b", "family": "qwen3"}, None),
+        ({"preset": "qwen3-1.7b", "family": "llama"}, "spec.model.family"),
+        ({"preset": "debug", "family": "qwen2"}, "spec.model.family"),
+        ({"family": "qwen2"}, None),
+        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "family": "llama"}, "spec.model.family"),
+        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "hfDir": "/m"}, "spec.model.hfDir"),
+    ]
+    for model, field in cases:
+        cel = [msg for rule in rules for ok, msg in [_evaluate(rule, {"self": celpy.json_to_cel(model)})] if not ok]
+        python = [p for p in validate_document(manifest(model=model, parallelism={"pp": 1, "tp": 1, "dpShard": 8}))
+                  if p.severity == "error"]
+        if field is None:
+            assert cel == [] and python == [], (model, cel, python)
+        else:
+            assert len(cel) == 1 and cel[0].startswith(field.rsplit(".", 1)[0]), (model, cel)
+            assert [p.field for p in python] == [field], (model, python)
 
 
 def test_crd_yaml_round_trips():

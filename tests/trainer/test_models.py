@@ -15,12 +15,13 @@ from tetrad_trainer.config import ConfigError
 from tetrad_trainer.models import ModelDefinition
 from tetrad_trainer.models import llama as built_in
 from tetrad_trainer.models.init import init_weights, initial_slice, initial_value
-from tetrad_trainer.models.loader import checked_definition, load_definition
+from tetrad_trainer.models.loader import checked_definition, definition_of, load_definition
 from tetrad_trainer.parallelize import pipeline_split
 
 from tests.trainer import plugin
 from tests.trainer.harness import job, run_trainer
 from tetrad.api.contract import EXIT_CONFIG_ERROR
+from tetrad.api.presets import PRESETS
 
 LLAMA = job({}, nproc=1, model={"seqLen": 32, "layers": 4})
 GPT2 = job({}, nproc=1, model=plugin.GPT2)
@@ -261,3 +262,47 @@ def test_a_tied_llama_counts_its_embedding_once_and_keeps_the_llama_names() -> N
     assert model.output.weight is model.tok_embeddings.weight
     assert definition.num_params(LLAMA.model) == LLAMA.model.num_params() - LLAMA.model.vocab * LLAMA.model.dim
     assert definition.flops_per_token(LLAMA.model) == LLAMA.model.flops_per_token()  # the output still multiplies
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_the_planners_counts_are_those_of_the_built_model_for_every_family(preset: str) -> None:
+    """ModelConfig's closed forms (the planner's, the MFU's) against counting the built model: head_dim apart
+    from dim/heads (Qwen3), q/k/v biases (Qwen2.5), q/k norms (Qwen3), a tied embedding counted once."""
+    cfg = job({}, nproc=1, model={"preset": preset}).model
+    counted = dataclasses.replace(definition_of(cfg), params=None, flops=None)
+    assert cfg.num_params() == counted.num_params(cfg)
+    assert cfg.flops_per_token() == pytest.approx(counted.flops_per_token(cfg), rel=1e-12)
+
+
+def test_a_models_options_choose_its_definition() -> None:
+    """Qwen3's per-head norms join the TP plan, a tie the definition's tied pairs; without them the Llama's."""
+    qwen3 = job({}, nproc=1, model={"preset": "qwen3-0.6b", "layers": 2, "seqLen": 32})
+    definition = checked_definition(qwen3)
+    assert definition.tied == (("tok_embeddings.weight", "output.weight"),)
+    assert {"attention.q_norm", "attention.k_norm"} <= set(definition.tensor_parallel.block)
+    assert checked_definition(job({}, nproc=1, model={"preset": "qwen2.5-7b", "layers": 2, "seqLen": 32})) \
+        is built_in.definition
+
+
+def test_tensor_parallel_q_k_norms_are_replicated_and_act_per_head(one_rank_mesh) -> None:
+    """Under TP the q/k norms' weights are replicated DTensors (their gradient summed over the tp ranks) and
+    the sharded heads reach them as local tensors: the parallel model computes the plain one's logits."""
+    from tetrad_trainer.parallelize import apply_tp
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    cfg = job({}, nproc=1, model={"family": "qwen3", "dim": 64, "heads": 4, "kvHeads": 2, "headDim": 32, "layers": 2,
+                                  "vocab": 128, "seqLen": 16}).model
+    definition = definition_of(cfg)
+    plain, parallel = build(definition, cfg, seed=3), definition.meta_model(cfg)
+    apply_tp(parallel, one_rank_mesh, definition)
+    init_weights(parallel, torch.device("cpu"), 3, definition=definition)
+    q_norm = parallel.layers["0"].attention.q_norm.weight
+    assert isinstance(q_norm, DTensor) and q_norm.placements == (Replicate(),)
+    assert parallel.layers["0"].attention.wq.bias is None
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.seq_len))
+    with torch.no_grad():
+        logits = parallel(tokens)
+    assert isinstance(logits, DTensor) and logits.placements == (Shard(2),)
+    torch.testing.assert_close(logits.full_tensor(), plain(tokens), rtol=1e-6, atol=1e-6)
+    plain(tokens).sum().backward()
+    assert plain.layers["0"].attention.q_norm.weight.grad.abs().sum() > 0

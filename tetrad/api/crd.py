@@ -17,15 +17,19 @@ from tetrad.api.rules import (
     BYTE_TOKENIZER,
     DATA_PATH_MESSAGE,
     DEFAULT_MULTI_STAGES_PER_RANK,
+    FAMILY_PRESET_MESSAGE,
     FILE_SOURCES,
+    HF_DIMS,
     JSONL_TOKENIZER_MESSAGE,
     MULTI_STAGE,
     NON_BLOCK_STAGE_UNITS,
     PLUGIN_DIMS,
+    PLUGIN_HF_MESSAGE,
     PLUGIN_PRESET_MESSAGE,
     SCRIPT_CHECKPOINT_MESSAGE,
     TRAINER_ONLY,
     TRAINER_PIPELINE,
+    hf_dims_message,
     plugin_dims_message,
     trainer_only_message,
     trainer_pipeline_message,
@@ -92,10 +96,11 @@ PRESENCE_SIGNIFICANT = ("script", "model", "training", "data")
 
 def _with_object_defaults(s: dict[str, Any], keep_absent: tuple[str, ...] = ()) -> None:
     """Default every nested object to {} so the apiserver fills the defaults beneath it, except the
-    top-level sections in keep_absent (their own fields are still defaulted once they are given)."""
+    top-level sections in keep_absent (their own fields are still defaulted once they are given) and
+    objects with required fields (an optional ropeScaling: {} would be invalid)."""
     for name, prop in s.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
-            if name not in keep_absent:
+            if name not in keep_absent and not prop.get("required"):
                 prop.setdefault("default", {})
             _with_object_defaults(prop)
 
@@ -110,6 +115,7 @@ def schema_of(model: type[Any], keep_absent: tuple[str, ...] = ()) -> dict[str, 
 
 # CEL helpers over the (defaulted) spec object `self`.
 BUILTIN = "!has(self.script)"  # the job runs Tetrad's trainer: the model-dependent rules apply
+_PRESET_FAMILIES = "{" + ", ".join(f"'{name}': '{dims['family']}'" for name, dims in PRESETS.items()) + "}"
 _PRESET = f"(has(self.model) && has(self.model.preset) ? self.model.preset : '{DEFAULT_PRESET}')"
 
 
@@ -262,6 +268,15 @@ PLUGIN_RULES = [
     {"rule": "!has(self.module) || !has(self.preset)", "message": f"spec.model.preset: {PLUGIN_PRESET_MESSAGE}"},
     {"rule": f"!has(self.module) || ({' && '.join(f'has(self.{d})' for d in PLUGIN_DIMS)})",
      "message": f"spec.model: {plugin_dims_message(PLUGIN_DIMS)}"},
+    {"rule": "!has(self.module) || (!has(self.family) && !has(self.hfDir))", "message": f"spec.model: {PLUGIN_HF_MESSAGE}"},
+]
+# The families' rules on spec.model (resolve.expand_model says the same).
+FAMILY_RULES = [
+    {"rule": f"!has(self.hfDir) || has(self.module) || has(self.preset) || ({' && '.join(f'has(self.{d})' for d in HF_DIMS)})",
+     "message": f"spec.model.hfDir: {hf_dims_message(HF_DIMS)}"},
+    {"rule": (f"!has(self.family) || !has(self.preset) || !(self.preset in {_PRESET_FAMILIES})"
+              f" || {_PRESET_FAMILIES}[self.preset] == self.family"),
+     "message": f"spec.model.family: {FAMILY_PRESET_MESSAGE}"},
 ]
 
 
@@ -290,7 +305,7 @@ def spec_schema() -> dict[str, Any]:
     for d in DEGREES:
         props["parallelism"]["properties"][d]["x-kubernetes-validations"] = [degree_rule(d)]
     props["model"]["properties"]["preset"]["enum"] = list(PRESETS)
-    props["model"]["x-kubernetes-validations"] = PLUGIN_RULES
+    props["model"]["x-kubernetes-validations"] = [*PLUGIN_RULES, *FAMILY_RULES]
     props["script"]["x-kubernetes-validations"] = [SCRIPT_RULE]
     for name in IMMUTABLE:
         props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []), immutable_rule(name)]

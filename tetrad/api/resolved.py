@@ -8,17 +8,20 @@ file; both come from `resolve()` in `tetrad.resolve`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tetrad.api.spec import (
     COLLECTIVE_TIMEOUT_SECONDS,
     CamelModel,
     Checkpoint,
     Data,
+    Family,
     Metrics,
     PPSchedule,
     Preflight,
+    RopeScaling,
     Script,
     Training,
 )
@@ -54,30 +57,50 @@ class Layout(CamelModel):
 
 
 class ModelConfig(CamelModel):
+    """The model's dims and options: everything the trainer builds it from, the planner counts and the
+    Hugging Face conversion writes (tetrad.api.families)."""
+
     name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', 'custom' (tetrad.api.presets.model_name), or a plug-in's import path.")
-    module: str | None = Field(None, description="A plug-in model definition's import path (spec.model.module); None: the built-in Llama.")
+    module: str | None = Field(None, description="A plug-in model definition's import path (spec.model.module); None: the built-in decoder.")
+    family: Family | None = Field(Family.LLAMA, strict=False, description="The built-in decoder's family (tetrad.api.families); None for a plug-in.")
+    hf_dir: str | None = Field(None, description="The Hugging Face directory in the pod the model starts from (spec.model.hfDir, or training.initFrom); None: the seed's weights.")
     dim: int
     layers: int
     heads: int
     kv_heads: int
+    head_dim: int = Field(description="Dimension of one attention head (dim / heads unless given).")
     vocab: int
     ffn_dim: int
     seq_len: int
     rope_theta: float
+    rope_scaling: RopeScaling | None = None
     norm_eps: float
+    tie_embeddings: bool = Field(False, description="The output projection is the token embedding.")
+    qkv_bias: bool = Field(False, description="The q, k and v projections have biases (the family's: Qwen2).")
+    qk_norm: bool = Field(False, description="RMSNorm over head_dim of every query and key head before RoPE (the family's: Qwen3).")
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data: Any) -> Any:
+        """Configs written before head_dim was a field (checkpoints' manifests) have dim / heads."""
+        if isinstance(data, dict) and "head_dim" not in data and "headDim" not in data and data.get("heads"):
+            return {**data, "headDim": data["dim"] // data["heads"]}
+        return data
+
+    def block_params(self) -> int:
+        """Parameters of one block: attention (with its biases and q/k norms), the SwiGLU MLP, two norms."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = 2 * self.dim * q + 2 * self.dim * kv
+        attn += (q + 2 * kv) if self.qkv_bias else 0
+        attn += 2 * self.head_dim if self.qk_norm else 0
+        return attn + 3 * self.dim * self.ffn_dim + 2 * self.dim
 
     def num_params(self, *, include_embedding: bool = True) -> int:
-        """Parameter count of the Llama model (untied embedding and output)."""
-        kv_dim = self.kv_heads * self.head_dim
-        attn = self.dim * self.dim * 2 + self.dim * kv_dim * 2
-        ffn = 3 * self.dim * self.ffn_dim
-        block = attn + ffn + 2 * self.dim
-        params = self.layers * block + self.dim + self.vocab * self.dim  # blocks, final norm, output
-        return params + (self.vocab * self.dim if include_embedding else 0)
+        """Parameter count of the built-in decoder, a tied embedding and output counted once.
+        include_embedding=False leaves out an embedding table that is only looked up (untied): what
+        the 6N of the FLOPs counts."""
+        params = self.layers * self.block_params() + self.dim + self.vocab * self.dim  # blocks, final norm, output
+        return params + (self.vocab * self.dim if include_embedding and not self.tie_embeddings else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N (non-embedding) + 12*L*H*Q*T attention."""

@@ -79,6 +79,19 @@ def check_data(data: Data, problems: list[Problem]) -> None:
         problems += [Problem(f"spec.data.{name}", f"{name} acts on data.source=jsonl alone, this job reads "
                              f"{data.source.value} data: remove it", "warning")
                      for name in JSONL_ONLY if name in data.model_fields_set]
+PLUGIN_HF_MESSAGE: Final = ("a model definition of your own (module) is not one of the built-in families: remove family and"
+                            " hfDir (the Hugging Face conversion covers the built-in families)")
+# A Hugging Face directory is read in the pod only: the cluster resolves the model from a preset or these.
+HF_DIMS: Final = ("family", "dim", "layers", "heads", "kvHeads", "vocab", "ffnDim", "seqLen", "ropeTheta", "normEps")
+
+
+def hf_dims_message(missing: list[str] | tuple[str, ...]) -> str:
+    return (f"hfDir is read in the pod only: the cluster needs a preset (e.g. qwen3-1.7b) or the model's dims in "
+            f"spec.model, and {', '.join(missing)} missing; `tetrad model DIR` prints them from the directory's "
+            "config.json (docs/models.md)")
+
+
+FAMILY_PRESET_MESSAGE: Final = "family contradicts the preset's family; remove family, or name a preset of that family"
 
 
 def divisors(n: int) -> list[int]:

@@ -72,11 +72,14 @@ def _checkpoint_path(path: str) -> str:
     return path
 
 
-def _init_from(path: str | None) -> str | None:
-    if path is not None and (not re.search(_ABSOLUTE_NORMAL, path) or re.search(_DOT_COMPONENT, path)):
-        raise ValueError("training.initFrom must be the absolute, normalized path inside the pod of a Hugging Face"
-                         " model directory (no '//', '.', '..' or trailing '/'), e.g. /models/llama-hf")
-    return path
+def _hf_dir(field: str, example: str) -> AfterValidator:
+    """A Hugging Face model directory inside the pod: absolute and normalized, like checkpoint.path."""
+    def check(path: str | None) -> str | None:
+        if path is not None and (not re.search(_ABSOLUTE_NORMAL, path) or re.search(_DOT_COMPONENT, path)):
+            raise ValueError(f"{field} must be the absolute, normalized path inside the pod of a Hugging Face"
+                             f" model directory (no '//', '.', '..' or trailing '/'), e.g. {example}")
+        return path
+    return AfterValidator(check)
 
 
 def _image(image: str) -> str:
@@ -132,18 +135,42 @@ def _plugin_path(path: str | None) -> str | None:
     return path
 
 
+class Family(StrEnum):
+    """The built-in decoder's families (tetrad.api.families): one pre-norm RMSNorm/RoPE/SwiGLU block with options."""
+
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+    QWEN3 = "qwen3"
+
+
+class RopeScaling(CamelModel):
+    """Llama 3.1's RoPE frequency scaling (Hugging Face rope_type llama3)."""
+
+    type: Literal["llama3"] = Field(description="The scaling: llama3 (Llama 3.1, 3.2). Other Hugging Face rope types (linear, dynamic, yarn, longrope) are refused.")
+    factor: float = Field(ge=1, description="Low frequencies are divided by this (8 for Llama 3.1, 32 for Llama 3.2).")
+    low_freq_factor: float = Field(gt=0, description="Wavelengths above originalMaxPositions / lowFreqFactor are scaled fully (1 for Llama 3.1).")
+    high_freq_factor: float = Field(gt=0, description="Wavelengths below originalMaxPositions / highFreqFactor are kept (4 for Llama 3.1); the band between is interpolated. Must exceed lowFreqFactor.")
+    original_max_positions: int = Field(ge=1, description="The context length the model was pretrained at (Hugging Face original_max_position_embeddings, 8192 for Llama 3.1).")
+
+
 class ModelSpec(CamelModel):
-    preset: str | None = Field(None, description="Model preset: debug, llama3-125m, llama3-1b, llama3-8b, llama3-70b or llama3-405b. Explicit dims below override the preset's. Without a preset, module or every dim: debug.")
-    module: Annotated[str | None, AfterValidator(_plugin_path)] = Field(None, json_schema_extra={"pattern": PLUGIN_PATH}, description="Your own model in Tetrad's trainer: the import path, in the image, of its tetrad_trainer.models.ModelDefinition, e.g. mypkg.models:gpt2 (docs/bring-your-own.md). Needs dim, layers, heads, vocab and seqLen; kvHeads defaults to heads, ffnDim to 4 x dim. Not with preset.")
+    preset: str | None = Field(None, description="Model preset (tetrad.api.presets), e.g. llama3.1-8b, llama3.2-1b, qwen3-1.7b, qwen2.5-7b, mistral-7b, smollm2-360m, or the Llama-3-style debug, llama3-125m ... llama3-405b. Explicit dims below override the preset's. Without a preset, module or every dim: debug.")
+    module: Annotated[str | None, AfterValidator(_plugin_path)] = Field(None, json_schema_extra={"pattern": PLUGIN_PATH}, description="Your own model in Tetrad's trainer: the import path, in the image, of its tetrad_trainer.models.ModelDefinition, e.g. mypkg.models:gpt2 (docs/bring-your-own.md). Needs dim, layers, heads, vocab and seqLen; kvHeads defaults to heads, ffnDim to 4 x dim. Not with preset, family or hfDir.")
+    hf_dir: Annotated[str | None, _hf_dir("model.hfDir", "/models/qwen3-1.7b")] = Field(None, json_schema_extra={"pattern": _ABSOLUTE_NORMAL}, description="A Hugging Face model directory inside the pod (config.json, *.safetensors; e.g. on a PVC mounted through template.volumes): the model to fine-tune, its initial weights unless a checkpoint is resumed. The cluster cannot read it: give a preset, or family and every dim (tetrad validate, plan and run fill them from config.json where the directory is readable). Every rank checks config.json against the resolved model before training; a contradiction exits 78 naming the field (docs/models.md).")
+    family: Family | None = Field(None, strict=False, description="The decoder family: llama (also SmolLM), mistral, qwen2 (Qwen2, Qwen2.5: q/k/v biases) or qwen3 (per-head q/k RMSNorm). Defaults to the preset's; llama without one.")
     dim: int | None = Field(None, ge=8, description="Hidden size.")
     layers: int | None = Field(None, ge=1, description="Number of transformer blocks.")
     heads: int | None = Field(None, ge=1, description="Attention heads.")
     kv_heads: int | None = Field(None, ge=1, description="Key/value heads (grouped-query attention). Must divide heads.")
+    head_dim: int | None = Field(None, ge=2, description="Dimension of one attention head (Qwen3's differs from dim / heads). Defaults to the preset's, or to dim / heads when dim or heads is given. Even (RoPE rotates pairs).")
     vocab: int | None = Field(None, ge=2, description="Vocabulary size.")
     ffn_dim: int | None = Field(None, ge=1, description="SwiGLU feed-forward hidden size.")
     seq_len: int | None = Field(None, ge=2, description="Training sequence length in tokens.")
     rope_theta: float | None = Field(None, gt=0, description="RoPE base frequency.")
+    rope_scaling: RopeScaling | None = Field(None, description="RoPE frequency scaling (Llama 3.1, 3.2); none by default.")
     norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon.")
+    tie_embeddings: bool | None = Field(None, description="The output projection is the token embedding (Llama 3.2, SmolLM2, small Qwens). Defaults to the preset's; false without one.")
 
 
 class Precision(StrEnum):
@@ -189,12 +216,13 @@ class Training(CamelModel):
     compile: bool = Field(False, description="torch.compile each transformer block.")
     fsdp: Fsdp = Field(default_factory=Fsdp, description="How FSDP (dpShard*cp > 1) holds parameters: resharding after forward (ZeRO-3 or ZeRO-2 behaviour) and CPU offload.")
     loss_chunks: int = Field(1, ge=1, le=1024, description="Apply the output projection and the loss to this many slices of the sequence, recomputing each slice's logits in the backward: the batch x seq x vocab logits and their fp32 copies exist one slice at a time (less memory, one more output-layer forward). 1: the plain loss.")
-    init_from: Annotated[str | None, AfterValidator(_init_from)] = Field(
+    init_from: Annotated[str | None, _hf_dir("training.initFrom", "/models/llama-hf")] = Field(
         None, json_schema_extra={"pattern": _ABSOLUTE_NORMAL}, description=(
-            "Initial weights instead of the seed's: the absolute path inside the pod of a Hugging Face Llama "
+            "Initial weights instead of the seed's: the absolute path inside the pod of a Hugging Face "
             "directory (config.json, *.safetensors) of this model, e.g. one written by python -m "
-            "tetrad_trainer.export, mounted through template.volumes. A resumed checkpoint's weights win; a "
-            "directory of another model stops every rank with exit 78."))
+            "tetrad_trainer.export, mounted through template.volumes. The same as model.hfDir, which also "
+            "gives the CLI the model's dims; set one of them, or both to the same path. A resumed checkpoint's "
+            "weights win; a directory of another model stops every rank with exit 78."))
 
 
 class DataSource(StrEnum):
@@ -390,7 +418,7 @@ class ParallelTrainingJobSpec(CamelModel):
     nproc_per_node: int = Field(1, ge=1, le=64, description="Processes per pod; one per GPU when resources.gpu > 0.")
     parallelism: Parallelism = Field(default_factory=Parallelism, description="The 4D layout. The product of the degrees must equal nodes * nprocPerNode.")
     script: Script | None = Field(None, description="Your own training code instead of Tetrad's trainer: a Python file, module or command that every worker runs under torchrun, with the job's gang, rendezvous, restarts and exit-code policy (docs/bring-your-own.md). Not with model, training or data, which configure Tetrad's trainer.")
-    model: ModelSpec = Field(default_factory=ModelSpec, description="The model Tetrad's trainer builds: a Llama preset and optional explicit dims, or your own model definition (module).")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The model Tetrad's trainer builds: a preset or a family with explicit dims, a Hugging Face directory to fine-tune (hfDir), or your own model definition (module).")
     training: Training = Field(default_factory=Training, description="Optimizer, schedule, batch and numerics.")
     data: Data = Field(default_factory=Data, description="Where training tokens come from.")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="DCP checkpointing and resume.")

@@ -70,14 +70,25 @@ def load_document(path: Path) -> Any:
 
 
 def load_job(path: Path) -> ParallelTrainingJob:
-    """The single valid job in `path`, or exit 1 with one line per problem."""
+    """The single valid job in `path` (its model filled from a Hugging Face directory on this machine), or
+    exit 1 with one line per problem."""
     job, problems = parse(load_document(path))
     if job is not None:
-        problems = validate_spec(job.spec)
+        job, problems = checked_job(job)
     errors = [p for p in problems if p.severity == "error"]
     if errors or job is None:
         _fail([f"{_shown(path)}: {p}" for p in errors])
     return job
+
+
+def checked_job(job: ParallelTrainingJob) -> tuple[ParallelTrainingJob, list[Problem]]:
+    """The job's model taken from spec.model.hfDir where it is readable here (tetrad.cli.hfdir), and its problems."""
+    from tetrad.cli.hfdir import with_local_hf_dir
+
+    job, problems = with_local_hf_dir(job)
+    if any(p.severity == "error" for p in problems):
+        return job, problems
+    return job, problems + validate_spec(job.spec)
 
 
 def _fail(lines: list[str]) -> NoReturn:
@@ -101,7 +112,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
             where = _shown(path) if len(docs) == 1 else f"{_shown(path)}[{i}]"
             job, problems = parse(doc)
             if job is not None:
-                problems = validate_spec(job.spec)
+                job, problems = checked_job(job)
             for p in problems:
                 typer.echo(f"{p.severity}: {where}: {p}", err=True)
             if any(p.severity == "error" for p in problems):
@@ -123,17 +134,38 @@ def render(file: Path, restart: int = typer.Option(0, help="Render the gang of t
 @app.command()
 def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Solve `auto` degrees and predict memory, FLOPs and communication per device."""
+    from tetrad.cli.hfdir import with_local_hf_dir
     from tetrad.cli.report import plan_job, print_plan
 
     job, problems = parse(load_document(file))
-    if job is None:
-        _fail([f"{_shown(file)}: {p}" for p in problems])
+    if job is not None:
+        job, problems = with_local_hf_dir(job)
+    if job is None or any(p.severity == "error" for p in problems):
+        _fail([f"{_shown(file)}: {p}" for p in problems if p.severity == "error"])
     report = plan_job(job)
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
         print_plan(report)
     raise typer.Exit(0 if report["fits"] else 1)
+
+
+@app.command()
+def model(hf_dir: Path = typer.Argument(..., help="A Hugging Face model directory (its config.json).")) -> None:
+    """Print the spec.model of a manifest for a Hugging Face directory: its preset, or its family and every dim.
+
+    A cluster cannot read the directory in the pods' volume: its manifest names a preset or the dims, and every
+    rank checks them against config.json at start-up. Exit 1 naming each config.json key Tetrad does not implement.
+    """
+    from tetrad.cli.hfdir import HFDirError, describe
+
+    try:
+        hf, text = describe(hf_dir)
+    except HFDirError as e:
+        _fail([str(e)])
+    if hf.problems:
+        _fail([f"{shorten(str(hf_dir / 'config.json'), 200)}: {p}" for p in hf.problems])
+    typer.echo(text, nl=False)
 
 
 @app.command()

@@ -13,6 +13,7 @@ EXAMPLES: dict[str, list[str]] = {
     "render": ["tetrad render examples/quickstart.yaml | kubectl apply --dry-run=server -f -"],
     "plan": ["tetrad plan examples/llama3-8b-2x8.yaml", "tetrad plan --json examples/llama3-70b-8x8.yaml"],
     "crd": ["tetrad crd | kubectl apply --server-side -f -"],
+    "model": ["tetrad model ./Qwen3-1.7B", "tetrad model /mnt/models/Llama-3.2-1B"],
     "run": ["tetrad run examples/cpu-4d.yaml --steps 5 --jsonl metrics.jsonl"],
     "status": ["tetrad status llama3-8b -n team-a", "tetrad status llama3-8b -o json"],
     "convert": ["tetrad convert pytorchjob.yaml -o job.yaml",

@@ -89,14 +89,13 @@ def _ring(n: int) -> float:
     return (n - 1) / n
 
 
-def stage_params(m: ModelConfig, layout: Layout, stages_per_rank: int) -> tuple[float, float]:
+def stage_params(m: ModelConfig, layout: Layout, stages_per_rank: int) -> tuple[float, int]:
     """(params of the largest pipeline stage on one rank, params of one block) before TP/FSDP."""
-    total = m.num_params()
-    block = (total - 2 * m.vocab * m.dim - m.dim) / m.layers
+    total, block = m.num_params(), m.block_params()
     if layout.pp == 1:
         return total, block
     stages = layout.pp * stages_per_rank
-    # embedding and output count as one layer each, as the trainer splits them
+    # embedding and output count as one layer each, as the trainer splits them (a tied pair: a copy on each end)
     units_per_stage = math.ceil(pipeline_units(m.layers) / stages)
     embed = m.vocab * m.dim
     largest_stage = (units_per_stage - 1) * block + max(embed, block)

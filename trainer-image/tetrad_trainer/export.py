@@ -1,29 +1,39 @@
-"""Hugging Face in and out: a committed Tetrad checkpoint as safetensors + config.json that
-`transformers.LlamaForCausalLM.from_pretrained` loads, and the same format read back as Tetrad
-parameters.
+"""Hugging Face in and out: a committed Tetrad checkpoint as the Hugging Face directory of its family
+(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM), and such a directory
+read back as Tetrad parameters.
 
-    python -m tetrad_trainer.export CHECKPOINT_DIR OUT_DIR [--step N] [--dtype bfloat16]
-    python -m tetrad_trainer.train --init-from HF_DIR ...   (initial weights; see init_from_hf)
+    python -m tetrad_trainer.export CHECKPOINT_DIR OUT_DIR [--step N] [--dtype bfloat16] [--source HF_DIR]
+    spec.model.hfDir (or training.initFrom, --init-from HF_DIR): initial weights; see init_from_hf
 
 Invariants:
 - every parameter is mapped by an explicit name table (`hf_name`); a checkpoint or a Hugging Face
   directory with a name outside it, or missing one, is refused with the names;
 - Tetrad's attention rotates interleaved pairs (Meta's RoPE: dims 2i, 2i+1), Hugging Face's
-  Llama rotates halves (dims i, i + head_dim/2): the rows of wq and wk are permuted per head on
-  the way out (`to_half_rope`) and back on the way in (`to_interleaved_rope`), so both models
-  compute the same function; `import_hf(export(x)) == x` exactly in fp32;
+  families rotate halves (dims i, i + head_dim/2): the rows of wq and wk, their biases and the
+  q/k norms' weights are permuted per head on the way out (`to_half_rope`) and back on the way in
+  (`to_interleaved_rope`), so both models compute the same function; `import_hf(export(x)) == x`
+  exactly in fp32, and a directory imported and exported again holds the same tensors;
+- a tied output projection is the embedding: written once (no lm_head.weight), as transformers does;
+- config.json is the family's (tetrad.api.families.write_hf_config), written over the source's
+  config.json when the model came from a Hugging Face directory, whose token ids,
+  max_position_embeddings and other keys are kept, with its generation_config.json and tokenizer
+  files copied along. The trainer keeps those files in the checkpoint directory (`keep_source`);
+  the default dtype is the source's;
+- weights above `max_shard_bytes` (transformers' default, 50 GB) are split into
+  model-0000i-of-0000n.safetensors with model.safetensors.index.json;
 - the checkpoint is verified against its manifest (size and CRC32 of every file) before it is
-  read, and read in one process at whatever layout it was saved with (DCP reshards);
-- the Hugging Face config comes from the checkpoint's own resolved ModelConfig (dims, kv heads,
-  rope theta, norm eps); Tetrad's embedding and output are untied.
+  read, and read in one process at whatever layout it was saved with (DCP reshards).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +41,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
+from tetrad.api.families import hf_differences, read_hf_config, write_hf_config
 from tetrad.api.resolved import ModelConfig
 from tetrad_trainer.checkpoint.store import (
     CheckpointDir,
@@ -43,14 +54,27 @@ from tetrad_trainer.models.init import canonical_name, local_box
 from tetrad_trainer.models.llama import Transformer
 
 WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
+SOURCE_DIR = "hf-source"  # in a checkpoint directory: the source's config.json, generation config and tokenizer
+MAX_SHARD_BYTES = 50 * 10**9  # transformers' save_pretrained default, "50GB"
+# The files of a Hugging Face directory beside its config and weights that the export carries along.
+SOURCE_FILES = ("generation_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+                "chat_template.json")
+SOURCE_PATTERNS = ("tokenizer*", "*.jinja", "*.tiktoken")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Tetrad name (layer-local part) -> Hugging Face Llama name (layer-local part).
+# Tetrad name (layer-local part) -> Hugging Face name (layer-local part), the same for every family.
 _BLOCK_NAMES = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.bias": "self_attn.v_proj.bias",
     "attention.wo.weight": "self_attn.o_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
     "feed_forward.w1.weight": "mlp.gate_proj.weight",
     "feed_forward.w3.weight": "mlp.up_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
@@ -62,6 +86,9 @@ _TOP_NAMES = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Layer-local names whose rows (or channels) are per-head RoPE pairs: query heads, kv heads, or one head_dim vector.
+_ROPE_ROWS = {"attention.wq.weight": "heads", "attention.wq.bias": "heads", "attention.wk.weight": "kv_heads",
+              "attention.wk.bias": "kv_heads", "attention.q_norm.weight": "one", "attention.k_norm.weight": "one"}
 
 
 class ConversionError(ValueError):
@@ -69,7 +96,7 @@ class ConversionError(ValueError):
 
 
 def hf_name(name: str) -> str:
-    """The Hugging Face Llama name of the Tetrad parameter called name."""
+    """The Hugging Face name of the Tetrad parameter called name."""
     if name in _TOP_NAMES:
         return _TOP_NAMES[name]
     parts = name.split(".", 2)
@@ -78,63 +105,51 @@ def hf_name(name: str) -> str:
     raise ConversionError(f"no Hugging Face name for the Tetrad parameter {name!r}")
 
 
-def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """The config.json of LlamaForCausalLM for this model."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": cfg.vocab,
-        "hidden_size": cfg.dim,
-        "intermediate_size": cfg.ffn_dim,
-        "num_hidden_layers": cfg.layers,
-        "num_attention_heads": cfg.heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.seq_len,
-        "rms_norm_eps": cfg.norm_eps,
-        # transformers 5 reads rope_parameters, 4.x rope_theta (and rope_scaling None: plain RoPE)
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
+def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32, source: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config.json of cfg's family for this model (over the source's config.json when given)."""
+    try:
+        return write_hf_config(cfg, dtype=str(dtype).removeprefix("torch."), source=source)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
 
 
 def to_half_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows of a q/k projection for rotate-half RoPE, from rows for interleaved RoPE.
-
-    Per head, interleaved row 2i goes to row i and row 2i+1 to row i + head_dim/2.
-    """
-    rows, cols = w.shape
-    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+    """Rows of a q/k projection (or entries of its bias, of a q/k norm) for rotate-half RoPE, from rows for
+    interleaved RoPE. Per head, interleaved row 2i goes to row i and row 2i+1 to row i + head_dim/2."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(w.shape)
 
 
 def to_interleaved_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
     """The inverse of to_half_rope."""
-    rows, cols = w.shape
-    return w.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, -1).transpose(1, 2).reshape(w.shape)
 
 
 def _rope_heads(name: str, cfg: ModelConfig) -> int | None:
-    """The head count whose rows must be permuted, for wq and wk; None for other parameters."""
-    if name.endswith("attention.wq.weight"):
-        return cfg.heads
-    if name.endswith("attention.wk.weight"):
-        return cfg.kv_heads
-    return None
+    """The head count whose rows must be permuted (wq, wk, their biases, the q/k norms); None for other parameters."""
+    which = _ROPE_ROWS.get(name.split(".", 2)[-1]) if name.startswith("layers.") else None
+    return {"heads": cfg.heads, "kv_heads": cfg.kv_heads, "one": 1, None: None}[which]
 
 
 def to_hf(params: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Tetrad parameters (full, plain tensors) as the Hugging Face Llama state dict."""
+    """Tetrad parameters (full, plain tensors) as the Hugging Face state dict (a tied output left out)."""
     out = {}
     for name, t in params.items():
+        if name in _tied_away(cfg):
+            continue
         heads = _rope_heads(name, cfg)
         out[hf_name(name)] = (to_half_rope(t, heads) if heads else t).contiguous()
     return out
+
+
+def _tied_away(cfg: ModelConfig) -> tuple[str, ...]:
+    """Tetrad names that are another parameter: the tied output projection is the embedding."""
+    return ("output.weight",) if cfg.tie_embeddings else ()
+
+
+def _source_name(name: str, cfg: ModelConfig) -> str:
+    return "tok_embeddings.weight" if name in _tied_away(cfg) else name
 
 
 def _to_tetrad(name: str, t: torch.Tensor, cfg: ModelConfig, shape: tuple[int, ...]) -> torch.Tensor:
@@ -146,31 +161,39 @@ def _to_tetrad(name: str, t: torch.Tensor, cfg: ModelConfig, shape: tuple[int, .
 
 
 def _check_names(have: set[str], cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tetrad name -> shape of every parameter; refuses Hugging Face names that are not exactly the model's."""
+    """Tetrad name -> shape of every parameter; refuses Hugging Face names that are not exactly the model's
+    (a tied model's directory may repeat the embedding as lm_head.weight; import_hf checks it is the same)."""
     want = expected_shapes(cfg)
     expected = {hf_name(n) for n in want}
-    missing, unknown = sorted(expected - have), sorted(have - expected)
+    missing = sorted(expected - have)
+    unknown = sorted(have - expected - ({hf_name("output.weight")} if cfg.tie_embeddings else set()))
     if missing or unknown:
+        tied = " (tie_word_embeddings is false: the output projection lm_head.weight is its own tensor)" \
+            if hf_name("output.weight") in missing else ""
         raise ConversionError(f"the Hugging Face weights do not match the model {cfg.name}: missing {missing[:5]}, "
-                              f"unknown {unknown[:5]}")
+                              f"unknown {unknown[:5]}{tied}")
     return want
 
 
 def from_hf(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """A Hugging Face Llama state dict as Tetrad parameters (fp32), checked against cfg's shapes."""
+    """A Hugging Face state dict as Tetrad parameters (fp32), checked against cfg's shapes."""
     want = _check_names(set(tensors), cfg)
+    lm_head, embed = hf_name("output.weight"), hf_name("tok_embeddings.weight")
+    if cfg.tie_embeddings and lm_head in tensors and not torch.equal(tensors[lm_head], tensors[embed]):
+        raise ConversionError(f"{lm_head} differs from {embed}, but tie_word_embeddings is true: the directory is not "
+                              "one tied model")
     return {name: _to_tetrad(name, tensors[hf_name(name)], cfg, shape) for name, shape in want.items()}
 
 
 def built_in_only(cfg: ModelConfig) -> None:
-    """Refuses a model of one's own: the name table is the built-in Llama's."""
-    if cfg.module is not None:
+    """Refuses a model of one's own: the name table is the built-in decoder's."""
+    if cfg.module is not None or cfg.family is None:
         raise ConversionError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers the built-in "
-                              "Llama only")
+                              "families only")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the full model and its shape."""
+    """Every parameter of the full model and its shape (a tied pair once, as the embedding)."""
     built_in_only(cfg)
     with torch.device("meta"):
         model = Transformer(cfg)
@@ -213,51 +236,146 @@ def read_checkpoint(step_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor
     return cfg, params
 
 
+def source_of(checkpoint_dir: str | Path, cfg: ModelConfig, source: str | Path | None = None) -> Path | None:
+    """The Hugging Face directory a checkpoint's model came from, for its config.json and tokenizer: `source`,
+    else the copy the trainer kept in the checkpoint directory, else cfg.hf_dir where it is readable here."""
+    for candidate in (source, Path(checkpoint_dir) / SOURCE_DIR, cfg.hf_dir):
+        if candidate is not None and (Path(candidate) / CONFIG).is_file():
+            return Path(candidate)
+    if source is not None:
+        raise ConversionError(f"--source {source}: no {CONFIG} there")
+    return None
+
+
 def export(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-           dtype: torch.dtype = torch.float32) -> Path:
-    """Write OUT_DIR/model.safetensors and OUT_DIR/config.json from a committed checkpoint."""
+           dtype: torch.dtype | None = None, source: str | Path | None = None,
+           max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write OUT_DIR as a Hugging Face directory from a committed checkpoint; returns the step directory read."""
     step_dir = checkpoint_step_dir(checkpoint_dir, step)
     cfg, params = read_checkpoint(step_dir)
-    save_hf(params, cfg, out_dir, dtype=dtype, source=str(step_dir))
+    save_hf(params, cfg, out_dir, dtype=dtype, source=source_of(checkpoint_dir, cfg, source), origin=str(step_dir),
+            max_shard_bytes=max_shard_bytes)
     return step_dir
 
 
+def _source_config(source: Path | None) -> dict[str, Any] | None:
+    if source is None:
+        return None
+    try:
+        config = json.loads((source / CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{source / CONFIG}: unreadable: {e}") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{source / CONFIG}: not a JSON object")
+    return config
+
+
+def _source_dtype(config: dict[str, Any] | None) -> torch.dtype:
+    name = (config or {}).get("torch_dtype") or (config or {}).get("dtype") or "float32"
+    return DTYPES.get(name, torch.float32) if isinstance(name, str) else torch.float32
+
+
+def source_files(source: Path) -> Iterator[Path]:
+    """The generation config and tokenizer files of a Hugging Face directory (its top level)."""
+    for f in sorted(source.iterdir()):
+        if f.is_file() and (f.name in SOURCE_FILES or any(f.match(p) for p in SOURCE_PATTERNS)):
+            yield f
+
+
 def save_hf(params: dict[str, torch.Tensor], cfg: ModelConfig, out_dir: str | Path, *,
-            dtype: torch.dtype = torch.float32, source: str = "") -> None:
-    """Write full Tetrad parameters as a Hugging Face Llama directory (model.safetensors, config.json)."""
+            dtype: torch.dtype | None = None, source: Path | None = None, origin: str = "",
+            max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """Write full Tetrad parameters as a Hugging Face directory: config.json, the weights (one file, or shards
+    with an index above max_shard_bytes), and the source's generation config and tokenizer files."""
     from safetensors.torch import save_file
 
+    source_config = _source_config(source)
+    dtype = dtype or _source_dtype(source_config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.to(dtype) for k, v in to_hf(params, cfg).items()}
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt", "tetrad_source": source})
-    (out / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
+    tensors = {k: v.to(dtype).contiguous() for k, v in to_hf(params, cfg).items()}
+    shards = _shards(tensors, max_shard_bytes)
+    names = [WEIGHTS] if len(shards) == 1 else [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                                                 for i in range(1, len(shards) + 1)]
+    for stale in [*out.glob("model*.safetensors"), out / INDEX]:  # an earlier export's other sharding
+        if stale.name not in names:
+            stale.unlink(missing_ok=True)
+    for name, shard in zip(names, shards, strict=True):
+        save_file(shard, str(out / name), metadata={"format": "pt", "tetrad_source": origin})
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+                 "weight_map": {k: name for name, shard in zip(names, shards, strict=True) for k in shard}}
+        (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    if source is not None and source.resolve() != out.resolve():
+        for f in source_files(source):
+            shutil.copyfile(f, out / f.name)
+    config = hf_config(cfg, dtype, source_config)
+    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
-_CONFIG_FIELDS = {"vocab_size": "vocab", "hidden_size": "dim", "intermediate_size": "ffn_dim",
-                  "num_hidden_layers": "layers", "num_attention_heads": "heads", "num_key_value_heads": "kv_heads",
-                  "rms_norm_eps": "norm_eps", "rope_theta": "rope_theta"}
+def _shards(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[dict[str, torch.Tensor]]:
+    """Consecutive groups of tensors of at most max_bytes each (a larger tensor alone)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        n = t.numel() * t.element_size()
+        if shards[-1] and size + n > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += n
+    return shards
+
+
+def keep_source(hf_dir: str | Path, checkpoint_dir: str | Path) -> None:
+    """Copy a Hugging Face directory's config.json, generation config and tokenizer files to
+    CHECKPOINT_DIR/hf-source (replacing an earlier copy at once), so the export finds them beside the
+    checkpoints wherever it runs."""
+    hf_dir, root = Path(hf_dir), Path(checkpoint_dir)
+    tmp = root / f".tmp-{SOURCE_DIR}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in [hf_dir / CONFIG, *source_files(hf_dir)]:
+        shutil.copyfile(f, tmp / f.name)
+    old = root / f".trash-{SOURCE_DIR}.{os.getpid()}"
+    if (root / SOURCE_DIR).exists():
+        os.rename(root / SOURCE_DIR, old)
+    os.rename(tmp, root / SOURCE_DIR)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -- Hugging Face directories --------------------------------------------------------------------
+
+def read_config(hf_dir: str | Path) -> dict[str, Any]:
+    """HF_DIR/config.json as a dict."""
+    path = Path(hf_dir) / CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"{path}: unreadable: {e}") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{path}: not a JSON object")
+    return config
+
+
+def check_hf_dir(hf_dir: str | Path, cfg: ModelConfig) -> None:
+    """Refuse a directory whose config.json Tetrad does not implement (naming each key and its value) or
+    that contradicts the model cfg (naming the config.json key and the spec.model field)."""
+    built_in_only(cfg)
+    hf = read_hf_config(read_config(hf_dir))
+    where = Path(hf_dir) / CONFIG
+    if hf.problems:
+        raise ConversionError(f"{where}: {'; '.join(hf.problems)}")
+    if differ := hf_differences(hf.fields, cfg):
+        raise ConversionError(f"{where}: not the model {cfg.name}: {', '.join(differ)}")
 
 
 def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
     """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model."""
     from safetensors import safe_open
 
-    built_in_only(cfg)
+    check_hf_dir(hf_dir, cfg)
     hf_dir = Path(hf_dir)
-    try:
-        hf = json.loads((hf_dir / CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        raise ConversionError(f"{hf_dir / CONFIG}: unreadable: {e}") from None
-    if hf.get("model_type") != "llama":
-        raise ConversionError(f"{hf_dir / CONFIG}: model_type {hf.get('model_type')!r}; only 'llama' is supported")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {"rope_type": "default"}
-    if rope.get("rope_type", rope.get("type")) != "default":
-        raise ConversionError(f"{hf_dir / CONFIG}: RoPE {rope!r} is not supported by Tetrad's model (plain RoPE only)")
-    hf.setdefault("rope_theta", rope.get("rope_theta"))
-    differ = [f"{k} {hf.get(k)!r} != {getattr(cfg, f)!r}" for k, f in _CONFIG_FIELDS.items() if hf.get(k) != getattr(cfg, f)]
-    if differ:
-        raise ConversionError(f"{hf_dir}: not the model {cfg.name}: {', '.join(differ)}")
     files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
         raise ConversionError(f"{hf_dir}: no *.safetensors file")
@@ -269,8 +387,8 @@ def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
 
 
 def import_hf(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Tetrad parameters (full, fp32, by Tetrad name) from a Hugging Face Llama directory
-    (config.json and *.safetensors), refused unless its config is the model cfg."""
+    """Tetrad parameters (full, fp32, by Tetrad name) from a Hugging Face directory (config.json and
+    *.safetensors), refused unless its config is the model cfg."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -292,7 +410,7 @@ def init_from_hf(parts: list[torch.nn.Module], hf_dir: str | Path, cfg: ModelCon
     want = _check_names(set(index), cfg)
     for part in parts:
         for fqn, param in part.named_parameters():
-            name = canonical_name(fqn)
+            name = _source_name(canonical_name(fqn), cfg)  # a pipeline's last stage holds the tied copy as output
             with safe_open(str(index[hf_name(name)]), framework="pt") as st:
                 full = _to_tetrad(name, st.get_tensor(hf_name(name)), cfg, want[name])
             offset, size = local_box(param)
@@ -302,14 +420,24 @@ def init_from_hf(parts: list[torch.nn.Module], hf_dir: str | Path, cfg: ModelCon
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tetrad_trainer.export",
-                                     description="Export a committed Tetrad checkpoint to Hugging Face safetensors.")
+                                     description="Export a committed Tetrad checkpoint as a Hugging Face directory.")
     parser.add_argument("checkpoint_dir", help="the job's checkpoint.path (holding `latest` and step-* directories)")
-    parser.add_argument("out_dir", help="where model.safetensors and config.json are written")
+    parser.add_argument("out_dir", help="where config.json, the safetensors and the source's tokenizer files are written")
     parser.add_argument("--step", type=int, default=None, help="the step to export (default: the one `latest` names)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the weights")
+    parser.add_argument("--dtype", choices=list(DTYPES), default=None,
+                        help="dtype of the weights (default: the source directory's torch_dtype, else float32)")
+    parser.add_argument("--source", default=None, metavar="HF_DIR",
+                        help=f"the Hugging Face directory the model came from, for its config.json, generation config and "
+                             f"tokenizer (default: CHECKPOINT_DIR/{SOURCE_DIR}, kept by the trainer, else the job's "
+                             "spec.model.hfDir where it is readable)")
+    parser.add_argument("--max-shard-size", type=int, default=MAX_SHARD_BYTES, metavar="BYTES",
+                        help="split the weights into shards of at most this many bytes, with an index "
+                             f"(default {MAX_SHARD_BYTES}, transformers')")
     args = parser.parse_args(argv)
     try:
-        step_dir = export(args.checkpoint_dir, args.out_dir, step=args.step, dtype=getattr(torch, args.dtype))
+        step_dir = export(args.checkpoint_dir, args.out_dir, step=args.step,
+                          dtype=DTYPES[args.dtype] if args.dtype else None, source=args.source,
+                          max_shard_bytes=args.max_shard_size)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -40,7 +40,7 @@ from tetrad_trainer.loss import TokenLoss
 from tetrad_trainer.mesh import Mesh
 from tetrad_trainer.models.init import canonical_name, init_weights
 from tetrad_trainer.models.interface import ModelDefinition
-from tetrad_trainer.models.loader import load_definition
+from tetrad_trainer.models.loader import definition_of
 
 SCHEDULES = {
     PPSchedule.GPIPE: ScheduleGPipe,
@@ -103,7 +103,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _definition(model: nn.Module, definition: ModelDefinition | None) -> ModelDefinition:
-    return definition or load_definition(model.cfg.module)  # type: ignore[union-attr]
+    return definition or definition_of(model.cfg)  # type: ignore[arg-type]
 
 
 def _present(model: nn.Module, names: tuple[str, ...]) -> list[nn.Module]:
@@ -317,7 +317,7 @@ def data_parallel_style(layout: Layout) -> str | None:
 def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> ParallelModel:
     layout, training = cfg.layout, cfg.training
     assert cfg.model is not None, "a script job has no model"
-    definition = load_definition(cfg.model.module)
+    definition = definition_of(cfg.model)
     model = definition.meta_model(cfg.model)
 
     if layout.pp > 1:

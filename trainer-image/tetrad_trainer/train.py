@@ -11,9 +11,10 @@ save), or after the step in progress, with a new checkpoint, or without one when
 duration says it cannot finish in the grace period left (the next run resumes from the last
 committed checkpoint). The log says which. 79 (EXIT_COLLECTIVE_TIMEOUT) when a collective waited
 runPolicy.collectiveTimeoutSeconds for a peer: the rank logs the collective and the peers that did
-not answer first (tetrad_trainer.collective). --init-from starts a run that resumes nothing from
-Hugging Face Llama weights (tetrad_trainer.export) instead of the seed's; spec.training.initFrom
-passes it through the config.
+not answer first (tetrad_trainer.collective). A run that resumes nothing starts from the weights of
+the Hugging Face directory of spec.model.hfDir (or training.initFrom, or --init-from) instead of
+the seed's (tetrad_trainer.export); every rank checks its config.json against the model before any
+collective, and rank 0 keeps its config and tokenizer files beside the checkpoints for the export.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from tetrad_trainer.checkpoint_request import CheckpointRequests
 from tetrad_trainer.config import ConfigError, load_config
 from tetrad_trainer.cp import shard_sequence
 from tetrad_trainer.data import BatchLoader, TokenSource, build_source
-from tetrad_trainer.export import ConversionError, init_from_hf
+from tetrad_trainer.export import ConversionError, check_hf_dir, init_from_hf, keep_source
 from tetrad_trainer.mesh import build_mesh, init_distributed
 from tetrad_trainer.metrics import (
     RankMetrics,
@@ -67,7 +68,7 @@ from tetrad_trainer.metrics import (
     peak_tflops,
     seconds_since_process_start,
 )
-from tetrad_trainer.models.loader import checked_definition, load_definition
+from tetrad_trainer.models.loader import checked_definition, definition_of
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
 from tetrad_trainer.parallelize import full_parameters, parallelize
@@ -92,14 +93,13 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None,
-                 preemption: Preemption | None = None, init_from: Path | None = None, source: TokenSource | None = None):
+                 preemption: Preemption | None = None, source: TokenSource | None = None):
         self.cfg, self.device = cfg, device
-        self.init_from = init_from
         self.preemption = preemption or Preemption()
         self.preemption.connect()
         self.mesh = build_mesh(cfg.layout, device)
         self.model = parallelize(cfg, self.mesh, device)
-        definition = load_definition(cfg.model.module)
+        definition = definition_of(cfg.model)
         self.flops_per_token = definition.flops_per_token(cfg.model)  # for MFU
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
         dp_rank = self.mesh.dp.get_local_rank()
@@ -188,11 +188,14 @@ class Trainer:
 
     def train(self) -> None:
         self.stop_if_signalled_at_start_up()
+        hf_dir = self.cfg.model.hf_dir
+        if hf_dir is not None and self.cfg.checkpoint.enabled and dist.get_rank() == 0:
+            keep_source(hf_dir, self.cfg.checkpoint.path)  # for the export, wherever it runs
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
-        elif self.init_from is not None:  # a resumed run keeps its checkpoint's weights
-            init_from_hf(self.model.parts, self.init_from, self.cfg.model)
-            log_rank0(f"initial weights from the Hugging Face model {self.init_from}")
+        elif hf_dir is not None:  # a resumed run keeps its checkpoint's weights
+            init_from_hf(self.model.parts, hf_dir, self.cfg.model)
+            log_rank0(f"initial weights from the Hugging Face model {hf_dir}")
         self.metrics.resumed(self.step)
         self.stop_if_signalled_at_start_up()
         self.last_log, self.steps_since_log = time.perf_counter(), 0
@@ -317,9 +320,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--save-full-parameters", type=Path, default=None, metavar="PATH",
                    help="after training, save the gathered parameters to PATH (torch.save of a dict)")
     p.add_argument("--init-from", type=Path, default=None, metavar="HF_DIR",
-                   help="initial weights from a Hugging Face Llama directory (config.json, *.safetensors) of this "
-                        "model, e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed "
-                        "(default: training.initFrom of the config)")
+                   help="initial weights from a Hugging Face directory (config.json, *.safetensors) of this model, "
+                        "e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed "
+                        "(default: model.hfDir of the config, from spec.model.hfDir or training.initFrom)")
     return p.parse_args(argv)
 
 
@@ -335,6 +338,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
         cfg = load_config(args.config, steps=args.steps)
         checked_definition(cfg)  # the model's import path and parts, before any collective
+        if args.init_from is not None:
+            cfg.model = cfg.model.model_copy(update={"hf_dir": str(args.init_from)})
+        checked_hf_dir(cfg)
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
         # Every rank reads and checks the data files (a JSONL file's every line) before joining the group.
@@ -343,8 +349,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return config_error(e)
     try:
-        init_from = args.init_from or (Path(cfg.training.init_from) if cfg.training.init_from else None)
-        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, init_from=init_from, source=source)
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, source=source)
         if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:  # the gate's, run by the launcher
             trainer.metrics.preflight(figures)
         try:
@@ -378,6 +383,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def checked_hf_dir(cfg: ResolvedConfig) -> None:
+    """The Hugging Face directory the model starts from, checked on every rank before any collective: a
+    config.json Tetrad does not implement, or that contradicts the resolved model, is a config error."""
+    if cfg.model is None or cfg.model.hf_dir is None:
+        return
+    try:
+        check_hf_dir(cfg.model.hf_dir, cfg.model)
+    except ConversionError as e:
+        raise ConfigError(f"spec.model.hfDir={cfg.model.hf_dir}: {e}") from None
 
 
 def config_error(e: Exception) -> int:

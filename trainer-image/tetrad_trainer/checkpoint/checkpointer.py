@@ -56,7 +56,7 @@ log = logging.getLogger("tetrad.checkpoint")
 
 # Model dims that must match for a checkpoint to load; everything else (layout, batch, lr, steps)
 # may change between runs.
-MODEL_KEYS = ("dim", "layers", "heads", "kv_heads", "vocab", "ffn_dim")
+MODEL_KEYS = ("dim", "layers", "heads", "kv_heads", "head_dim", "vocab", "ffn_dim", "qkv_bias", "qk_norm", "tie_embeddings")
 
 
 def _reason(e: BaseException, rank: int) -> str:

@@ -19,7 +19,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from tetrad.api.resolved import ModelConfig
 from tetrad_trainer.models.interface import ModelDefinition
-from tetrad_trainer.models.loader import load_definition
+from tetrad_trainer.models.loader import definition_of
 
 
 def canonical_name(fqn: str) -> str:
@@ -50,7 +50,7 @@ def initial_slice(name: str, shape: Sequence[int], offset: Sequence[int], size: 
     out = torch.empty(tuple(size), dtype=torch.float32)
     if out.numel() == 0:
         return out
-    definition = definition or load_definition(cfg.module)
+    definition = definition or definition_of(cfg)
     name = definition.source_name(name)
     draw = definition.init(name, cfg)
     rows, cols = (1, shape[0]) if len(shape) == 1 else shape
@@ -92,7 +92,7 @@ def init_weights(model: nn.Module, device: torch.device, seed: int, params_devic
     definition: default the one model.cfg names.
     """
     cfg: ModelConfig = model.cfg  # type: ignore[assignment]
-    definition = definition or load_definition(cfg.module)
+    definition = definition or definition_of(cfg)
     model.to_empty(device=params_device or device)
     definition.tie(model)  # to_empty gives each module a parameter of its own
     for fqn, param in model.named_parameters():

@@ -1,5 +1,6 @@
-"""Which model a job trains: `spec.model.module` None is the built-in Llama, otherwise the import path
-"pkg.mod:name" of a `ModelDefinition` (tetrad.api.spec.PLUGIN_PATH).
+"""Which model a job trains: `spec.model.module` None is the built-in decoder (its definition for the
+model's options, `llama.definition_for`), otherwise the import path "pkg.mod:name" of a
+`ModelDefinition` (tetrad.api.spec.PLUGIN_PATH).
 
 `checked_definition` runs on every rank before any collective: a path that does not import, an
 object that is no definition, or a model that lacks what its definition names is a ConfigError
@@ -13,8 +14,9 @@ import importlib
 
 from torch import nn
 
-from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.resolved import ModelConfig, ResolvedConfig
 from tetrad_trainer.config import ConfigError
+from tetrad_trainer.models import llama
 from tetrad_trainer.models.interface import ModelDefinition
 
 BUILT_IN = "tetrad_trainer.models.llama:definition"
@@ -41,12 +43,17 @@ def load_definition(module: str | None) -> ModelDefinition:
     return obj
 
 
+def definition_of(cfg: ModelConfig) -> ModelDefinition:
+    """The definition the model cfg is built with: its module's, or the built-in decoder's for its options."""
+    return load_definition(cfg.module) if cfg.module is not None else llama.definition_for(cfg)
+
+
 def checked_definition(cfg: ResolvedConfig) -> ModelDefinition:
     """The job's definition, its model built on the meta device and checked against what the
     definition names and what the layout needs."""
     if cfg.model is None:
         raise ConfigError("the config has no model (a spec.script job): Tetrad's trainer has nothing to train")
-    definition = load_definition(cfg.model.module)
+    definition = definition_of(cfg.model)
     if problems := definition_problems(definition, cfg):
         raise ConfigError(f"spec.model.module={cfg.model.module or BUILT_IN}: {'; '.join(problems)}")
     return definition
