@@ -32,7 +32,6 @@ from tetrad.render.gang import KUEUE_API_VERSION
 from tetrad.render.gang import group_name as gang_group_name
 from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
-from tetrad_operator.gang import GangRequest
 from tetrad_operator.informer import Informer
 from tetrad_operator.kubeapi import ApiError, KubeApi, object_path, path
 from tetrad_operator.lifecycle import (
@@ -47,9 +46,10 @@ from tetrad_operator.lifecycle import (
     Ungate,
     queue,
 )
-from tetrad_operator.metrics import OperatorMetrics
+from tetrad_operator.observed import NodeState, PodState, format_time
+from tetrad_operator.operator_metrics import OperatorMetrics
+from tetrad_operator.packing import GangRequest
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

@@ -37,9 +37,9 @@ LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve"
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 OPERATOR = ROOT / "operator"
 OPERATOR_LAYERS = [  # bottom first
-    ("kubeapi", "quantity", "metrics", "status"),  # the protocol, resource sums, the operator's metrics, the job's status
-    ("state",),  # views of pods and nodes
-    ("gang", "scrape"),  # the built-in gang's fit; rank 0's figures
+    ("kubeapi", "resources", "operator_metrics", "status"),  # the protocol, resource vectors, the operator's metrics, the job's status
+    ("observed",),  # views of pods and nodes
+    ("packing", "scrape"),  # the built-in gang's fit; rank 0's figures
     ("lifecycle",),  # the pure decisions: no API calls
     ("settings",),
     ("kube", "informer"),  # the REST client; watched kinds in memory

@@ -26,8 +26,8 @@ from tetrad_operator.controller import (
 )
 from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
+from tetrad_operator.observed import NodeState, PodState
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import NodeState, PodState
 
 from tetrad.api import contract
 

@@ -1,5 +1,5 @@
 """`decide`: the job's phases in order, composed from the restart policy (policy.py) and the
-built-in gang (gang.py) over one `JobPass` (machine.py)."""
+built-in gang (release.py) over one `JobPass` (machine.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from tetrad.render.gang import GROUP_PER_INCARNATION
 from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight, queue
+from tetrad_operator.lifecycle import checkpoint, figures, policy, preflight, queue, release
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
-from tetrad_operator.state import NodeState, PodState, format_time, parse_time
+from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     old = [p for p in m.pods if p.restart < restart]
     current = {p.rank: p for p in m.pods if p.restart == restart and 0 <= p.rank < spec.nodes}
     builtin = spec.gang.scheduler == Scheduler.BUILTIN
-    gang_timed_out = builtin and gang.timed_out(m)
+    gang_timed_out = builtin and release.timed_out(m)
     expect_deleting = gang_timed_out or m.phase == Phase.PENDING  # our own re-creation after suspend/timeout
 
     # 1. Any failure in the current gang: fail the job, or restart the whole gang.
@@ -164,7 +164,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
                                       for r in missing)
         if builtin:
-            gang.creating(m, spec.nodes, restart, new)
+            release.creating(m, spec.nodes, restart, new)
         return
 
     pods = [current[r] for r in range(spec.nodes)]
@@ -177,7 +177,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         return
 
     # 5. The built-in gang: admission, release of the remaining gates, and the gang timeout.
-    if builtin and gang.drive(m, job, pods, restart):
+    if builtin and release.drive(m, job, pods, restart):
         return
 
     # 6. Running once every pod runs (or already succeeded); GangWaiting before.

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from tetrad.api.spec import ParallelTrainingJobSpec, Scheduler
 from tetrad.render.gang import KUEUE_RETRIABLE_ANNOTATION
 from tetrad_operator.lifecycle.actions import AnnotatePod
-from tetrad_operator.state import PodState
+from tetrad_operator.observed import PodState
 
 
 def closing(spec: ParallelTrainingJobSpec, pods: Sequence[PodState]) -> list[AnnotatePod]:

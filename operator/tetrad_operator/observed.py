@@ -1,7 +1,7 @@
 """What the operator observes: compact, immutable views of pods and nodes.
 
-The kopf indexes hold these instead of whole bodies, and the pure decisions in
-`lifecycle` and `gang` read only these. Building them from a body is pure too.
+The informers hold these instead of whole bodies, and the pure decisions in
+`lifecycle` and `packing` read only these. Building them from a body is pure too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from tetrad.api import contract
 from tetrad.api.termination import TerminationMessage
 from tetrad.render.gang import KUEUE_RETRIABLE_ANNOTATION
-from tetrad_operator.quantity import Resources, pod_requests
+from tetrad_operator.resources import Resources, pod_requests
 
 # Pod conditions that mean "taken away by the cluster", not "the trainer failed": Kubernetes' own,
 # and the one Kueue's pod integration sets on the pods of a group it stops (preempted, evicted).

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tetrad_operator.quantity import Resources
-from tetrad_operator.state import NodeState, PodState
+from tetrad_operator.observed import NodeState, PodState
+from tetrad_operator.resources import Resources
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NO_ROOM = Resources()
