@@ -26,10 +26,8 @@ import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase, Scheduler
-from tetrad.render import names
-from tetrad.render.gang import KUEUE_API_VERSION
-from tetrad.render.gang import group_name as gang_group_name
+from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase
+from tetrad.render import gangs, names
 from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.informer import Informer
@@ -44,7 +42,7 @@ from tetrad_operator.lifecycle import (
     PodRejection,
     ResolvedJob,
     Ungate,
-    queue,
+    closing,
 )
 from tetrad_operator.observed import NodeState, PodState, format_time
 from tetrad_operator.operator_metrics import OperatorMetrics
@@ -57,7 +55,7 @@ EXPECTATION_SECONDS = 30.0  # how long a created pod may take to show up in the 
 COMPONENT = "tetrad-operator"
 FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap and PodGroup
 REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
-QUEUE_READ_SECONDS = 2.0  # how often a job Kueue holds reads its Workload to say why it waits
+QUEUE_READ_SECONDS = 2.0  # how often a job its scheduler holds reads why (Kueue: its Workload)
 FINALIZER = "tetrad.dev/operator"  # kopf's, on every job whose loop runs (see main.kopf_settings)
 FINALIZER_WAIT_SECONDS = 2.0  # how long a new job's first pass waits for kopf to add it
 
@@ -390,7 +388,7 @@ class Controller:
     async def _close(self, loop: JobLoop, body: dict[str, Any]) -> None:
         """The job goes: its pods' annotations say so (Kueue then lets them go)."""
         if (job := loop.resolved(body).job) is not None:
-            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in queue.closing(job.spec, self.pods(loop))))
+            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in closing.close_group(job.spec, self.pods(loop))))
 
     # ------------------------------------------------------------------ writes
 
@@ -494,25 +492,21 @@ class Controller:
             raise errors[0]
 
     async def _queued(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> str | None:
-        """Why Kueue holds the job's pod group, while a pod waits: its Workload's QuotaReserved=False
-        message, read at most every QUEUE_READ_SECONDS per incarnation (a gang's pod events come
-        many a second; a new incarnation reads it at once)."""
+        """Why the job's scheduler holds its group, while a pod waits: read from the backend's
+        `queue_object` (Kueue: its Workload's QuotaReserved=False message), at most every
+        QUEUE_READ_SECONDS per incarnation (a gang's pod events come many a second; a new
+        incarnation reads it at once)."""
         job = spec.job
-        if job is None or job.spec.gang.scheduler != Scheduler.KUEUE:
+        if job is None or (backend := gangs.backend(job.spec)).queue_object is None:
             return None
         waiting = [p for p in pods if p.phase == "Pending" and p.node is None and not p.deleting]
         if not waiting:
             return None
         restart = max(p.restart for p in waiting)
-        group = gang_group_name(job.spec, loop.key[1], restart)
+        group = backend.group_name(loop.key[1], restart)
         if loop.queue_read and loop.queue_read[0] == restart and self.clock.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
             return loop.queue_read[2]
-        workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
-        reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
-                         if c.get("type") == "QuotaReserved"), None)
-        reason = None
-        if reserved is not None and reserved.get("status") == "False":
-            reason = str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
+        reason = backend.queued_reason(await self.kube.get(path(*backend.queue_object, loop.key[0], group)))
         loop.queue_read = (restart, self.clock.monotonic(), reason)
         return reason
 

@@ -6,8 +6,8 @@ taints/tolerations, nodeSelector, required node affinity and the gang's own co-l
 that require each other in one domain of a node label, e.g. a pipeline stage in one rack), after
 subtracting the pods already bound and the gangs already released but not yet bound.
 
-The other schedulers (volcano, coscheduling, kueue) enforce the gang themselves; for them the
-operator only creates the PodGroup or the labels the renderer puts on the pods.
+Only the built-in gang backend (tetrad.render.gangs.builtin) is admitted here; the other
+schedulers enforce the gang themselves, from the objects and pod fields their backends render.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from tetrad_operator.settings import OperatorSettings
 
 from tetrad.api import contract
 from tetrad.render import names
-from tetrad.render.gang import KUEUE_API_VERSION
+from tetrad.render.gangs.kueue import API_VERSION as KUEUE_API_VERSION
 
 from .memory_kube import MemoryKube, Refused
 
