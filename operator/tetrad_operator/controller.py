@@ -57,7 +57,7 @@ FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap
 REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
 QUEUE_READ_SECONDS = 2.0  # how often a job its scheduler holds reads why (Kueue: its Workload)
 FINALIZER = "tetrad.dev/operator"  # kopf's, on every job whose loop runs (see main.kopf_settings)
-FINALIZER_WAIT_SECONDS = 2.0  # how long a new job's first pass waits for kopf to add it
+FINALIZER_WAIT_SECONDS = 2.0  # a new job whose finalizer kopf never adds runs without it after this long
 
 
 class Clock(Protocol):
@@ -99,6 +99,7 @@ class JobLoop:
     queue_read: tuple[int, float, str | None] | None = None  # (restart, clock.monotonic(), Kueue's reason)
     body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
     body_read: float = -1e9  # clock.monotonic() of the last GET of the job
+    awaiting_kopf: bool = False  # the last pass waited for kopf's finalizer on this new job
     started: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -129,11 +130,17 @@ class JobLoop:
             self.body, self.body_read = body, self.clock.monotonic()
 
     def awaits_finalizer(self, body: dict[str, Any]) -> bool:
-        """Whether this new job's first status write should wait: kopf adds its finalizer just after
-        it starts the loop, and a write racing that patch loses (409) and is done over. The watch
-        brings the job with it in milliseconds; after FINALIZER_WAIT_SECONDS the loop goes on anyway."""
-        return (not body.get("status") and FINALIZER not in (body["metadata"].get("finalizers") or [])
-                and self.clock.monotonic() - self.started < FINALIZER_WAIT_SECONDS)
+        return self.finalizer_wait(body) > 0
+
+    def finalizer_wait(self, body: dict[str, Any]) -> float:
+        """How long this new job's first status write may still wait for kopf's finalizer (0: it need
+        not). kopf patches it onto the job in the cycle that starts the loop, and a status write
+        racing that patch loses (409) and is done over, decision and all. The watch event that
+        brings the finalizer wakes the loop at once (`Controller.job_seen`): the wait ends with an
+        event, not a timer; FINALIZER_WAIT_SECONDS only bounds it if kopf never adds it."""
+        if body.get("status") or FINALIZER in (body["metadata"].get("finalizers") or []):
+            return 0.0
+        return max(0.0, FINALIZER_WAIT_SECONDS - (self.clock.monotonic() - self.started))
 
     def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
         """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
@@ -250,9 +257,12 @@ class Controller:
             loop.wake.set()
 
     def job_seen(self, key: Key, body: dict[str, Any]) -> None:
-        """The job's body from kopf's watch: the next pass reads it instead of GETting the job."""
+        """The job's body from kopf's watch: the next pass reads it instead of GETting the job. A
+        new job's loop waiting for kopf's finalizer goes on as soon as a body shows it."""
         if (loop := self.jobs.get(key)) is not None:
             loop.keep(body)
+            if loop.awaiting_kopf and loop.body is not None and not loop.awaits_finalizer(loop.body):
+                loop.wake.set()
 
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         if old == new:
@@ -291,7 +301,8 @@ class Controller:
                     await _sleep(wake, stopped, delay)
                     if stopped:
                         continue
-                    await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
+                    if not loop.awaiting_kopf:  # a new job's first write waited for one event, now here
+                        await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
                 wake.clear()
                 try:
                     delay = await self.reconcile(loop)
@@ -343,8 +354,10 @@ class Controller:
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
             await self._close(loop, body)
             return None
-        if loop.awaits_finalizer(body):
-            return 0.05  # the watch event carrying it updates loop.body
+        wait = loop.finalizer_wait(body)
+        loop.awaiting_kopf = wait > 0
+        if loop.awaiting_kopf:
+            return wait  # the watch event that brings kopf's finalizer wakes the loop (job_seen)
         now = self.clock.now()
         nodes = self.node_informer.items  # by name; decide only reads it
         stale = loop.list_due(body, self.settings.resync_seconds)
