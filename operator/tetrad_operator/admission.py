@@ -2,7 +2,7 @@
 
 Job reconciles register complete, gated gangs here. A single task, woken by capacity changes
 (pods ending, nodes changing) and by new requests, reads every unfinished pod in the cluster
-from the operator's pod informer, asks `gang.plan_admission` which gangs fit, and removes their
+from the operator's pod informer, asks `packing.plan_admission` which gangs fit, and removes their
 gates.
 Decisions are serialized, and a gang released but not yet bound counts as taking its room: the
 informer shows it by the pods' release annotation, and until the watch shows that, the admitter
@@ -30,12 +30,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.api import contract
-from tetrad_operator import gang
+from tetrad_operator import packing
 from tetrad_operator.informer import Informer
 from tetrad_operator.kubeapi import STRATEGIC, KubeApi, path
-from tetrad_operator.metrics import OperatorMetrics
+from tetrad_operator.observed import RELEASED_ANNOTATION, NodeState, PodState, format_time
+from tetrad_operator.operator_metrics import OperatorMetrics
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import RELEASED_ANNOTATION, NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
 MIN_INTERVAL = 0.25  # seconds between two admission rounds
@@ -86,21 +86,21 @@ class GangAdmitter:
         self.retry_seconds = retry_seconds
         self.batch_seconds = batch_seconds
         self.monotonic = monotonic  # the timer of what it remembers: how long gangs waited, releases unseen
-        self.waiting: dict[Key, gang.GangRequest] = {}
+        self.waiting: dict[Key, packing.GangRequest] = {}
         self.reserved: dict[Key, tuple[PodState, ...]] = {}  # released at creation, not all created yet
         # Gangs released here (gates removed, or created released) that the watch may not show
         # released yet: (key, restart) -> (monotonic() of the release, its pods).
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         # New incarnations asking to be created released, answered by the next round.
-        self.asks: dict[Key, tuple[gang.GangRequest, asyncio.Future[bool]]] = {}
+        self.asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]] = {}
         # The operator's pod informers over `scopes()`: every unfinished pod, and the operator's own.
         self.informers: list[Informer[PodState]] = []
         self.lock = asyncio.Lock()
         self._kick = asyncio.Event()
         self._last = 0.0
 
-    def request(self, req: gang.GangRequest) -> None:
+    def request(self, req: packing.GangRequest) -> None:
         known = self.waiting.get(req.key)
         self.waiting[req.key] = req
         self.first_seen.setdefault((req.key, req.restart), self.monotonic())
@@ -170,7 +170,7 @@ class GangAdmitter:
         if new is None or new.terminal or old.gated != new.gated or old.node != new.node:
             self.kick()
 
-    def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[gang.GangRequest]]:
+    def _snapshot(self) -> tuple[list[PodState], list[Sequence[PodState]], list[packing.GangRequest]]:
         """From the informer and the releases it may not show yet: the bound pods, the gangs
         released and not all bound (reservations included), and the waiting gangs whose pods
         are all still gated as requested."""
@@ -196,7 +196,7 @@ class GangAdmitter:
                 continue  # released a moment ago; the watch still shows its gates
             fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
             if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
-                waiting.append(gang.GangRequest(req.namespace, req.name, req.created, req.restart,
+                waiting.append(packing.GangRequest(req.namespace, req.name, req.created, req.restart,
                                                 tuple(f for f in fresh if f is not None)))
         return bound, in_flight, waiting
 
@@ -212,7 +212,7 @@ class GangAdmitter:
                 unseen.append(pods)
         return unseen
 
-    async def reserve(self, req: gang.GangRequest) -> bool:
+    async def reserve(self, req: packing.GangRequest) -> bool:
         """Whether a new incarnation's gang (its rendered pods, none created yet) fits beside the
         waiting gangs, decided by the next round as a release is; if so it counts as released
         until `unreserve`."""
@@ -228,7 +228,7 @@ class GangAdmitter:
                 del self.reserved[req.key]  # answered yes just as it stopped: none of its pods exists
             raise
 
-    def _answer(self, asks: dict[Key, tuple[gang.GangRequest, asyncio.Future[bool]]], fits: set[Key]) -> None:
+    def _answer(self, asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]], fits: set[Key]) -> None:
         """Tell each asking gang whether it fits; one that fits counts as released from now on."""
         for key, (req, answer) in asks.items():
             if answer.done():  # its loop stopped meanwhile
@@ -247,7 +247,7 @@ class GangAdmitter:
             self.released[(key, pods[0].restart)] = (self.monotonic(), pods)
         self.kick()
 
-    async def admit_once(self) -> list[gang.GangRelease]:
+    async def admit_once(self) -> list[packing.GangRelease]:
         async with self.lock:
             started = time.monotonic()
             asks, self.asks = self.asks, {}
@@ -255,7 +255,7 @@ class GangAdmitter:
             fits: set[Key] = set()
             try:  # a round that fails answers no: those gangs are created gated, and wait
                 bound, in_flight, waiting = self._snapshot()
-                plan = gang.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asks.values())])
+                plan = packing.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asks.values())])
                 fits = {a.request.key for a in plan if id(a.request) in asking}
             finally:
                 self._answer(asks, fits)

@@ -26,13 +26,10 @@ import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase, Scheduler
-from tetrad.render import names
-from tetrad.render.gang import KUEUE_API_VERSION
-from tetrad.render.gang import group_name as gang_group_name
+from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase
+from tetrad.render import gangs, names
 from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
-from tetrad_operator.gang import GangRequest
 from tetrad_operator.informer import Informer
 from tetrad_operator.kubeapi import ApiError, KubeApi, object_path, path
 from tetrad_operator.lifecycle import (
@@ -45,11 +42,12 @@ from tetrad_operator.lifecycle import (
     PodRejection,
     ResolvedJob,
     Ungate,
-    queue,
+    closing,
 )
-from tetrad_operator.metrics import OperatorMetrics
+from tetrad_operator.observed import NodeState, PodState, format_time
+from tetrad_operator.operator_metrics import OperatorMetrics
+from tetrad_operator.packing import GangRequest
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import NodeState, PodState, format_time
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -57,9 +55,9 @@ EXPECTATION_SECONDS = 30.0  # how long a created pod may take to show up in the 
 COMPONENT = "tetrad-operator"
 FIELD_MANAGER = "tetrad-operator"  # server-side apply of the Service, ConfigMap and PodGroup
 REFUSED = (400, 403, 422)  # a pod creation the API server refuses for good: quota, webhook, invalid field
-QUEUE_READ_SECONDS = 2.0  # how often a job Kueue holds reads its Workload to say why it waits
+QUEUE_READ_SECONDS = 2.0  # how often a job its scheduler holds reads why (Kueue: its Workload)
 FINALIZER = "tetrad.dev/operator"  # kopf's, on every job whose loop runs (see main.kopf_settings)
-FINALIZER_WAIT_SECONDS = 2.0  # how long a new job's first pass waits for kopf to add it
+FINALIZER_WAIT_SECONDS = 2.0  # a new job whose finalizer kopf never adds runs without it after this long
 
 
 class Clock(Protocol):
@@ -101,6 +99,7 @@ class JobLoop:
     queue_read: tuple[int, float, str | None] | None = None  # (restart, clock.monotonic(), Kueue's reason)
     body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
     body_read: float = -1e9  # clock.monotonic() of the last GET of the job
+    awaiting_kopf: bool = False  # the last pass waited for kopf's finalizer on this new job
     started: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -131,11 +130,17 @@ class JobLoop:
             self.body, self.body_read = body, self.clock.monotonic()
 
     def awaits_finalizer(self, body: dict[str, Any]) -> bool:
-        """Whether this new job's first status write should wait: kopf adds its finalizer just after
-        it starts the loop, and a write racing that patch loses (409) and is done over. The watch
-        brings the job with it in milliseconds; after FINALIZER_WAIT_SECONDS the loop goes on anyway."""
-        return (not body.get("status") and FINALIZER not in (body["metadata"].get("finalizers") or [])
-                and self.clock.monotonic() - self.started < FINALIZER_WAIT_SECONDS)
+        return self.finalizer_wait(body) > 0
+
+    def finalizer_wait(self, body: dict[str, Any]) -> float:
+        """How long this new job's first status write may still wait for kopf's finalizer (0: it need
+        not). kopf patches it onto the job in the cycle that starts the loop, and a status write
+        racing that patch loses (409) and is done over, decision and all. The watch event that
+        brings the finalizer wakes the loop at once (`Controller.job_seen`): the wait ends with an
+        event, not a timer; FINALIZER_WAIT_SECONDS only bounds it if kopf never adds it."""
+        if body.get("status") or FINALIZER in (body["metadata"].get("finalizers") or []):
+            return 0.0
+        return max(0.0, FINALIZER_WAIT_SECONDS - (self.clock.monotonic() - self.started))
 
     def list_due(self, body: dict[str, Any], resync_seconds: float) -> bool:
         """Whether this pass reads the job's pods with a consistent LIST instead of the informer:
@@ -252,9 +257,12 @@ class Controller:
             loop.wake.set()
 
     def job_seen(self, key: Key, body: dict[str, Any]) -> None:
-        """The job's body from kopf's watch: the next pass reads it instead of GETting the job."""
+        """The job's body from kopf's watch: the next pass reads it instead of GETting the job. A
+        new job's loop waiting for kopf's finalizer goes on as soon as a body shows it."""
         if (loop := self.jobs.get(key)) is not None:
             loop.keep(body)
+            if loop.awaiting_kopf and loop.body is not None and not loop.awaits_finalizer(loop.body):
+                loop.wake.set()
 
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         if old == new:
@@ -293,7 +301,8 @@ class Controller:
                     await _sleep(wake, stopped, delay)
                     if stopped:
                         continue
-                    await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
+                    if not loop.awaiting_kopf:  # a new job's first write waited for one event, now here
+                        await asyncio.sleep(self.settings.batch_seconds)  # let a burst of events land
                 wake.clear()
                 try:
                     delay = await self.reconcile(loop)
@@ -345,8 +354,10 @@ class Controller:
         if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
             await self._close(loop, body)
             return None
-        if loop.awaits_finalizer(body):
-            return 0.05  # the watch event carrying it updates loop.body
+        wait = loop.finalizer_wait(body)
+        loop.awaiting_kopf = wait > 0
+        if loop.awaiting_kopf:
+            return wait  # the watch event that brings kopf's finalizer wakes the loop (job_seen)
         now = self.clock.now()
         nodes = self.node_informer.items  # by name; decide only reads it
         stale = loop.list_due(body, self.settings.resync_seconds)
@@ -390,7 +401,7 @@ class Controller:
     async def _close(self, loop: JobLoop, body: dict[str, Any]) -> None:
         """The job goes: its pods' annotations say so (Kueue then lets them go)."""
         if (job := loop.resolved(body).job) is not None:
-            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in queue.closing(job.spec, self.pods(loop))))
+            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in closing.close_group(job.spec, self.pods(loop))))
 
     # ------------------------------------------------------------------ writes
 
@@ -494,25 +505,21 @@ class Controller:
             raise errors[0]
 
     async def _queued(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> str | None:
-        """Why Kueue holds the job's pod group, while a pod waits: its Workload's QuotaReserved=False
-        message, read at most every QUEUE_READ_SECONDS per incarnation (a gang's pod events come
-        many a second; a new incarnation reads it at once)."""
+        """Why the job's scheduler holds its group, while a pod waits: read from the backend's
+        `queue_object` (Kueue: its Workload's QuotaReserved=False message), at most every
+        QUEUE_READ_SECONDS per incarnation (a gang's pod events come many a second; a new
+        incarnation reads it at once)."""
         job = spec.job
-        if job is None or job.spec.gang.scheduler != Scheduler.KUEUE:
+        if job is None or (backend := gangs.backend(job.spec)).queue_object is None:
             return None
         waiting = [p for p in pods if p.phase == "Pending" and p.node is None and not p.deleting]
         if not waiting:
             return None
         restart = max(p.restart for p in waiting)
-        group = gang_group_name(job.spec, loop.key[1], restart)
+        group = backend.group_name(loop.key[1], restart)
         if loop.queue_read and loop.queue_read[0] == restart and self.clock.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
             return loop.queue_read[2]
-        workload = await self.kube.get(path(KUEUE_API_VERSION, "workloads", loop.key[0], group))
-        reserved = next((c for c in ((workload or {}).get("status") or {}).get("conditions") or []
-                         if c.get("type") == "QuotaReserved"), None)
-        reason = None
-        if reserved is not None and reserved.get("status") == "False":
-            reason = str(reserved.get("message") or reserved.get("reason") or "no quota reserved")
+        reason = backend.queued_reason(await self.kube.get(path(*backend.queue_object, loop.key[0], group)))
         loop.queue_read = (restart, self.clock.monotonic(), reason)
         return reason
 

@@ -37,7 +37,7 @@ from tetrad.api.spec import (
     TrainingStatus,
 )
 from tetrad_operator import status
-from tetrad_operator.state import format_time
+from tetrad_operator.observed import format_time
 
 Figures = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
 

@@ -18,6 +18,9 @@ at the bottom, the pure decisions (lifecycle) below everything that talks to the
 controller above them, kopf's handlers on top. It holds no code for tests; the tests' in-memory
 Kubernetes knows the operator only by its protocol.
 
+Each gang scheduler is a plug-in, one module of tetrad.render.gangs that only the package's
+registry imports: the renderer and the operator reach it through the registry.
+
 Deferred imports: an import inside a function is allowed for third-party modules (heavy ones such
 as rich, yaml or kopf load only when used) and for a CLI subcommand's module; a deferred import of
 another layer of the core anywhere else is a cycle dodged, and fails here.
@@ -37,9 +40,9 @@ LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve"
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 OPERATOR = ROOT / "operator"
 OPERATOR_LAYERS = [  # bottom first
-    ("kubeapi", "quantity", "metrics", "status"),  # the protocol, resource sums, the operator's metrics, the job's status
-    ("state",),  # views of pods and nodes
-    ("gang", "scrape"),  # the built-in gang's fit; rank 0's figures
+    ("kubeapi", "resources", "operator_metrics", "status"),  # the protocol, resource vectors, the operator's metrics, the job's status
+    ("observed",),  # views of pods and nodes
+    ("packing", "scrape"),  # the built-in gang's fit; rank 0's figures
     ("lifecycle",),  # the pure decisions: no API calls
     ("settings",),
     ("kube", "informer"),  # the REST client; watched kinds in memory
@@ -144,6 +147,32 @@ def test_operator_imports_point_down(module: str, path: Path) -> None:
         target = operator_layer(imported)
         assert own is None or (target is not None and target <= own), \
             f"{module} (layer {OPERATOR_LAYERS[own][0]}) imports {imported} from a layer above"
+
+
+GANGS = "tetrad.render.gangs"
+GANGS_SHARED = ("backend", "topology")  # the protocol, and the stage topology every backend shares
+
+
+def gang_backends() -> list[str]:
+    return [m for m, _ in core_modules() if m.startswith(GANGS + ".") and m.rpartition(".")[2] not in GANGS_SHARED]
+
+
+def test_each_gang_backend_is_one_module_that_only_the_registry_imports():
+    """A gang scheduler is a plug-in: one module of tetrad.render.gangs, registered in its __init__.
+    No backend imports another, and the renderer and the operator reach a backend only through the
+    registry, so no code outside its module names a scheduler's objects."""
+    backends = gang_backends()
+    assert {"tetrad.render.gangs.builtin", "tetrad.render.gangs.kueue"} <= set(backends), "the walk is broken"
+    registry = ROOT / "tetrad" / "render" / "gangs" / "__init__.py"
+    assert {m for m, _ in imports(registry, GANGS, names=True)} >= set(backends), "a backend the registry does not know"
+    everything = [*core_modules(), *operator_modules()]
+    for module, path in everything:
+        if module == GANGS:
+            continue
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for imported, _ in imports(path, package, names=True):
+            reached = [b for b in backends if imported == b or imported.startswith(b + ".")]
+            assert not [b for b in reached if b != module], f"{module} imports {imported}: a gang backend is the registry's"
 
 
 def test_the_in_memory_kubernetes_knows_the_operator_by_its_protocol_alone():

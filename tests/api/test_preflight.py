@@ -8,7 +8,7 @@ import json
 from tests.api.helpers import manifest
 from tetrad.api import parse
 from tetrad.api.contract import ENV_NODE_NAME, TERMINATION_MESSAGE_MAX
-from tetrad.api.preflight import slow_nodes
+from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.termination import NodeFailure, TerminationMessage
 from tetrad.render import render
 from tetrad.render.objects import avoiding

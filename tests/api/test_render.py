@@ -10,8 +10,9 @@ import yaml
 
 from tests.api.helpers import manifest, rendered_env
 from tetrad.api import parse
-from tetrad.render import render
-from tetrad.render.gang import gang_resources
+from tetrad.api.spec import Scheduler
+from tetrad.render import gangs, render
+from tetrad.render.gangs import gang_resources
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("TETRAD_UPDATE_GOLDEN") == "1"
@@ -139,6 +140,11 @@ def test_kueue_labels():
         assert p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "t"
         assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
         assert p["metadata"]["annotations"]["kueue.x-k8s.io/role-hash"] == "trainer"  # one podset
+
+
+def test_every_gang_scheduler_has_its_backend():
+    assert set(gangs.BACKENDS) == set(Scheduler)
+    assert all(scheduler == backend.scheduler for scheduler, backend in gangs.BACKENDS.items())
 
 
 def test_gang_resources_sum_quantities():

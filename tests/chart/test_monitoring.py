@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tetrad_operator.metrics import OperatorMetrics
+from tetrad_operator.operator_metrics import OperatorMetrics
 
 from tests.chart.test_chart import CHART, helm, render
 from tetrad.api import contract

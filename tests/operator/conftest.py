@@ -178,7 +178,7 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
             api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}, taints=taints))
             created.append(name)
             names.append(name)
-        from tetrad_operator.state import NodeState
+        from tetrad_operator.observed import NodeState
 
         def ready(name: str) -> bool:
             node = api.get(f"/api/v1/nodes/{name}")

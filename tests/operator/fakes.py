@@ -13,15 +13,15 @@ from typing import Any, TypeVar
 
 from tetrad_operator import lifecycle
 from tetrad_operator.controller import EXPECTATION_SECONDS, FINALIZER, QUEUE_READ_SECONDS, Controller
-from tetrad_operator.gang import GangRequest
 from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.lifecycle import core
+from tetrad_operator.observed import NodeState, PodState, format_time
+from tetrad_operator.packing import GangRequest
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import NodeState, PodState, format_time
 
 from tetrad.api import contract
 from tetrad.render import names
-from tetrad.render.gang import KUEUE_API_VERSION
+from tetrad.render.gangs.kueue import API_VERSION as KUEUE_API_VERSION
 
 from .memory_kube import MemoryKube, Refused
 

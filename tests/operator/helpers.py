@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from kubernetes import client
 from tetrad_operator.kube import load_configuration
-from tetrad_operator.state import NodeState
+from tetrad_operator.observed import NodeState
 
 from tetrad.api import contract
 

@@ -14,7 +14,7 @@ from tetrad_operator.controller import job_key, pod_view
 from tetrad_operator.informer import Informer
 from tetrad_operator.kube import Kube, load_configuration
 from tetrad_operator.kubeapi import Gone, path
-from tetrad_operator.state import PodState
+from tetrad_operator.observed import PodState
 
 from tetrad.api import contract
 

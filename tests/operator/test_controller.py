@@ -12,7 +12,7 @@ import pytest
 from tetrad_operator import scrape, status
 from tetrad_operator.informer import Informer
 from tetrad_operator.kubeapi import ApiError, path
-from tetrad_operator.state import NodeState
+from tetrad_operator.observed import NodeState
 
 from tetrad.api import contract
 

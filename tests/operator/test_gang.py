@@ -7,11 +7,11 @@ import dataclasses
 from datetime import timedelta
 
 import pytest
-from tetrad_operator import gang
+from tetrad_operator import packing
 from tetrad_operator.admission import GangAdmitter
-from tetrad_operator.metrics import OperatorMetrics
-from tetrad_operator.quantity import Resources, pod_requests, to_units
-from tetrad_operator.state import NodeState, PodState
+from tetrad_operator.observed import NodeState, PodState
+from tetrad_operator.operator_metrics import OperatorMetrics
+from tetrad_operator.resources import Resources, pod_requests, to_units
 
 from .fakes import T0, node_body
 from .memory_kube import MemoryKube
@@ -35,8 +35,8 @@ def nodes(*bodies: dict) -> list[NodeState]:
     return [NodeState.from_body(b) for b in bodies]
 
 
-def request(name: str, pods: list[PodState], age: int = 0) -> gang.GangRequest:
-    return gang.GangRequest("ns", name, T0 + timedelta(seconds=age), 0, tuple(pods))
+def request(name: str, pods: list[PodState], age: int = 0) -> packing.GangRequest:
+    return packing.GangRequest("ns", name, T0 + timedelta(seconds=age), 0, tuple(pods))
 
 
 def test_quantities_and_effective_requests():
@@ -52,26 +52,26 @@ def test_quantities_and_effective_requests():
 
 def test_place_is_first_fit_decreasing_and_respects_capacity():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="12"))
-    free = gang.free_capacity(ns, [])
-    placement = gang.place([pod("small", cpu="2"), pod("big", cpu="10"), pod("mid", cpu="6")], ns, free)
+    free = packing.free_capacity(ns, [])
+    placement = packing.place([pod("small", cpu="2"), pod("big", cpu="10"), pod("mid", cpu="6")], ns, free)
     # Biggest first: big -> b (a is too small), mid -> a, small -> a.
     assert placement == {"big": "b", "mid": "a", "small": "a"}
     assert free["a"].get("cpu") == 0 and free["b"].get("cpu") == 2000
-    assert gang.place([pod("x", cpu="3")], ns, free) is None
+    assert packing.place([pod("x", cpu="3")], ns, free) is None
     assert free["b"].get("cpu") == 2000  # a failed placement changes nothing
 
 
 def test_gpus_pods_slots_and_bound_pods_count():
     ns = nodes(node_body("a", cpu="96", gpu=8))
     bound = [pod("other", cpu="1", gpu=6, node="a", phase="Running"), pod("done", gpu=8, node="a", phase="Succeeded")]
-    free = gang.free_capacity(ns, bound)
+    free = packing.free_capacity(ns, bound)
     assert free["a"].get("nvidia.com/gpu") == 2
-    assert gang.place([pod("g", gpu=4)], ns, dict(free)) is None
-    assert gang.place([pod("g", gpu=2)], ns, dict(free)) == {"g": "a"}
+    assert packing.place([pod("g", gpu=4)], ns, dict(free)) is None
+    assert packing.place([pod("g", gpu=2)], ns, dict(free)) == {"g": "a"}
     few_slots = node_body("s", cpu="96")
     few_slots["status"]["allocatable"]["pods"] = "2"
     ns = nodes(few_slots)
-    assert gang.place([pod(str(i), cpu="1") for i in range(3)], ns, gang.free_capacity(ns, [])) is None
+    assert packing.place([pod(str(i), cpu="1") for i in range(3)], ns, packing.free_capacity(ns, [])) is None
 
 
 def test_pipeline_stages_are_placed_one_rack_each():
@@ -89,13 +89,13 @@ def test_pipeline_stages_are_placed_one_rack_each():
     assert [p.colocated is not None and p.colocated[0] for p in pods] == ["rack"] * 4
     # Six 8-cpu nodes, one per rack: four fit by capacity, but no rack holds a stage's two pods.
     ns = nodes(*(node_body(f"n{i}", cpu="8", labels={"rack": f"r{i}"}) for i in range(6)))
-    free = gang.free_capacity(ns, [])
-    assert gang.place(pods, ns, free) is None and free == gang.free_capacity(ns, [])
+    free = packing.free_capacity(ns, [])
+    assert packing.place(pods, ns, free) is None and free == packing.free_capacity(ns, [])
     # Racks r0 (one node), r1 and r2 (two each), and an unlabelled node.
     ns = nodes(node_body("a", cpu="8", labels={"rack": "r0"}), node_body("b", cpu="8", labels={"rack": "r1"}),
                node_body("c", cpu="8", labels={"rack": "r1"}), node_body("d", cpu="8", labels={"rack": "r2"}),
                node_body("e", cpu="8", labels={"rack": "r2"}), node_body("f", cpu="8"))
-    placement = gang.place(pods, ns, gang.free_capacity(ns, []))
+    placement = packing.place(pods, ns, packing.free_capacity(ns, []))
     assert placement is not None
     assert {placement["j-r0-0"], placement["j-r0-1"]} == {"b", "c"}  # stage 0: the first rack that holds it
     assert {placement["j-r0-2"], placement["j-r0-3"]} == {"d", "e"}  # stage 1: the next
@@ -105,43 +105,43 @@ def test_taints_selectors_affinity_and_readiness():
     taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
     ns = nodes(node_body("tainted", taints=[taint], labels={"pool": "gpu"}), node_body("down", ready=False),
                node_body("labelled", labels={"pool": "train"}))
-    free = gang.free_capacity(ns, [])
-    assert gang.place([pod("p")], ns, dict(free)) == {"p": "labelled"}
+    free = packing.free_capacity(ns, [])
+    assert packing.place([pod("p")], ns, dict(free)) == {"p": "labelled"}
     tolerant = pod("t", tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                    selector={"pool": "gpu"})
-    assert gang.place([tolerant], ns, dict(free)) == {"t": "tainted"}
-    assert gang.place([pod("s", selector={"pool": "nope"})], ns, dict(free)) is None
+    assert packing.place([tolerant], ns, dict(free)) == {"t": "tainted"}
+    assert packing.place([pod("s", selector={"pool": "nope"})], ns, dict(free)) is None
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}]}]}}}
-    assert gang.place([pod("a", affinity=affinity)], ns, dict(free)) == {"a": "labelled"}
+    assert packing.place([pod("a", affinity=affinity)], ns, dict(free)) == {"a": "labelled"}
     cordoned = node_body("c")
     cordoned["spec"]["unschedulable"] = True
-    assert gang.place([pod("x")], nodes(cordoned), gang.free_capacity(nodes(cordoned), [])) is None
-    assert gang.tolerates([{"operator": "Exists"}], taint)
-    assert not gang.tolerates([{"key": "nvidia.com/gpu", "value": "absent"}], taint)
+    assert packing.place([pod("x")], nodes(cordoned), packing.free_capacity(nodes(cordoned), [])) is None
+    assert packing.tolerates([{"operator": "Exists"}], taint)
+    assert not packing.tolerates([{"key": "nvidia.com/gpu", "value": "absent"}], taint)
 
 
 def test_two_gangs_that_fit_only_one_at_a_time_admit_the_older_one():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     first = request("first", [pod("f0", cpu="6"), pod("f1", cpu="6")], age=1)
     second = request("second", [pod("s0", cpu="6"), pod("s1", cpu="6")], age=0)
-    admitted = gang.plan_admission(ns, [], [], [first, second])
+    admitted = packing.plan_admission(ns, [], [], [first, second])
     assert [a.request.name for a in admitted] == ["second"]  # created earlier
     # Once released, the second gang is in flight: the first still does not fit.
-    assert gang.plan_admission(ns, [], [list(second.pods)], [first]) == []
+    assert packing.plan_admission(ns, [], [list(second.pods)], [first]) == []
     # Bound and running, it still holds the capacity.
     bound = [pod("s0", cpu="6", node="a", phase="Running"), pod("s1", cpu="6", node="b", phase="Running")]
-    assert gang.plan_admission(ns, bound, [], [first]) == []
+    assert packing.plan_admission(ns, bound, [], [first]) == []
     # When it finishes the first goes.
     done = [pod("s0", cpu="6", node="a", phase="Succeeded"), pod("s1", cpu="6", node="b", phase="Succeeded")]
-    assert [a.request.name for a in gang.plan_admission(ns, done, [], [first])] == ["first"]
+    assert [a.request.name for a in packing.plan_admission(ns, done, [], [first])] == ["first"]
 
 
 def test_a_later_small_gang_may_fill_room_the_head_cannot_use():
     ns = nodes(node_body("a", cpu="8"))
     big = request("big", [pod("b0", cpu="6"), pod("b1", cpu="6")], age=0)
     small = request("small", [pod("s0", cpu="2")], age=5)
-    assert [a.request.name for a in gang.plan_admission(ns, [], [], [big, small])] == ["small"]
+    assert [a.request.name for a in packing.plan_admission(ns, [], [], [big, small])] == ["small"]
 
 
 def test_a_gang_that_does_not_fit_leaves_no_trace_on_the_next_of_the_same_shape():
@@ -149,14 +149,14 @@ def test_a_gang_that_does_not_fit_leaves_no_trace_on_the_next_of_the_same_shape(
     flying = [pod("x0", cpu="6")]  # takes a: the plan remembers a is full for this shape
     big = request("big", [pod(f"b{i}", cpu="6") for i in range(3)], age=0)  # b and c, then nothing
     small = request("small", [pod(f"s{i}", cpu="6") for i in range(2)], age=1)
-    admitted = gang.plan_admission(ns, [], [flying], [big, small])
+    admitted = packing.plan_admission(ns, [], [flying], [big, small])
     assert [(a.request.name, a.placement) for a in admitted] == [("small", {"s0": "b", "s1": "c"})]
 
 
 def test_an_in_flight_gang_we_cannot_place_blocks_admission():
     ns = nodes(node_body("a", cpu="8"))
     stuck = [pod("x0", cpu="16")]
-    assert gang.plan_admission(ns, [], [stuck], [request("w", [pod("w0", cpu="1")])]) == []
+    assert packing.plan_admission(ns, [], [stuck], [request("w", [pod("w0", cpu="1")])]) == []
 
 
 def test_in_flight_pods_no_node_may_take_or_being_deleted_hold_no_room():
@@ -167,16 +167,16 @@ def test_in_flight_pods_no_node_may_take_or_being_deleted_hold_no_room():
     deleting = [dataclasses.replace(pod("d0", cpu="8"), deleting_since=T0)]
     waiting = request("w", [pod("w0", cpu="6")])
     for flying in (orphaned, deleting):
-        assert [a.request.name for a in gang.plan_admission(ns, [], [flying], [waiting])] == ["w"], flying
+        assert [a.request.name for a in packing.plan_admission(ns, [], [flying], [waiting])] == ["w"], flying
     # Its pods that may still bind keep their room, and one that cannot fit still blocks.
     partly = [pod("p0", cpu="4"), pod("p1", selector={"pool": "old"})]
-    assert gang.plan_admission(ns, [], [partly], [waiting]) == []
-    assert [a.request.name for a in gang.plan_admission(ns, [], [partly], [request("s", [pod("s0", cpu="4")])])] == ["s"]
+    assert packing.plan_admission(ns, [], [partly], [waiting]) == []
+    assert [a.request.name for a in packing.plan_admission(ns, [], [partly], [request("s", [pod("s0", cpu="4")])])] == ["s"]
 
 
 def test_a_gang_bigger_than_the_cluster_never_goes():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
-    assert gang.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
+    assert packing.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
 
 
 class Watch:
@@ -194,10 +194,10 @@ def member(p: PodState, job: str, **state: object) -> PodState:
     return dataclasses.replace(p, namespace="ns", job=job, **state)
 
 
-real_plan = gang.plan_admission
+real_plan = packing.plan_admission
 
 
-def ask(admitter: GangAdmitter, *gangs: gang.GangRequest) -> list[bool]:
+def ask(admitter: GangAdmitter, *gangs: packing.GangRequest) -> list[bool]:
     """Whether each new gang may be created released: they ask, then one admission round answers."""
     async def run() -> list[bool]:
         asking = [asyncio.create_task(admitter.reserve(g)) for g in gangs]
@@ -238,7 +238,7 @@ def test_new_gangs_asking_together_are_answered_by_one_plan(monkeypatch):
     admitter = admitter_on(nodes(node_body("a", cpu="8"), node_body("b", cpu="8")))
     gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}")], age=i) for i in range(3)]
     plans = []
-    monkeypatch.setattr(gang, "plan_admission", lambda *a: plans.append(a) or real_plan(*a))
+    monkeypatch.setattr(packing, "plan_admission", lambda *a: plans.append(a) or real_plan(*a))
 
     async def run() -> list[bool]:
         rounds = asyncio.create_task(admitter.run())  # the operator's one admission loop

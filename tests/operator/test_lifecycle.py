@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tetrad_operator import lifecycle, status
 from tetrad_operator.admission import created_released
 from tetrad_operator.lifecycle import CreatePod, DeleteJob, DeletePod, Ensure, Ungate, decide
-from tetrad_operator.state import PodState, format_time, parse_time
+from tetrad_operator.observed import PodState, format_time, parse_time
 
 from tetrad.api import contract
 from tetrad.api.termination import TerminationMessage

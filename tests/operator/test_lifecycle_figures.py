@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from tetrad_operator.state import format_time
+from tetrad_operator.observed import format_time
 
 from tetrad.api import contract
 

@@ -13,7 +13,7 @@ import time
 import kopf
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
-from tetrad_operator import scrape, status
+from tetrad_operator import controller, scrape, status
 from tetrad_operator.admission import ungate_patch
 from tetrad_operator.controller import (
     FINALIZER,
@@ -26,13 +26,13 @@ from tetrad_operator.controller import (
 )
 from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.lifecycle import Settings as LifecycleSettings
+from tetrad_operator.observed import NodeState, PodState
 from tetrad_operator.settings import OperatorSettings
-from tetrad_operator.state import NodeState, PodState
 
 from tetrad.api import contract
 
 from .conftest import free_port
-from .fakes import T0, job_body
+from .fakes import T0, ScenarioClock, job_body
 from .memory_kube import MemoryKube
 
 JOB = path(contract.API_VERSION, contract.PLURAL, "ns", "j")
@@ -338,12 +338,71 @@ def test_a_new_jobs_first_pass_waits_for_kopfs_finalizer_before_writing_anything
     new = {"metadata": {"name": "j", "namespace": "ns", "resourceVersion": "5"}}
     loop.keep(new, read=True)
     loop.body_read = time.monotonic()
-    assert asyncio.run(ctl.reconcile(loop)) == 0.05 and not kube.requests, "no write races kopf's finalizer patch"
+    assert 0 < asyncio.run(ctl.reconcile(loop)) <= FINALIZER_WAIT_SECONDS and not kube.requests, \
+        "no write races kopf's finalizer patch"
     loop.keep({"metadata": {**new["metadata"], "resourceVersion": "6", "finalizers": [FINALIZER]}})  # the watch
     assert not loop.awaits_finalizer(loop.body)
     assert not loop.awaits_finalizer({**new, "status": {"phase": "Pending"}}), "a job reconciled before never waits"
     loop.started -= FINALIZER_WAIT_SECONDS
     assert not loop.awaits_finalizer(new), "nor for longer than FINALIZER_WAIT_SECONDS"
+
+
+class Stopped:
+    """kopf's DaemonStopped as the job loop uses it: true once set, and awaitable."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self) -> None:
+        await self.event.wait()
+
+
+def test_a_new_jobs_loop_goes_on_the_moment_kopfs_finalizer_shows(monkeypatch):
+    """The new-job path has no fixed wait: the loop's first pass finds no finalizer and writes
+    nothing; the watch event that brings kopf's finalizer starts the next pass at once. The clock
+    stands still, and the bound on the wait and the loop's batching are far longer than the test
+    may take, so only the event can have started the pass that writes the status."""
+    monkeypatch.setattr(controller, "FINALIZER_WAIT_SECONDS", 600.0)
+    clock = ScenarioClock(T0)
+    kube = MemoryKube(clock=clock.now)
+    job = path(contract.API_VERSION, contract.PLURAL, "ns", "job")
+    new = kube.put(job, job_body())
+    ctl = Controller(kube, OperatorSettings(batch_seconds=600.0), clock=clock)
+    ctl.admission.reserve = decline  # type: ignore[method-assign]  # no admission round runs here
+    passes: list[float] = []
+    written = asyncio.Event()
+    ctl.on_decision = lambda loop, decision: written.set()
+
+    async def scenario() -> None:
+        stopped = Stopped()
+        run = asyncio.create_task(ctl.run_job("ns", "job", stopped, copy.deepcopy(new)))
+        real_reconcile = ctl.reconcile
+
+        async def reconcile(loop: JobLoop) -> float | None:
+            passes.append(clock.monotonic())
+            return await real_reconcile(loop)
+
+        ctl.reconcile = reconcile  # type: ignore[method-assign]
+        while not passes:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert not kube.requests and ctl.jobs[("ns", "job")].awaiting_kopf, "the first pass writes nothing"
+        held = await kube.patch(job, {"metadata": {"finalizers": [FINALIZER]}})  # kopf's patch
+        ctl.job_seen(("ns", "job"), held)  # and its watch event (handlers.job_changed)
+        await asyncio.wait_for(written.wait(), timeout=60)
+        stopped.event.set()
+        await run
+
+    asyncio.run(scenario())
+    assert passes == [0.0, 0.0], "two passes, and no time passed between them"
+    assert (asyncio.run(kube.get(job)) or {})["status"]["phase"] == "Pending"
+
+
+async def decline(request: object) -> bool:
+    return False
 
 
 def test_a_new_jobs_first_pass_reads_the_body_kopf_brought_and_a_reconciled_one_gets_it():
@@ -353,7 +412,7 @@ def test_a_new_jobs_first_pass_reads_the_body_kopf_brought_and_a_reconciled_one_
     assert loop.body is new, "never reconciled: its first pass writes the status, guarded, before acting"
     kube = MemoryKube()
     ctl = Controller(kube, OperatorSettings())
-    assert asyncio.run(ctl.reconcile(loop)) == 0.05 and not kube.requests, \
+    assert 0 < asyncio.run(ctl.reconcile(loop)) <= FINALIZER_WAIT_SECONDS and not kube.requests, \
         "no GET: the pass waits for kopf's finalizer from this body"
     reconciled = JobLoop(("ns", "k"))
     reconciled.first_seen({**new, "status": {"phase": "Running"}})

@@ -14,8 +14,8 @@ from typing import Any
 
 from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
 from tetrad.api.manifest import shorten
-from tetrad.api.preflight import slow_nodes
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
+from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.spec import Preflight, Script, Training
 
 GiB = 2**30

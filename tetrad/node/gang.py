@@ -23,7 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from tetrad.api.preflight import slow_nodes
+from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.termination import NodeFailure
 from tetrad.node.environment import NodeEnv, PreflightSettings
 

@@ -13,13 +13,13 @@ from __future__ import annotations
 import base64
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, KIND
 from tetrad.node.bundle import launcher
-from tetrad.render import gang, names
+from tetrad.render import gangs, names
 from tetrad.render.command import node_command
 from tetrad.render.env import job_env, node_env
 from tetrad.resolve import resolve
@@ -50,11 +50,21 @@ class Rendered:
     configmap: dict[str, Any]
     environment: dict[str, Any]  # a ConfigMap: the environment every pod takes through envFrom
     pods: list[dict[str, Any]]
-    pod_group: dict[str, Any] | None
-    workload: dict[str, Any] | None = None  # gang.scheduler=workload: created before its PodGroup
+    gang: list[dict[str, Any]] = field(default_factory=list)  # the scheduler's group objects, in creation order
 
     def gang_objects(self) -> list[dict[str, Any]]:
-        return [o for o in (self.workload, self.pod_group) if o]
+        return self.gang
+
+    @property
+    def pod_group(self) -> dict[str, Any] | None:
+        return self._gang_object("PodGroup")
+
+    @property
+    def workload(self) -> dict[str, Any] | None:
+        return self._gang_object("Workload")
+
+    def _gang_object(self, kind: str) -> dict[str, Any] | None:
+        return next((o for o in self.gang if o["kind"] == kind), None)
 
     def objects(self) -> list[dict[str, Any]]:
         return [self.service, self.configmap, self.environment, *self.gang_objects(), *self.pods]
@@ -228,7 +238,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
                 "priorityClassName": t.priority_class_name, "serviceAccountName": t.service_account_name}
     pod_spec.update({k: _copy(v) for k, v in optional.items() if v})
     p = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
-    gang.apply_to_pod(spec, cfg, name, p, rank=rank, restart=restart)
+    gangs.apply_to_pod(spec, cfg, name, p, rank=rank, restart=restart)
     return p
 
 
@@ -238,9 +248,9 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
     Raises InvalidJob for a bad spec."""
     cfg = config or resolve(job)
     name, namespace = job.metadata.name, job.metadata.namespace
-    wl, pg = gang.workload(job.spec, cfg, name, namespace, restart) or (None, gang.pod_group(job.spec, cfg, name, namespace, restart))
-    for obj in (wl, pg):
-        if obj is not None and (refs := owner_references(job)):
+    group_objects = gangs.objects(job.spec, cfg, name, namespace, restart)
+    for obj in group_objects:
+        if refs := owner_references(job):
             obj["metadata"]["ownerReferences"] = refs
     return Rendered(
         config=cfg,
@@ -248,6 +258,5 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
         configmap=configmap(job, cfg),
         environment=environment(job, cfg),
         pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes) for r in range(job.spec.nodes)],
-        pod_group=pg,
-        workload=wl,
+        gang=group_objects,
     )

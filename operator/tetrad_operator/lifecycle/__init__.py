@@ -14,7 +14,7 @@ condition of the same type; exactly the current phase's condition is True.
 - actions.py: the actions, events and the Decision;
 - machine.py: one pass (`JobPass`): transitions, lost nodes, deletions, the job's end; the tunables;
 - policy.py: the failure and restart policy (what fails the job, what restarts the gang, backoff);
-- gang.py: the built-in gang's gates, release and timeout;
+- release.py: the built-in gang's gates, release and timeout;
 - checkpoint.py: a suspend that lets the trainer save first, and checkpoint-now requests;
 - figures.py: the last figures rank 0 left in its termination message, into the status;
 - core.py: `decide`, the phases in order.

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tetrad.api.spec import ParallelTrainingJobStatus
-from tetrad_operator.gang import GangRequest
+from tetrad_operator.packing import GangRequest
 
 
 @dataclass(frozen=True)

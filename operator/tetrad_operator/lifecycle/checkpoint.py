@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 
 from tetrad.api import contract
 from tetrad.api.spec import CheckpointStatus, ParallelTrainingJob, Phase
-from tetrad_operator.lifecycle import figures, gang
+from tetrad_operator.lifecycle import figures, release
 from tetrad_operator.lifecycle.actions import AnnotatePod, Event
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState, format_time
+from tetrad_operator.observed import PodState, format_time
 
 
 def recorded(m: JobPass) -> CheckpointStatus:
@@ -42,7 +42,7 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
         else:
             m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
         m.status.start_time = None
-        gang.withdraw_release(m, "Suspended", "the job is suspended")
+        release.withdraw(m, "Suspended", "the job is suspended")
     restart = m.status.restarts
     rank0 = next((p for p in m.pods if p.rank == 0 and p.restart == restart and p.message), None)
     figures.record_left(m, job, rank0)

@@ -1,5 +1,5 @@
 """`decide`: the job's phases in order, composed from the restart policy (policy.py) and the
-built-in gang (gang.py) over one `JobPass` (machine.py)."""
+built-in gang (release.py) over one `JobPass` (machine.py)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from datetime import datetime
 from typing import Any
 
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
-from tetrad.api.spec import Phase, RunPolicy, Scheduler
-from tetrad.render import render
-from tetrad.render.gang import GROUP_PER_INCARNATION
+from tetrad.api.spec import Phase, RunPolicy
+from tetrad.render import gangs, render
 from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, figures, gang, policy, preflight, queue
+from tetrad_operator.lifecycle import checkpoint, closing, figures, policy, preflight, release
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
-from tetrad_operator.state import NodeState, PodState, format_time, parse_time
+from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str
 
     `pods` are the job's pods (any restart), `nodes` every node by name. `spec` is
     `resolve_job(body)`, which a caller may keep per generation (it is computed when absent).
-    `queued` is the queue's reason for holding the job's pods (Kueue's word on its Workload).
+    `queued` is the scheduler's reason for holding the job's pods (its backend's `queued_reason`).
     """
     m = JobPass(body, pods, nodes, now, settings or Settings())
     _phases(m, spec or resolve_job(body), rejection, queued)
@@ -79,7 +78,7 @@ def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queue
     if m.phase in TERMINAL:
         m.finished(run_policy)
         if m.phase == Phase.FAILED:
-            m.decision.actions.extend(queue.closing(job.spec, m.pods))
+            m.decision.actions.extend(closing.close_group(job.spec, m.pods))
         return
     if run_policy.suspend or (m.phase == Phase.SUSPENDED and m.pods):  # a resume waits for the suspend's pods
         checkpoint.suspend(m, job)
@@ -117,8 +116,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     m.status.restarts = restart
     old = [p for p in m.pods if p.restart < restart]
     current = {p.rank: p for p in m.pods if p.restart == restart and 0 <= p.rank < spec.nodes}
-    builtin = spec.gang.scheduler == Scheduler.BUILTIN
-    gang_timed_out = builtin and gang.timed_out(m)
+    backend = gangs.backend(spec)
+    gated = backend.operator_admits  # Tetrad's own gates and admission (the built-in gang)
+    gang_timed_out = gated and release.timed_out(m)
     expect_deleting = gang_timed_out or m.phase == Phase.PENDING  # our own re-creation after suspend/timeout
 
     # 1. Any failure in the current gang: fail the job, or restart the whole gang.
@@ -152,7 +152,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.environment,
                                                             *rendered.gang_objects()))
-            if spec.gang.scheduler in GROUP_PER_INCARNATION and restart > 0:  # a PodGroup before its Workload
+            if backend.group_per_incarnation and restart > 0:  # a PodGroup before its Workload
                 kinds = tuple((o["apiVersion"], o["kind"]) for o in reversed(rendered.gang_objects()))
                 m.decision.actions.append(DeleteStaleGang(keep=restart, kinds=kinds))
             m.decision.actions.extend(CreatePod(p) for p in rendered.pods)
@@ -163,8 +163,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             avoid = preflight.excluded(m.status)
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
                                       for r in missing)
-        if builtin:
-            gang.creating(m, spec.nodes, restart, new)
+        if gated:
+            release.creating(m, spec.nodes, restart, new)
         return
 
     pods = [current[r] for r in range(spec.nodes)]
@@ -177,7 +177,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         return
 
     # 5. The built-in gang: admission, release of the remaining gates, and the gang timeout.
-    if builtin and gang.drive(m, job, pods, restart):
+    if gated and release.drive(m, job, pods, restart):
         return
 
     # 6. Running once every pod runs (or already succeeded); GangWaiting before.
@@ -196,5 +196,5 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         else:
             why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
             reason, message = "WaitingForScheduler", f"all {spec.nodes} pods exist; waiting for {scheduler} to place and start them{why}"
-        if m.phase != Phase.GANG_WAITING or (not builtin and m.status.message != message):
+        if m.phase != Phase.GANG_WAITING or (not gated and m.status.message != message):
             m.transition(Phase.GANG_WAITING, reason, message)

@@ -9,7 +9,7 @@ from tetrad.api import contract
 from tetrad.api.spec import ParallelTrainingJob
 from tetrad_operator import scrape, status
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState, format_time
+from tetrad_operator.observed import PodState, format_time
 
 
 def record_left(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) -> None:

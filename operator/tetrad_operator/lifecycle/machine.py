@@ -16,7 +16,7 @@ from typing import Any, Literal
 from tetrad.api.spec import CheckpointStatus, CleanPodPolicy, Condition, Phase, RunPolicy, TrainingStatus
 from tetrad_operator import status
 from tetrad_operator.lifecycle.actions import Decision, DeleteJob, DeletePod, Event
-from tetrad_operator.state import NodeState, PodState, format_time, parse_time
+from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
 
 TERMINAL = (Phase.SUCCEEDED, Phase.FAILED)
 

@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
-from tetrad_operator.lifecycle import gang, preflight
+from tetrad_operator.lifecycle import preflight, release
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState, parse_time
+from tetrad_operator.observed import PodState, parse_time
 
 # pod.status.reason values of a kubelet or the node lifecycle taking the pod away.
 EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"})
@@ -225,7 +225,7 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     wait = backoff_seconds(policy, restart + 1)
     m.transition(Phase.RESTARTING, first.reason,
                  f"{first.detail}{more}; restarting the whole gang as restart {restart + 1} in {wait:g}s", warning=True)
-    gang.withdraw_release(m, "Restarting", "the gang is restarting")
+    release.withdraw(m, "Restarting", "the gang is restarting")
     forced = {f.pod.name for f in found if f.force and f.pod is not None}
     m.delete([p for p in current if p.name not in forced])
     m.decision.actions.extend(DeletePod(p.name, p.uid, force=True) for p in current if p.name in forced)
@@ -237,5 +237,5 @@ def hold_until(m: JobPass, policy: RunPolicy, restart: int, gang_timed_out: bool
     if m.phase == Phase.RESTARTING:
         return m.since(Phase.RESTARTING) + timedelta(seconds=backoff_seconds(policy, restart))
     if gang_timed_out:
-        return m.since(gang.RELEASED) + timedelta(seconds=min(policy.backoff_seconds, policy.backoff_max_seconds))
+        return m.since(release.RELEASED) + timedelta(seconds=min(policy.backoff_seconds, policy.backoff_max_seconds))
     return None

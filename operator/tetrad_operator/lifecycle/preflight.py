@@ -15,11 +15,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from tetrad.api.preflight import slow_nodes
+from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.spec import FailedNode, ParallelTrainingJobStatus, Preflight
 from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState
+from tetrad_operator.observed import PodState
 
 SLOW_NODES = "SlowNodes"  # the condition
 KEPT_FAILURES = 20  # entries of status.failedNodes kept besides the excluded ones (the newest)

@@ -1,7 +1,7 @@
 """What the operator observes: compact, immutable views of pods and nodes.
 
-The kopf indexes hold these instead of whole bodies, and the pure decisions in
-`lifecycle` and `gang` read only these. Building them from a body is pure too.
+The informers hold these instead of whole bodies, and the pure decisions in
+`lifecycle` and `packing` read only these. Building them from a body is pure too.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from typing import Any
 
 from tetrad.api import contract
 from tetrad.api.termination import TerminationMessage
-from tetrad.render.gang import KUEUE_RETRIABLE_ANNOTATION
-from tetrad_operator.quantity import Resources, pod_requests
+from tetrad.render import gangs
+from tetrad_operator.resources import Resources, pod_requests
 
 # Pod conditions that mean "taken away by the cluster", not "the trainer failed": Kubernetes' own,
-# and the one Kueue's pod integration sets on the pods of a group it stops (preempted, evicted).
+# and those a gang scheduler sets on the pods of a group it stops (Kueue: preempted, evicted).
 DISRUPTION_CONDITION = "DisruptionTarget"
-KUEUE_STOP_CONDITION = "TerminationTarget"
-DISRUPTION_CONDITIONS = frozenset({DISRUPTION_CONDITION, KUEUE_STOP_CONDITION})
+DISRUPTION_CONDITIONS = frozenset({DISRUPTION_CONDITION, *gangs.DISRUPTION_CONDITIONS})
 # Set on a pod when the built-in gang admission removes its gate (with the time).
 RELEASED_ANNOTATION = "tetrad.dev/gang-released"
 
@@ -60,7 +59,7 @@ class PodState:
     ended: str | None = None  # why the runtime says that container ended, e.g. Error, OOMKilled, StartError
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     checkpoint_request: str | None = None  # the checkpoint-now token the operator copied onto this pod
-    queue_group_closed: bool = False  # Kueue was told no pod will replace this group's failed ones
+    group_closed: bool = False  # its gang scheduler was told no pod will replace the group's (backend.closing_annotation)
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
     requests: Resources = field(default_factory=Resources)
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -120,7 +119,7 @@ class PodState:
             ended=ended,
             reason=status.get("reason") or None,
             checkpoint_request=(meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW),
-            queue_group_closed=(meta.get("annotations") or {}).get(KUEUE_RETRIABLE_ANNOTATION) == "false",
+            group_closed=any((meta.get("annotations") or {}).get(k) == v for k, v in gangs.CLOSING_ANNOTATIONS),
             disrupted=disrupted,
             requests=pod_requests(spec),
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
@@ -132,8 +131,8 @@ class PodState:
 
 def _disruption(condition: Mapping[str, Any]) -> str:
     reason = condition.get("reason") or "Disrupted"
-    if condition.get("type") == KUEUE_STOP_CONDITION and condition.get("message"):
-        return f"{reason}: {condition['message']}"  # Kueue's reason alone says little (WorkloadEvicted)
+    if condition.get("type") != DISRUPTION_CONDITION and condition.get("message"):
+        return f"{reason}: {condition['message']}"  # a scheduler's reason alone says little (Kueue's WorkloadEvicted)
     return str(reason)
 
 

@@ -6,8 +6,8 @@ taints/tolerations, nodeSelector, required node affinity and the gang's own co-l
 that require each other in one domain of a node label, e.g. a pipeline stage in one rack), after
 subtracting the pods already bound and the gangs already released but not yet bound.
 
-The other schedulers (volcano, coscheduling, kueue) enforce the gang themselves; for them the
-operator only creates the PodGroup or the labels the renderer puts on the pods.
+Only the built-in gang backend (tetrad.render.gangs.builtin) is admitted here; the other
+schedulers enforce the gang themselves, from the objects and pod fields their backends render.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from tetrad_operator.quantity import Resources
-from tetrad_operator.state import NodeState, PodState
+from tetrad_operator.observed import NodeState, PodState
+from tetrad_operator.resources import Resources
 
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 NO_ROOM = Resources()

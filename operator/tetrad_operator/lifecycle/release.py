@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tetrad.api.spec import ParallelTrainingJob, Phase
-from tetrad_operator.gang import GangRequest
 from tetrad_operator.lifecycle.actions import Ungate
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.state import PodState, parse_time
+from tetrad_operator.observed import PodState, parse_time
+from tetrad_operator.packing import GangRequest
 
 RELEASED = "GangReleased"
 
@@ -40,7 +40,7 @@ def creating(m: JobPass, nodes: int, restart: int, new: Sequence[Mapping[str, An
                                                      tuple(PodState.from_body(p) for p in new))
 
 
-def withdraw_release(m: JobPass, reason: str, message: str) -> None:
+def withdraw(m: JobPass, reason: str, message: str) -> None:
     """The gang goes away (restart, suspend): a recorded release no longer holds."""
     if m.condition(RELEASED):
         m.set_condition(RELEASED, "False", reason, message)
