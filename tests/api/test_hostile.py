@@ -231,6 +231,13 @@ def test_run_steps_must_be_positive(tmp_path, steps):
     assert code == 2 and "--steps" in out
 
 
+def test_render_restart_must_not_be_negative(tmp_path):
+    code, out = cli("render", "--restart", "-1", write(tmp_path, manifest()))
+    assert code == 2 and "--restart" in out
+    code, out = cli("render", "--restart", "1", write(tmp_path, manifest()))
+    assert code == 0 and "tetrad.dev/restart: \"1\"" in out
+
+
 # 11. Bounded input.
 def test_alias_bombs_are_refused_before_expanding(tmp_path):
     """A 10^9-node "billion laughs" in well under a kilobyte, at spec.nodes and in a pass-through field."""

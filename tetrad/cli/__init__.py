@@ -112,7 +112,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
 
 
 @app.command()
-def render(file: Path, restart: int = typer.Option(0, help="Render the gang of this restart.")) -> None:
+def render(file: Path, restart: int = typer.Option(0, min=0, help="Render the gang of this restart (0, 1, ...).")) -> None:
     """Print the Kubernetes objects the operator creates for FILE."""
     from tetrad.cli.yamlout import dump_all
     from tetrad.render import render as render_job
