@@ -37,6 +37,13 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def quoted(value: Any, limit: int = MAX_SHOWN) -> str:
+    """A value as Python writes it, cut at `limit` characters; a cut string counts its own characters, not its quotes."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return shorten(repr(value), limit)
+
+
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -98,7 +105,7 @@ class _Loader(_Base):  # type: ignore[misc]
             except TypeError:
                 raise ManifestError(f"line {line}: a mapping key must be a scalar") from None
             if first is not None:
-                raise ManifestError(f"line {line}: duplicate key {shorten(repr(key))} (first at line {first});"
+                raise ManifestError(f"line {line}: duplicate key {quoted(key)} (first at line {first});"
                                     " remove one of them")
             seen[(type(key), key)] = line
         self.flatten_mapping(node)  # merge keys (<<) first, the keys written here over them
@@ -175,9 +182,9 @@ def parse(document: Any) -> tuple[ParallelTrainingJob | None, list[Problem]]:
     if not isinstance(document, dict):
         return None, [Problem("<document>", f"expected a YAML mapping, got {type(document).__name__}")]
     if document.get("kind") != KIND:
-        return None, [Problem("kind", f"kind={shorten(repr(document.get('kind')))} is not {KIND}; set kind: {KIND}")]
+        return None, [Problem("kind", f"kind={quoted(document.get('kind'))} is not {KIND}; set kind: {KIND}")]
     if document.get("apiVersion") != API_VERSION:
-        return None, [Problem("apiVersion", f"apiVersion={shorten(repr(document.get('apiVersion')))} is not supported;"
+        return None, [Problem("apiVersion", f"apiVersion={quoted(document.get('apiVersion'))} is not supported;"
                                             f" set apiVersion: {API_VERSION}")]
     try:
         return ParallelTrainingJob.model_validate(document), []
@@ -206,5 +213,5 @@ def _message(err: Any) -> str:
         return "required field is missing"
     msg = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
-    shown = "" if isinstance(value, dict | list) else f" (got {shorten(repr(value))})"
+    shown = "" if isinstance(value, dict | list) else f" (got {quoted(value)})"
     return f"{msg}{shown}"

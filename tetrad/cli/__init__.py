@@ -180,6 +180,7 @@ def status(
     job: str = typer.Argument(..., help="The job's name (metadata.name)."),
     namespace: str | None = typer.Option(None, "--namespace", "-n", help="The job's namespace; defaults to the kubeconfig context's."),
     output: str = typer.Option("text", "--output", "-o", help="text, or json for scripts."),
+    request_timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for the API server's answer."),
 ) -> None:
     """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""
     from tetrad.cli.status import StatusError, format_summary, now, read_job, summarize
@@ -187,7 +188,7 @@ def status(
     if output not in ("text", "json"):
         _fail([f"--output {shorten(output, 40)!r}: use text or json"])
     try:
-        summary = summarize(read_job(job, namespace), now())
+        summary = summarize(read_job(job, namespace, request_timeout), now())
     except StatusError as e:
         _fail([str(e)])
     typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary), nl=output == "json")
