@@ -327,7 +327,7 @@ class RunPolicy(CamelModel):
 
 class Rendezvous(CamelModel):
     port: int = Field(29500, ge=1024, le=65535, description="Port of rank 0's c10d rendezvous and process-group store.")
-    timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet.")
+    timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet; a worker whose wait for the name runs out exits 69 naming itself (a disruption for the operator).")
 
 
 class Preflight(CamelModel):
