@@ -38,7 +38,7 @@ from tetrad.api.contract import (
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
 )
-from tetrad.api.manifest import shorten
+from tetrad.api.manifest import quoted, shorten
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.spec import JOB_NAME_MAX, PYTHON_MODULE
 from tetrad.resolve import validate_document
@@ -146,7 +146,7 @@ class ConvertError(ValueError):
 # Reading untrusted documents: every access checks the type, and a wrong one names the field.
 
 def _shown(value: Any) -> str:
-    return shorten(repr(value))
+    return quoted(value)
 
 
 def _type_name(value: Any) -> str:

@@ -31,6 +31,7 @@ from tetrad.api.rules import (
     TRAINER_PIPELINE,
     check_data,
     check_layout,
+    check_run_policy,
     hf_dims_message,
     microbatches,
     plugin_dims_message,
@@ -223,6 +224,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
         if c.keep_last == 1:
             problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
     rp = spec.run_policy
+    check_run_policy(rp, problems)
     if rp.stall_timeout_seconds and rp.stall_timeout_seconds <= rp.collective_timeout_seconds:
         problems.append(Problem("spec.runPolicy.stallTimeoutSeconds", (
             f"stallTimeoutSeconds={rp.stall_timeout_seconds} is not above collectiveTimeoutSeconds="

@@ -182,6 +182,13 @@ CASES = [
               nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), []),
     (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "kvHeads": 2, "vocab": 64, "seqLen": 48},
               nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), ["tp=3 must divide heads=6 and kvHeads=2"]),
+    # runPolicy: no always-retried code made permanent, no code in both lists (the permanent default counts),
+    # a backoff cap at least the first delay.
+    (manifest(runPolicy={"permanentExitCodes": [78, 75]}), ["exit codes 69 and 75 are always retried"]),
+    (manifest(runPolicy={"retryableExitCodes": [78]}), ["in both retryableExitCodes and permanentExitCodes"]),
+    (manifest(runPolicy={"retryableExitCodes": [78], "permanentExitCodes": [77]}), []),
+    (manifest(runPolicy={"backoffSeconds": 60, "backoffMaxSeconds": 30}),
+     ["backoffMaxSeconds=30 is below backoffSeconds=60"]),
 ]
 
 
@@ -211,6 +218,8 @@ SHARED_RULES: dict[tuple[str, str], Any] = {
     **{(f".parallelism.{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.parallelism.{name}"
                                                          and "configures Tetrad's trainer's pipeline" in p.message)
        for name in ("ppMicrobatches", "ppStagesPerRank")},
+    **{(f".runPolicy.{name}", "FieldValueInvalid"): (lambda p, name=name: p.field == f"spec.runPolicy.{name}")
+       for name in ("permanentExitCodes", "retryableExitCodes", "backoffMaxSeconds")},
 }
 DEGREE_VALUES = [1, 2, 3, 4, 6, 8]
 
@@ -264,6 +273,15 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
         if draw(st.booleans()):
             data["tokenizer"] = draw(st.sampled_from(["byte", "/data/tokenizer"]))
         doc["spec"]["data"] = data
+    run_policy: dict[str, Any] = {}
+    codes = st.lists(st.sampled_from([1, 3, 69, 75, 77, 78, 79, 137, 255]), max_size=3)
+    for name in ("permanentExitCodes", "retryableExitCodes"):
+        if draw(st.booleans()):
+            run_policy[name] = draw(codes)
+    if draw(st.booleans()):
+        run_policy["backoffSeconds"], run_policy["backoffMaxSeconds"] = draw(st.sampled_from([0, 10, 60, 300])), draw(
+            st.sampled_from([0, 10, 30, 300]))
+    doc["spec"]["runPolicy"] = run_policy
     if draw(st.integers(0, 5)) == 0:  # a script job, with or without what only the trainer takes
         doc["spec"]["script"] = {"path": "/app/train.py"}
         for name in ("model", "training"):

@@ -231,6 +231,13 @@ def test_run_steps_must_be_positive(tmp_path, steps):
     assert code == 2 and "--steps" in out
 
 
+def test_render_restart_must_not_be_negative(tmp_path):
+    code, out = cli("render", "--restart", "-1", write(tmp_path, manifest()))
+    assert code == 2 and "--restart" in out
+    code, out = cli("render", "--restart", "1", write(tmp_path, manifest()))
+    assert code == 0 and "tetrad.dev/restart: \"1\"" in out
+
+
 # 11. Bounded input.
 def test_alias_bombs_are_refused_before_expanding(tmp_path):
     """A 10^9-node "billion laughs" in well under a kilobyte, at spec.nodes and in a pass-through field."""
@@ -266,6 +273,7 @@ def test_long_values_are_truncated_in_messages(tmp_path):
     doc["spec"]["x" * 100_000] = 1
     code, out = cli("validate", write(tmp_path, doc))
     assert code == 1 and "spec.nodes" in out and len(out) < 2000
+    assert f"(got '{'9' * 80}'... (100000 characters))" in out, "the value's own length, not its quoted form's"
 
 
 def test_deep_nesting_is_one_line(tmp_path):

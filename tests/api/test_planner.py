@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from tests.api.helpers import manifest
 from tetrad.api import InvalidJob, Layout, parse
@@ -12,7 +13,8 @@ from tetrad.api.accelerators import ACCELERATORS
 from tetrad.api.presets import PRESETS
 from tetrad.api.resolved import ModelConfig
 from tetrad.api.spec import ActivationCheckpointing, Precision
-from tetrad.plan.estimate import FSDP, GiB, Workload, estimate
+from tetrad.cli.report import plan_job, print_plan
+from tetrad.plan.estimate import FSDP, GiB, Workload, count_text, estimate
 from tetrad.plan.solver import CLEARLY_FASTER
 from tetrad.plan.timing import (
     ATTENTION_EFFICIENCY,
@@ -67,6 +69,70 @@ def test_nothing_fits_names_the_closest_layout():
                             resources={"gpu": 8}, training={"globalBatch": 8, "activationCheckpointing": "full"}))
     with pytest.raises(InvalidJob, match=r"no layout fits 80 GiB .* the closest is pp\d"):
         resolve(job)
+
+
+def reason(**spec):
+    """The planner's one error about the layout (`spec.parallelism` or its explicit layout's no-fit)."""
+    job, problems = parse(manifest(**spec))
+    assert job is not None, problems
+    report = plan_job(job)
+    assert not report["fits"] and "problems" in report, report
+    return report["reason"] or report["problems"][0]
+
+
+def test_no_fit_advice_when_the_model_state_alone_does_not_fit():
+    # 70B on two 40 GiB GPUs: parameters, gradients and AdamW alone are over, whatever the activations
+    text = reason(nodes=1, nprocPerNode=2, parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
+                  model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40}, training={"globalBatch": 2})
+    assert "optimizer state alone take" in text and "cannot make it fit" in text
+    assert "add nodes" in text and "offload: cpu" in text and "set activationCheckpointing" not in text
+
+
+def test_no_fit_advice_when_the_activations_put_it_over():
+    text = reason(nodes=1, nprocPerNode=1, parallelism=AUTO, model={"preset": "debug", "seqLen": 131072},
+                  resources={"gpu": 1, "gpuMemoryGiB": 2}, training={"globalBatch": 2, "microBatch": 2})
+    assert "the activations" in text and "set activationCheckpointing: full (now none)" in text
+    assert "lower microBatch (now 2)" in text and "alone take" not in text
+
+
+@pytest.mark.parametrize(("schedule", "advice"), [("1F1B", "raise ppMicrobatches (now 2)"), ("GPipe", "ppSchedule 1F1B")])
+def test_no_fit_advice_under_a_pipeline_names_its_microbatches_not_microbatch(schedule, advice):
+    text = reason(nodes=1, nprocPerNode=2, parallelism={"pp": 2, "dpShard": 1, "ppSchedule": schedule},
+                  model={"preset": "debug", "seqLen": 131072}, resources={"gpu": 2, "gpuMemoryGiB": 2},
+                  training={"globalBatch": 2, "microBatch": 1, "activationCheckpointing": "full"})
+    assert "needs" in text and advice in text and "microBatch" not in text.replace("ppMicrobatches", "")
+    assert "set activationCheckpointing" not in text, "it is full already"
+
+
+@pytest.mark.parametrize(("spec", "named"), [
+    ({"nprocPerNode": 4, "parallelism": {"pp": 1, "tp": 3, "dpShard": "auto"}}, "tp=1 or 2 or 4"),
+    ({"nprocPerNode": 4, "parallelism": {"pp": 1, "tp": 1, "dpShard": "auto"}, "training": {"globalBatch": 7}},
+     "globalBatch=4 or 8"),
+    ({"nprocPerNode": 6, "parallelism": {"pp": 1, "tp": 3, "dpShard": "auto"}, "training": {"globalBatch": 7}},
+     "tp=2 with globalBatch=6 or 9"),
+])
+def test_no_layout_names_the_nearest_values_that_would_give_one(spec, named):
+    text = reason(nodes=1, **spec)
+    assert "no layout of 1x" in text and "any one of these would give one" in text and named in text, text
+
+
+def test_plan_json_keeps_the_problems_when_nothing_fits():
+    job, _ = parse(manifest(nodes=1, nprocPerNode=2, parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
+                            model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40},
+                            training={"globalBatch": 2}))
+    assert job is not None
+    report = plan_job(job)
+    assert report["layout"] is None and report["problems"][0].startswith("spec.parallelism: no layout fits 40 GiB")
+
+
+def test_plan_prints_sizes_in_readable_units():
+    assert [count_text(n) for n in (950, 4_196_608, 125e6, 8.03e9, 405.8e9, 1.2e12)] == [
+        "950", "4.2M", "125M", "8.03B", "406B", "1.2T"]
+    job, _ = parse(manifest())
+    assert job is not None
+    console = Console(record=True, width=200)
+    print_plan(plan_job(job), console)
+    assert "debug, 4.2M params" in console.export_text()
 
 
 def test_cp_for_long_sequences():

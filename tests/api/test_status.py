@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.api.helpers import manifest
 from tetrad.api import parse
@@ -103,6 +110,8 @@ def test_eta_uses_the_presets_sequence_length():
 def test_a_job_without_status_or_figures_yet():
     text = format_summary(summarize(stored(None), NOW))
     assert "Phase:    Pending" in text and "Mesh:     not resolved yet (2 nodes x 4 processes)" in text
+    one = format_summary(summarize(stored(None, nodes=1, nprocPerNode=1, parallelism={"pp": 1, "dpShard": 1}), NOW))
+    assert "(1 node x 1 process)" in one
     assert "Progress: no step reported yet, 100 to train" in text
     assert not any(word in text for word in ("ETA", "Tokens/s", "MFU", "Loss", "Running for", "Figures from"))
 
@@ -112,6 +121,28 @@ def test_no_eta_unless_training(phase):
     s = summarize(stored(RUNNING | {"phase": phase, "message": "why", "completionTime": "2026-01-01T01:00:00Z"}), NOW)
     assert s["etaSeconds"] is None and s["runningSeconds"] == 3600.0
     assert "Message: why" in " ".join(format_summary(s).split())
+
+
+def test_a_job_that_ended_before_its_layout_was_resolved():
+    text = format_summary(summarize(stored({"phase": "Failed", "message": "pods refused"}), NOW))
+    assert "Mesh:     never resolved (2 nodes x 4 processes)" in text and "yet" not in text
+    assert "Progress: no step reported, 100 to train" in text
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=12)
+_keys = st.sampled_from(["spec", "status", "metadata", "model", "training", "script", "checkpoint", "preflight",
+                         "failedNodes", "nodes", "phase", "mesh", "step", "steps", "preset", "seqLen", "globalBatch",
+                         "enabled", "tokensPerSecond", "startTime", "completionTime", "updated", "nprocPerNode"])
+_objects = st.recursive(_json, lambda inner: st.dictionaries(_keys, inner, max_size=5), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(_keys, _objects, max_size=5))
+def test_any_object_the_api_server_returns_is_summarized_without_an_error(job):
+    """A status of the wrong shape (a string, a list, a number where a mapping belongs) still shows."""
+    format_summary(summarize(job, NOW))
 
 
 def test_a_status_with_unexpected_values_still_shows():
@@ -147,7 +178,7 @@ def test_the_model_is_named_the_same_in_the_plan_report_and_the_resolved_config(
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     shown = tetrad("plan", str(path), columns=200)
-    assert "t: llama3-1b (seqLen 8192), 1.50B params, seqLen 8192, on 8 processes" in shown.stdout, shown.stdout
+    assert "t: llama3-1b (seqLen 8192), 1.5B params, seqLen 8192, on 8 processes" in shown.stdout, shown.stdout
     report = json.loads(tetrad("plan", "--json", str(path)).stdout)
     assert report["model"]["name"] == "llama3-1b (seqLen 8192)"
 
@@ -193,3 +224,92 @@ def test_every_command_shows_examples_that_name_real_files():
         for word in line.split():
             if word.startswith("examples/") and "*" not in word:
                 assert (ROOT / word).is_file(), f"{line}: {word} does not exist"
+
+
+# -- reading the job: every failure is one line, in bounded time ---------------------------------------
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "c",
+                                    "clusters": [{"name": "c", "cluster": {"server": server}}],
+                                    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                                    "users": [{"name": "u", "user": {}}]}))
+    return path
+
+
+def status_with(path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "tetrad.cli", "status", "j", *args], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120, env={**os.environ, "KUBECONFIG": str(path)})
+    return r, time.monotonic() - start
+
+
+def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    return r.stderr
+
+
+@pytest.fixture
+def answering() -> Iterator[dict[str, Any]]:
+    """An HTTP server that answers every GET with `reply["body"]` (bytes) as `reply["type"]`."""
+    reply: dict[str, Any] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the standard library's name
+            self.send_response(200)
+            self.send_header("Content-Type", reply["type"])
+            self.send_header("Content-Length", str(len(reply["body"])))
+            self.end_headers()
+            self.wfile.write(reply["body"])
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    reply["url"] = f"http://127.0.0.1:{server.server_address[1]}"
+    yield reply
+    server.shutdown()
+    server.server_close()
+
+
+def test_status_with_a_kubeconfig_that_is_not_yaml(tmp_path):
+    path = tmp_path / "kubeconfig"
+    path.write_text("apiVersion: v1\nclusters: [unclosed\n")
+    line = one_error_line(status_with(path)[0])
+    assert f"the kubeconfig {path} is not valid YAML at line 3" in line
+    path.write_text("[1, 2]\n")
+    assert f"the kubeconfig {path} cannot be used" in one_error_line(status_with(path)[0])
+
+
+def test_status_of_an_api_server_that_never_answers_ends_at_the_timeout(tmp_path):
+    with socket.socket() as listener:  # connections complete in the backlog and are never answered
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        r, took = status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{listener.getsockname()[1]}"), "--request-timeout", "2")
+    assert "did not answer within 2 s (--request-timeout)" in one_error_line(r)
+    assert took < 20, f"{took:.0f} s: the request was retried"
+
+
+def test_status_of_a_closed_port_says_the_connection_was_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert "Connection refused" in one_error_line(status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))[0])
+
+
+def test_status_of_an_html_answer_from_a_proxy(tmp_path, answering):
+    answering.update(type="text/html", body=b"<html><body>502 Bad Gateway</body></html>")
+    line = one_error_line(status_with(kubeconfig(tmp_path, answering["url"]))[0])
+    assert "answered with something other than a Kubernetes object (<html><body>502 Bad Gateway" in line
+
+
+def test_status_of_a_job_with_a_malformed_status_shows_what_it_can(tmp_path, answering):
+    job = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": "j", "namespace": "default"}, "spec": [], "status": "broken"}
+    answering.update(type="application/json", body=json.dumps(job).encode())
+    r, _ = status_with(kubeconfig(tmp_path, answering["url"]))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "Job:      default/j" in r.stdout and "Mesh:     not resolved yet (size unknown)" in r.stdout

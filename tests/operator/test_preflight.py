@@ -11,7 +11,7 @@ from prometheus_client.samples import Sample
 from tetrad_operator import scrape
 
 from tetrad.api.contract import EXIT_PREFLIGHT, LABEL_RANK, METRIC_PREFLIGHT_BUS_BANDWIDTH
-from tetrad.api.termination import NodeFailure, TerminationMessage
+from tetrad.api.termination import NodeFailure, TerminationMessage, rendezvous_failure
 
 from .fakes import FakeCluster, job_body, node_body
 
@@ -84,7 +84,7 @@ def test_the_exclusion_budget_names_a_node_beyond_it_without_avoiding_it() -> No
     running(c)
     fail_preflight(c, 0, NodeFailure("n0", 0, "devices: 7 CUDA devices visible"))
     restart_and_run(c)
-    fail_preflight(c, 0, NodeFailure("n1", 0, "rendezvous: pod 0's name did not resolve"))
+    fail_preflight(c, 0, NodeFailure("n1", 0, "cpu: resources.cpu requests 4 CPUs, this node's processes may run on 1"))
     c.reconcile()
     assert [(f["node"], f["restart"], f["excluded"]) for f in c.status["failedNodes"]] == [
         ("n0", 0, True), ("n1", 1, False)]
@@ -103,6 +103,22 @@ def test_a_user_who_disallows_exclusion_gets_the_node_named_and_a_plain_restart(
     assert any(e.reason == "NodeNotExcluded" and "excludeFailedNodes is false" in e.message for e in c.events)
     restart_and_run(c)
     assert all(excluded_in(p) == [] for p in c.pods.values())
+
+
+def test_a_worker_whose_pod_0_name_never_resolved_restarts_the_gang_as_a_disruption_without_excluding_it() -> None:
+    """tetrad.node.rendezvous: the worker waited rendezvous.timeoutSeconds and exited 69 naming itself. Pod 0 not
+    running or the cluster's DNS is to blame, not the job (maxRestarts=0 is not spent) nor the node (not avoided)."""
+    c = cluster()
+    running(c)
+    reason = rendezvous_failure("job-r0-0.job.ns.svc", 900, "Name or service not known")
+    fail_preflight(c, 1, NodeFailure("n0", 1, reason))
+    c.reconcile()
+    assert c.phase == "Restarting" and c.status["disruptions"] == 1
+    assert next(x for x in c.status["conditions"] if x["type"] == "Restarting")["reason"] == "PreflightFailed"
+    assert c.status["failedNodes"] == [{"node": "n0", "reason": reason, "restart": 0, "excluded": False}]
+    assert any(e.reason == "NodeNotExcluded" and "says nothing against the node" in e.message for e in c.events)
+    restart_and_run(c)
+    assert c.status["restarts"] == 1 and all(excluded_in(p) == [] for p in c.pods.values())
 
 
 def test_a_gang_wide_failure_restarts_without_blaming_a_node() -> None:

@@ -92,6 +92,8 @@ EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the
 # retryable: the rank logged the collective and the peers that did not answer first.
 EXIT_COLLECTIVE_TIMEOUT: Final = 79
 EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
+# Disruptions, not the job's failures: the operator retries them whatever runPolicy's exit-code lists say.
+EXIT_ALWAYS_RETRIED: Final = (EXIT_PREFLIGHT, EXIT_PREEMPTED)
 
 # A node's termination message (tetrad.api.termination: JSON, read by the operator from the pod's status),
 # written by the node's launcher only. Kubernetes keeps at most 4096 bytes of it.

@@ -11,9 +11,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tetrad.api.contract import GROUP, KIND, PLURAL, SHORT_NAME, VERSION
+from tetrad.api.contract import EXIT_ALWAYS_RETRIED, GROUP, KIND, PLURAL, SHORT_NAME, VERSION
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS
 from tetrad.api.rules import (
+    ALWAYS_RETRIED_MESSAGE,
+    BACKOFF_MESSAGE,
+    BOTH_LISTS_MESSAGE,
     BYTE_TOKENIZER,
     DATA_PATH_MESSAGE,
     DEFAULT_MULTI_STAGES_PER_RANK,
@@ -23,6 +26,7 @@ from tetrad.api.rules import (
     JSONL_TOKENIZER_MESSAGE,
     MULTI_STAGE,
     NON_BLOCK_STAGE_UNITS,
+    PERMANENT_DEFAULT,
     PLUGIN_DIMS,
     PLUGIN_HF_MESSAGE,
     PLUGIN_PRESET_MESSAGE,
@@ -223,6 +227,7 @@ def spec_rules() -> list[dict[str, str]]:
         },
         *script_rules(),
         *data_rules(),
+        *run_policy_rules(),
         {
             "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",
             "message": "spec.gang.queue: gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name",
@@ -257,6 +262,24 @@ def data_rules() -> list[dict[str, str]]:
                   f" || self.data.tokenizer != '{BYTE_TOKENIZER}'"),
          "message": f"spec.data.tokenizer: {JSONL_TOKENIZER_MESSAGE}",
          "reason": "FieldValueInvalid", "fieldPath": ".data.tokenizer"},
+    ]
+
+
+def run_policy_rules() -> list[dict[str, str]]:
+    """The exit-code lists and the backoff agree with each other and the operator (rules.check_run_policy)."""
+    rp = "self.runPolicy"
+    permanent = f"(has({rp}.permanentExitCodes) ? {rp}.permanentExitCodes : {PERMANENT_DEFAULT})"
+    return [
+        {"rule": f"!has({rp}.permanentExitCodes) || !{rp}.permanentExitCodes.exists(c, c in {list(EXIT_ALWAYS_RETRIED)})",
+         "message": f"spec.runPolicy.permanentExitCodes: {ALWAYS_RETRIED_MESSAGE}",
+         "reason": "FieldValueInvalid", "fieldPath": ".runPolicy.permanentExitCodes"},
+        {"rule": f"!has({rp}.retryableExitCodes) || !{permanent}.exists(c, c in {rp}.retryableExitCodes)",
+         "message": f"spec.runPolicy.retryableExitCodes: {BOTH_LISTS_MESSAGE}",
+         "reason": "FieldValueInvalid", "fieldPath": ".runPolicy.retryableExitCodes"},
+        {"rule": f"{rp}.backoffMaxSeconds >= {rp}.backoffSeconds",
+         "messageExpression": _fmt("spec.runPolicy.backoffMaxSeconds: " + BACKOFF_MESSAGE.replace("{}", "%d"),
+                                   f"{rp}.backoffMaxSeconds", f"{rp}.backoffSeconds"),
+         "reason": "FieldValueInvalid", "fieldPath": ".runPolicy.backoffMaxSeconds"},
     ]
 
 

@@ -4,11 +4,14 @@
 built, what could exhaust the process: text over MAX_MANIFEST_BYTES (the apiserver's 3 MiB request
 cap), nesting deeper than MAX_DEPTH, aliases that expand to more than MAX_ALIAS_EXPANSION nodes
 beyond the text's own (a "billion laughs" bomb) or refer to themselves. Duplicate keys are errors
-naming both lines. Timestamps stay strings, as they do in the JSON kubectl sends.
+naming both lines. Plain scalars and mapping keys are read as kubectl reads them (tetrad.api.scalars:
+`lr: 3e-4` is a number, `y` a boolean, a key `1` the text "1"); timestamps stay strings, as they do
+in the JSON kubectl sends.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Final
 
 import yaml
@@ -16,6 +19,7 @@ from pydantic import ValidationError
 
 from tetrad.api.contract import API_VERSION, KIND
 from tetrad.api.problems import Problem
+from tetrad.api.scalars import NUMBER_START, go_scalar, mapping_key, plain_scalar
 from tetrad.api.spec import ParallelTrainingJob
 
 MAX_MANIFEST_BYTES: Final = 3 * 1024 * 1024
@@ -33,33 +37,89 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
+def quoted(value: Any, limit: int = MAX_SHOWN) -> str:
+    """A value as Python writes it, cut at `limit` characters; a cut string counts its own characters, not its quotes."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return shorten(repr(value), limit)
+
+
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _Loader(_Base):  # type: ignore[misc]
-    """SafeLoader (libyaml's parser when available) that rejects duplicate keys, keeps timestamps as text."""
+# The tags of the plain scalars PyYAML resolves by YAML 1.1's rules, which kubectl reads otherwise.
+_YAML11_TAGS: Final = frozenset(f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "null", "timestamp"))
+# Every other plain scalar that may be one of them: read by tetrad.api.scalars.plain_scalar instead.
+_KUBECTL_PLAIN: Final = "tag:tetrad.dev,2025:kubectl-plain"
+_KUBECTL_FIRST: Final = ["", *"~yYnNtTfFoO", *NUMBER_START]
 
-    yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-    }
+
+def _resolvers() -> dict[Any, list[tuple[str, Any]]]:
+    table: dict[Any, list[tuple[str, Any]]] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in _YAML11_TAGS]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first in _KUBECTL_FIRST:
+        table.setdefault(first, []).insert(0, (_KUBECTL_PLAIN, re.compile(r".*", re.DOTALL)))
+    return table
+
+
+class _Resolver(yaml.resolver.Resolver):
+    """Which plain scalars `plain_scalar` reads (for writers that must know what kubectl reads back)."""
+
+    yaml_implicit_resolvers = _resolvers()
+
+
+_RESOLVER: Final = _Resolver()
+
+
+def reads_as_string(text: str) -> bool:
+    """Whether kubectl reads `text`, written plain (unquoted), as that same string."""
+    tag = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    return tag == "tag:yaml.org,2002:str" or (tag == _KUBECTL_PLAIN and plain_scalar(text) == text)
+
+
+class _Loader(_Base):  # type: ignore[misc]
+    """SafeLoader (libyaml's parser when available) that rejects duplicate keys and reads plain scalars
+    and keys as kubectl does (timestamps stay text)."""
+
+    yaml_implicit_resolvers = _Resolver.yaml_implicit_resolvers
+
+    def construct_kubectl_plain(self, node: yaml.ScalarNode) -> Any:
+        return plain_scalar(node.value)
+
+    def _key(self, node: yaml.Node, deep: bool = True) -> Any:
+        """A key as JSON has it: from go-yaml's value (a float key keeps its float spelling, 1e6 -> "1e+06")."""
+        if node.tag == _KUBECTL_PLAIN:
+            return mapping_key(go_scalar(node.value))
+        return mapping_key(self.construct_object(node, deep=deep))
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=True)
+            key = self._key(key_node)
             line = key_node.start_mark.line + 1
             try:
                 first = seen.get((type(key), key))
             except TypeError:
                 raise ManifestError(f"line {line}: a mapping key must be a scalar") from None
             if first is not None:
-                raise ManifestError(f"line {line}: duplicate key {shorten(repr(key))} (first at line {first});"
+                raise ManifestError(f"line {line}: duplicate key {quoted(key)} (first at line {first});"
                                     " remove one of them")
             seen[(type(key), key)] = line
-        return super().construct_mapping(node, deep=deep)  # type: ignore[no-any-return]
+        self.flatten_mapping(node)  # merge keys (<<) first, the keys written here over them
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = self._key(key_node, deep)
+            try:
+                mapping[key] = self.construct_object(value_node, deep=deep)
+            except TypeError:
+                raise ManifestError(f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar") from None
+        return mapping
+
+
+_Loader.add_constructor(_KUBECTL_PLAIN, _Loader.construct_kubectl_plain)
 
 
 def _check_graph(root: yaml.Node) -> None:
@@ -122,9 +182,9 @@ def parse(document: Any) -> tuple[ParallelTrainingJob | None, list[Problem]]:
     if not isinstance(document, dict):
         return None, [Problem("<document>", f"expected a YAML mapping, got {type(document).__name__}")]
     if document.get("kind") != KIND:
-        return None, [Problem("kind", f"kind={shorten(repr(document.get('kind')))} is not {KIND}; set kind: {KIND}")]
+        return None, [Problem("kind", f"kind={quoted(document.get('kind'))} is not {KIND}; set kind: {KIND}")]
     if document.get("apiVersion") != API_VERSION:
-        return None, [Problem("apiVersion", f"apiVersion={shorten(repr(document.get('apiVersion')))} is not supported;"
+        return None, [Problem("apiVersion", f"apiVersion={quoted(document.get('apiVersion'))} is not supported;"
                                             f" set apiVersion: {API_VERSION}")]
     try:
         return ParallelTrainingJob.model_validate(document), []
@@ -153,5 +213,5 @@ def _message(err: Any) -> str:
         return "required field is missing"
     msg = str(err["msg"]).removeprefix("Value error, ")
     value = err.get("input")
-    shown = "" if isinstance(value, dict | list) else f" (got {shorten(repr(value))})"
+    shown = "" if isinstance(value, dict | list) else f" (got {quoted(value)})"
     return f"{msg}{shown}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -26,3 +26,10 @@ class InvalidJob(ValueError):
     def __init__(self, problems: list[Problem]):
         self.problems = errors(problems)
         super().__init__("; ".join(str(p) for p in self.problems))
+
+
+def counted(n: Any, noun: str) -> str:
+    """`1 node`, `2 nodes`, `1 process`, `4 processes` (a count that is not one takes the plural)."""
+    if n == 1 and not isinstance(n, bool):
+        return f"1 {noun}"
+    return f"{n} {noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{n} {noun}s"

@@ -12,9 +12,18 @@ from __future__ import annotations
 
 from typing import Final
 
+from tetrad.api.contract import EXIT_ALWAYS_RETRIED
 from tetrad.api.problems import Problem
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
-from tetrad.api.spec import Data, DataSource, Offload, ParallelTrainingJobSpec, PPSchedule, Training
+from tetrad.api.spec import (
+    Data,
+    DataSource,
+    Offload,
+    ParallelTrainingJobSpec,
+    PPSchedule,
+    RunPolicy,
+    Training,
+)
 
 # Schedules that hold several pipeline stages per rank.
 MULTI_STAGE: Final = (PPSchedule.INTERLEAVED_1F1B, PPSchedule.ZERO_BUBBLE)
@@ -92,6 +101,29 @@ def hf_dims_message(missing: list[str] | tuple[str, ...]) -> str:
 
 
 FAMILY_PRESET_MESSAGE: Final = "family contradicts the preset's family; remove family, or name a preset of that family"
+
+
+# runPolicy: the exit-code lists and the backoff must not contradict each other or the operator's policy.
+PERMANENT_DEFAULT: Final = RunPolicy.model_fields["permanent_exit_codes"].get_default(call_default_factory=True)
+ALWAYS_RETRIED_MESSAGE: Final = (
+    f"exit codes {' and '.join(map(str, EXIT_ALWAYS_RETRIED))} are always retried as disruptions (a node that failed"
+    " the preflight gate, a preempted trainer that saved), whatever the lists say: remove them from permanentExitCodes")
+BOTH_LISTS_MESSAGE: Final = (f"an exit code in both retryableExitCodes and permanentExitCodes (default {PERMANENT_DEFAULT})"
+                             " fails the job: remove it from one of the lists")
+BACKOFF_MESSAGE: Final = ("backoffMaxSeconds={} is below backoffSeconds={}: the cap would cut even the first delay;"
+                          " set backoffMaxSeconds to at least backoffSeconds")
+
+
+def check_run_policy(policy: RunPolicy, problems: list[Problem]) -> None:
+    """No always-retried code listed as permanent, no code in both lists, a backoff cap above its start."""
+    if listed := sorted({c for c in policy.permanent_exit_codes if c in EXIT_ALWAYS_RETRIED}):
+        problems.append(Problem("spec.runPolicy.permanentExitCodes", f"lists {listed}: {ALWAYS_RETRIED_MESSAGE}"))
+    if both := sorted(set(policy.retryable_exit_codes) & set(policy.permanent_exit_codes)):
+        problems.append(Problem("spec.runPolicy.retryableExitCodes", f"{both} (permanentExitCodes is "
+                                f"{policy.permanent_exit_codes}): {BOTH_LISTS_MESSAGE}"))
+    if policy.backoff_max_seconds < policy.backoff_seconds:
+        problems.append(Problem("spec.runPolicy.backoffMaxSeconds",
+                                BACKOFF_MESSAGE.format(policy.backoff_max_seconds, policy.backoff_seconds)))
 
 
 def divisors(n: int) -> list[int]:

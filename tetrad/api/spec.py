@@ -322,6 +322,11 @@ class CleanPodPolicy(StrEnum):
     NONE = "None"
 
 
+# A process exit code the restart policy can list: 0 is success, never a failure to judge.
+ExitCode = Annotated[int, Field(ge=1, le=255)]
+EXIT_CODES_MAX: Final = 255
+
+
 class RunPolicy(CamelModel):
     max_restarts: int = Field(3, ge=0, description="Whole-gang restarts after failures allowed before the job fails. "
                               "Disruptions (preemption, eviction, a lost node) count against maxDisruptions instead.")
@@ -329,9 +334,9 @@ class RunPolicy(CamelModel):
                                  "a lost node, a stall) allowed before the job fails with DisruptionBudgetExceeded; "
                                  "0: the first disruption fails the job.")
     backoff_seconds: int = Field(10, ge=0, description="Delay before the first restart; doubles with each restart.")
-    backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay.")
-    retryable_exit_codes: list[int] = Field(default_factory=list, description="Exit codes that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes and preemption (75) are always retryable.")
-    permanent_exit_codes: list[int] = Field(default_factory=lambda: [EXIT_OOM, EXIT_CONFIG_ERROR], description="Exit codes that fail the job at once, without a restart. Default: 77 (the trainer ran out of device memory) and 78 (a config the trainer cannot run).")
+    backoff_max_seconds: int = Field(300, ge=0, description="Cap of the restart delay; at least backoffSeconds.")
+    retryable_exit_codes: list[ExitCode] = Field(default_factory=list, max_length=EXIT_CODES_MAX, description="Exit codes (1-255) that trigger a restart. Empty means every failure not listed as permanent. Evictions, lost nodes, preemption (75) and a node failing the preflight gate (69) are always retryable. Not in permanentExitCodes too.")
+    permanent_exit_codes: list[ExitCode] = Field(default_factory=lambda: [EXIT_OOM, EXIT_CONFIG_ERROR], max_length=EXIT_CODES_MAX, description="Exit codes (1-255) that fail the job at once, without a restart. Default: 77 (the trainer ran out of device memory) and 78 (a config the trainer cannot run). Not 69 or 75, which are always retried as disruptions.")
     active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job when it has been active this long.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, description="Delete the job this long after it succeeded or failed.")
     clean_pod_policy: CleanPodPolicy = Field(CleanPodPolicy.RUNNING, strict=False, description="Pods deleted when the job ends: All, Running (only those still running) or None.")
@@ -350,7 +355,7 @@ class RunPolicy(CamelModel):
 
 class Rendezvous(CamelModel):
     port: int = Field(29500, ge=1024, le=65535, description="Port of rank 0's c10d rendezvous and process-group store.")
-    timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet.")
+    timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, including while rank 0's DNS name does not resolve yet; a worker whose wait for the name runs out exits 69 naming itself (a disruption for the operator).")
 
 
 class Preflight(CamelModel):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from tetrad.api.contract import (
     TERMINATION_CHECKPOINT_STEP,
@@ -29,14 +29,29 @@ from tetrad.api.contract import (
     TERMINATION_MESSAGE_MAX,
 )
 
+# The check whose failure a node reports without being at fault: pod 0's name did not resolve there (pod 0 not
+# running, or the cluster's DNS), so the operator restarts the gang without excluding the node.
+RENDEZVOUS_CHECK: Final = "rendezvous"
+
 
 @dataclass(frozen=True)
 class NodeFailure:
-    """A preflight failure: the node (None: the gang's failure), its rank, which check failed and why."""
+    """A preflight failure: the node (None: the gang's failure), its rank, which check failed and why.
+    `reason` starts with the check's name: `devices: ...`, `cpu: ...`, `rendezvous: ...`."""
 
     node: str | None
     node_rank: int | None
     reason: str
+
+
+def rendezvous_failure(host: str, seconds: float, error: str) -> str:
+    """The reason of a node that waited `seconds` for pod 0's name `host` in vain."""
+    return f"{RENDEZVOUS_CHECK}: pod 0's name {host} did not resolve within {seconds:g} s ({error}); is pod 0 running?"
+
+
+def blames_the_node(reason: str) -> bool:
+    """Whether a failure says something against the node that reported it (not a rendezvous failure)."""
+    return not reason.startswith(f"{RENDEZVOUS_CHECK}:")
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,7 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
 
 
 @app.command()
-def render(file: Path, restart: int = typer.Option(0, help="Render the gang of this restart.")) -> None:
+def render(file: Path, restart: int = typer.Option(0, min=0, help="Render the gang of this restart (0, 1, ...).")) -> None:
     """Print the Kubernetes objects the operator creates for FILE."""
     from tetrad.cli.yamlout import dump_all
     from tetrad.render import render as render_job
@@ -212,6 +212,7 @@ def status(
     job: str = typer.Argument(..., help="The job's name (metadata.name)."),
     namespace: str | None = typer.Option(None, "--namespace", "-n", help="The job's namespace; defaults to the kubeconfig context's."),
     output: str = typer.Option("text", "--output", "-o", help="text, or json for scripts."),
+    request_timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for the API server's answer."),
 ) -> None:
     """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""
     from tetrad.cli.status import StatusError, format_summary, now, read_job, summarize
@@ -219,7 +220,7 @@ def status(
     if output not in ("text", "json"):
         _fail([f"--output {shorten(output, 40)!r}: use text or json"])
     try:
-        summary = summarize(read_job(job, namespace), now())
+        summary = summarize(read_job(job, namespace, request_timeout), now())
     except StatusError as e:
         _fail([str(e)])
     typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary), nl=output == "json")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
-from tetrad.plan.estimate import GiB
+from tetrad.plan.estimate import GiB, count_text
 from tetrad.plan.placement import placement
-from tetrad.plan.solver import solve, usable_bytes
+from tetrad.plan.solver import no_fit_advice, solve, usable_bytes
 from tetrad.resolve import Checked, check_spec
 
 # What the planner says of what it cannot know.
@@ -59,14 +59,15 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
     })
     if cfg.module is not None:
         report["note"] = PLUGIN_NOTE
+    errors = [p for p in checked.problems if p.severity == "error"]
+    report["problems"] = [str(p) for p in errors]
     if solution.layout is not None:
-        errors = [p for p in checked.problems if p.severity == "error"]
-        report["problems"] = [str(p) for p in errors]
-        fits = budget is None or (solution.estimate is not None and solution.estimate.peak_bytes <= budget)
+        est = solution.estimate
+        fits = budget is None or (est is not None and est.peak_bytes <= budget)
         report["fits"] = fits and not errors
-        if not fits:
-            report["reason"] = (f"{solution.layout.label()} needs {solution.estimate.peak_bytes / GiB:.1f} GiB per GPU"  # type: ignore[union-attr]
-                                f" but {budget / GiB:.1f} GiB are usable")  # type: ignore[operator]
+        if not fits and est is not None and budget is not None:
+            report["reason"] = (f"{solution.layout.label()} needs {est.peak_bytes / GiB:.1f} GiB per GPU but"
+                                f" {budget / GiB:.1f} GiB are usable; {no_fit_advice(spec, est, budget)}")
     return report
 
 
@@ -74,11 +75,11 @@ def _gib(x: float) -> str:
     return f"{x / GiB:.2f}"
 
 
-def print_plan(report: dict[str, Any]) -> None:
+def print_plan(report: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = console or Console()
     if "script" in report:
         print_script_plan(console, report)
         return
@@ -87,7 +88,7 @@ def print_plan(report: dict[str, Any]) -> None:
             console.print(f"[red]error[/]: {p}")
         return
     m = report["model"]
-    console.print(f"[bold]{report['job']}[/]: {m['name']}, {m['params'] / 1e9:.2f}B params, seqLen {m['seqLen']},"
+    console.print(f"[bold]{report['job']}[/]: {m['name']}, {count_text(m['params'])} params, seqLen {m['seqLen']},"
                   f" on {report['world_size']} processes")
     est = report["estimate"]
     if est is None:
@@ -131,7 +132,8 @@ def print_plan(report: dict[str, Any]) -> None:
     if report["reason"]:
         console.print(f"[red]{report['reason']}[/]")
     for p in report.get("problems", []):
-        console.print(f"[red]error[/]: {p}")
+        if not (report["reason"] and p.endswith(report["reason"])):  # said just above
+            console.print(f"[red]error[/]: {p}")
 
 
 def _placement(dims: dict[str, str]) -> str:

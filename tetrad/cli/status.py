@@ -9,16 +9,20 @@ into the model, so a status written by a newer operator still shows.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
 from tetrad.api.manifest import shorten
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
+from tetrad.api.problems import counted
 from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.spec import Preflight, Script, Training
 
 GiB = 2**30
+REQUEST_TIMEOUT_S = 30.0  # the default bound of the one request `tetrad status` makes
+ENDED = ("Succeeded", "Failed")
 
 
 class StatusError(Exception):
@@ -31,6 +35,14 @@ def _get(obj: Any, *path: str) -> Any:
             return None
         obj = obj.get(key)
     return obj
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
 
 
 def _number(v: Any) -> float | None:
@@ -62,27 +74,27 @@ def duration(seconds: float) -> str:
 
 def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
     """The figures of `tetrad status`: identity, phase, mesh, progress with ETA, throughput, restarts."""
-    spec, status = job.get("spec") or {}, job.get("status") or {}
-    training = status.get("training") or {}
-    model = spec.get("model") or {}
+    spec, status = _dict(job.get("spec")), _dict(job.get("status"))
+    training = _dict(status.get("training"))
+    model = _dict(spec.get("model"))
     given = model.get("preset")
     preset = given if isinstance(given, str) else DEFAULT_PRESET  # as expand_model
     overrides = {k: v for k, v in model.items() if k != "preset"}
     seq_len = model.get("seqLen") or _get(PRESETS.get(preset), "seqLen")
-    trainer = spec.get("training") or {}  # absent: the trainer's defaults (the apiserver stores none)
+    trainer = _dict(spec.get("training"))  # absent: the trainer's defaults (the apiserver stores none)
     global_batch = trainer.get("globalBatch", Training.model_fields["global_batch"].default)
     total = trainer.get("steps", Training.model_fields["steps"].default)
     if spec.get("script"):  # a script's batch and steps are its own
         global_batch = total = seq_len = None
     step = training.get("step")
     tokens_per_second = _number(training.get("tokensPerSecond"))
-    phase = status.get("phase") or "Pending"
+    phase = status.get("phase") if isinstance(status.get("phase"), str) and status.get("phase") else "Pending"
     out: dict[str, Any] = {
         "name": _get(job, "metadata", "name"),
         "namespace": _get(job, "metadata", "namespace"),
         "phase": phase,
         "message": status.get("message"),
-        "model": (_script(spec["script"]) if spec.get("script") else model["module"] if model.get("module")
+        "model": (_script(spec["script"]) if spec.get("script") else str(model["module"]) if model.get("module")
                   else model_name(preset, overrides)),
         "nodes": spec.get("nodes"),
         "nprocPerNode": spec.get("nprocPerNode"),
@@ -101,7 +113,7 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "runningSeconds": None,
     }
     if _get(spec, "checkpoint", "enabled"):
-        out["checkpoint"] = _checkpoint(status.get("checkpoint") or {}, now)
+        out["checkpoint"] = _checkpoint(_dict(status.get("checkpoint")), now)
     if (preflight := _preflight(spec, status)) is not None:
         out["preflight"] = preflight
     tokens_per_step = global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int) else None
@@ -117,7 +129,7 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
     return out
 
 
-def _script(script: dict[str, Any]) -> str:
+def _script(script: Any) -> str:
     try:
         return f"script {Script.model_validate(script).describe()}"
     except ValueError:
@@ -138,15 +150,14 @@ def _checkpoint(ckpt: dict[str, Any], now: datetime) -> dict[str, Any]:
 def _preflight(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
     """status.preflight's bandwidth (with the slow nodes, judged by the spec's fraction) and
     status.failedNodes; None when the job has neither."""
-    raw = status.get("preflight")
-    measured: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    measured = _dict(status.get("preflight"))
     nodes: dict[str, float] = {}
-    for n in measured.get("nodes") or []:
+    for n in _list(measured.get("nodes")):
         if isinstance(n, dict) and isinstance(n.get("node"), str) and (bw := _number(n.get("busBandwidthGBps"))) is not None:
             nodes[n["node"]] = min(bw, nodes.get(n["node"], bw))
     failed = [{"node": f["node"], "reason": str(f.get("reason") or ""), "restart": f.get("restart"),
                "excluded": f.get("excluded") is True}
-              for f in status.get("failedNodes") or [] if isinstance(f, dict) and isinstance(f.get("node"), str)]
+              for f in _list(status.get("failedNodes")) if isinstance(f, dict) and isinstance(f.get("node"), str)]
     if not nodes and not failed:
         return None
     fraction = _number(_get(spec, "preflight", "slowNodeFraction"))
@@ -191,8 +202,10 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["message"]:
         rows.append(("Message", s["message"]))
     rows.append(("Model", s["model"]))
-    size = f"{s['nodes']} nodes x {s['nprocPerNode']} processes"
-    rows.append(("Mesh", f"{s['mesh']} on {size}" if s["mesh"] else f"not resolved yet ({size})"))
+    size = (f"{counted(s['nodes'], 'node')} x {counted(s['nprocPerNode'], 'process')}"
+            if isinstance(s["nodes"], int) and isinstance(s["nprocPerNode"], int) else "size unknown")
+    unresolved = "never resolved" if s["phase"] in ENDED else "not resolved yet"
+    rows.append(("Mesh", f"{s['mesh']} on {size}" if s["mesh"] else f"{unresolved} ({size})"))
     if isinstance(s["step"], int):
         progress = f"step {s['step']} / {s['steps']}"
         if isinstance(s["steps"], int) and s["steps"]:
@@ -201,7 +214,7 @@ def format_summary(s: dict[str, Any]) -> str:
             progress += f", ETA {duration(s['etaSeconds'])}"
         rows.append(("Progress", progress))
     elif s["steps"] is not None:
-        rows.append(("Progress", f"no step reported yet, {s['steps']} to train"))
+        rows.append(("Progress", f"no step reported{'' if s['phase'] in ENDED else ' yet'}, {s['steps']} to train"))
     if s["stepSeconds"] is not None:
         rows.append(("Step time", f"{s['stepSeconds']:.3g} s (global batch tokens / tokens per second)"))
     if s["tokensPerSecond"] is not None:
@@ -226,40 +239,69 @@ def format_summary(s: dict[str, Any]) -> str:
     return "".join(f"{label + ':':<{width}} {value}\n" for label, value in rows)
 
 
-def read_job(name: str, namespace: str | None) -> dict[str, Any]:
+def read_job(name: str, namespace: str | None, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
     """The ParallelTrainingJob `name` from the cluster of the current kubeconfig context (KUBECONFIG),
-    or in-cluster config; the namespace defaults to the context's, as for kubectl."""
+    or in-cluster config; the namespace defaults to the context's, as for kubectl. One request, bounded
+    by `timeout_s`; every way it can fail is a StatusError of one line."""
     try:
+        import urllib3
+        import yaml
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
+        from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
     except ImportError:
         raise StatusError("`tetrad status` needs the kubernetes Python client: pip install 'tetrad[operator]'"
                           " (or pip install kubernetes)") from None
+    kubeconfig = os.environ.get("KUBECONFIG") or KUBE_CONFIG_DEFAULT_LOCATION
     try:
         config.load_kube_config()  # type: ignore[no-untyped-call]
         if namespace is None:
             _, active = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
-            namespace = (active or {}).get("context", {}).get("namespace")
-    except (ConfigException, OSError) as kube_error:
+            namespace = _get(active, "context", "namespace")
+    except (ConfigException, OSError) as kube_error:  # none, or not usable: a pod's own account may do
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
         except ConfigException:
-            raise StatusError(f"no cluster to ask ({kube_error}): set KUBECONFIG or a context in ~/.kube/config,"
-                              " or run inside a pod") from None
+            raise StatusError(f"no cluster to ask ({one_line(kube_error)}): set KUBECONFIG or a context in"
+                              " ~/.kube/config, or run inside a pod") from None
         namespace = namespace or _incluster_namespace()
-    namespace = namespace or "default"
-    api = client.CustomObjectsApi()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} is not valid YAML{where}:"
+                          f" {one_line(getattr(e, 'problem', None) or e)}; fix it or point KUBECONFIG at another") from None
+    except Exception as e:  # a kubeconfig of the wrong shape (a list for a mapping, ...)
+        raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} cannot be used: {type(e).__name__}:"
+                          f" {one_line(e)}; fix it or point KUBECONFIG at another") from None
+    namespace = namespace if isinstance(namespace, str) and namespace else "default"
+    settings = client.Configuration.get_default_copy()
+    settings.retries = False  # one try, bounded by the timeout (urllib3 would try 4 times)
+    api = client.CustomObjectsApi(client.ApiClient(settings))
+    server = f"the API server at {settings.host}"
     try:
-        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=30)
+        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=timeout_s)
     except client.ApiException as e:
         if e.status == 404:
             raise StatusError(f"{KIND} {namespace}/{name} not found (or the CRD is not installed); "
                               f"list the jobs with `kubectl get {PLURAL} -n {namespace}`") from None
-        raise StatusError(f"the API server refused to read {namespace}/{name}: {e.status} {e.reason}") from None
-    except Exception as e:  # urllib3: connection refused, TLS, timeouts
-        why = shorten(str(getattr(e, "reason", None) or e), 200)
-        raise StatusError(f"cannot reach the API server at {client.Configuration.get_default_copy().host}: {why}") from None
-    return dict(job)
+        raise StatusError(f"{server} refused to read {namespace}/{name}: {e.status} {e.reason}") from None
+    except urllib3.exceptions.TimeoutError as e:
+        if isinstance(e, urllib3.exceptions.NewConnectionError):  # urllib3 counts a refused connection as a timeout
+            raise StatusError(f"cannot reach {server}: {one_line(e)}") from None
+        raise StatusError(f"{server} did not answer within {timeout_s:g} s (--request-timeout);"
+                          " is it up, and is this the right cluster?") from None
+    except Exception as e:  # urllib3: connection refused, TLS, a name that does not resolve
+        why = one_line(getattr(e, "reason", None) or e)
+        raise StatusError(f"cannot reach {server}: {why}") from None
+    if not isinstance(job, dict):  # a body that is not JSON: a proxy's HTML page, say
+        raise StatusError(f"{server} answered with something other than a Kubernetes object"
+                          f" ({shorten(one_line(job), 80)}); is a proxy in the way?")
+    return job
+
+
+def one_line(what: object) -> str:
+    """An error's text on one line, cut at 200 characters."""
+    return shorten(" ".join(str(what).split()), 200)
 
 
 def _incluster_namespace() -> str | None:

@@ -1,9 +1,9 @@
 """YAML output of rendered objects, about ten times faster than PyYAML's dumper.
 
 The objects are plain data (dicts, lists, strings, numbers, booleans, None), so block YAML can be
-written directly: a string is written plain only when YAML 1.1 (PyYAML, kubectl) reads it back as
-that same string, else as a JSON string, which is valid double-quoted YAML. Round-trip tests:
-tests/api/test_hostile.py.
+written directly: a string is written plain only when both PyYAML and kubectl (tetrad.api.scalars) read
+it back as that same string, else as a JSON string, which is valid double-quoted YAML. Round-trip
+tests: tests/api/test_hostile.py.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from tetrad.api.manifest import reads_as_string
+
 _PLAIN = re.compile(r"[A-Za-z0-9_/.][A-Za-z0-9_./=+@-]*(?:[ :][A-Za-z0-9_./=+@-]+)*")
 _STR_TAG = "tag:yaml.org,2002:str"
 # What a YAML stream may not hold as is (json.dumps already escaped the C0 controls), and the
@@ -23,13 +25,9 @@ _UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff0
 _resolver = yaml.resolver.Resolver()
 
 
-# Booleans to Go's YAML 1.1 reader (kubectl) but strings to PyYAML's: always quoted.
-_GO_BOOLEANS = frozenset({"y", "Y", "n", "N"})
-
-
 @lru_cache(maxsize=65536)
 def _string(s: str) -> str:
-    if (s not in _GO_BOOLEANS and _PLAIN.fullmatch(s) and ": " not in s and not s.endswith(":")
+    if (_PLAIN.fullmatch(s) and ": " not in s and not s.endswith(":") and reads_as_string(s)
             and _resolver.resolve(yaml.ScalarNode, s, (True, False)) == _STR_TAG):  # type: ignore[no-untyped-call]
         return s
     return _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(s, ensure_ascii=False))

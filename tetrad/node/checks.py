@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from tetrad.api.termination import NodeFailure
+from tetrad.api.termination import NodeFailure, rendezvous_failure
 from tetrad.node.environment import NodeEnv
 from tetrad.node.rendezvous import resolves
 
@@ -52,8 +52,7 @@ def node_problems(env: NodeEnv) -> list[str]:
         problems.append(f"cpu: resources.cpu requests {env.cpus:g} CPUs, this node's processes may run on {have} "
                         f"(their CPU affinity)")
     if env.master_addr and (error := resolves(env.master_addr, env.preflight.timeout_seconds)) is not None:
-        problems.append(f"rendezvous: pod 0's name {env.master_addr} did not resolve within "
-                        f"{env.preflight.timeout_seconds:g} s ({error})")
+        problems.append(rendezvous_failure(env.master_addr, env.preflight.timeout_seconds, error))
     return problems
 
 

@@ -2,7 +2,8 @@
 
 Pod 0's name appears in DNS once it has an IP (the Service publishes not-ready addresses), so a
 worker scheduled before it waits, bounded by the rendezvous timeout, instead of failing: the
-supervisor (tetrad.node.supervisor) calls `wait_for_master` before anything else. The wait runs in
+supervisor (tetrad.node.supervisor) calls `wait_for_master` before anything else. A name that never
+resolves is a preflight failure (exit 69, the cluster's fault rather than the job's), not a crash. The wait runs in
 the trainer's container rather than an init container of its own: a second container, with its
 status and managed fields, made each worker pod a sixth larger for every watcher of pods to decode.
 """
@@ -10,10 +11,10 @@ status and managed fields, made each worker pod a sixth larger for every watcher
 from __future__ import annotations
 
 import socket
-import sys
 import threading
 import time
 
+from tetrad.api.termination import NodeFailure, rendezvous_failure
 from tetrad.node.environment import NodeEnv
 
 RESOLVE_RETRY_S = 1.0
@@ -45,9 +46,9 @@ def resolves(name: str, timeout_s: float, retry_s: float = RESOLVE_RETRY_S) -> s
         time.sleep(min(retry_s, left))  # the last lookup is at the deadline, not a retry before it
 
 
-def wait_for_master(env: NodeEnv, retry_s: float = RESOLVE_RETRY_S) -> int | None:
+def wait_for_master(env: NodeEnv, retry_s: float = RESOLVE_RETRY_S) -> NodeFailure | None:
     """On a worker node (node rank above 0), wait for pod 0's name up to the rendezvous timeout. None
-    to go on, or the node's exit code (1) when it never resolved."""
+    to go on, or the node's failure when it never resolved."""
     host = env.master_addr
     if not host or env.node_rank == 0:
         return None
@@ -58,6 +59,4 @@ def wait_for_master(env: NodeEnv, retry_s: float = RESOLVE_RETRY_S) -> int | Non
     if (error := resolves(host, timeout, retry_s)) is None:
         print(f"[tetrad] {host} resolves", flush=True)
         return None
-    print(f"[tetrad] pod 0's name {host} did not resolve within {timeout:g} s ({error}); is pod 0 scheduled?",
-          file=sys.stderr, flush=True)
-    return 1
+    return NodeFailure(env.node_name, env.node_rank, rendezvous_failure(host, timeout, error))

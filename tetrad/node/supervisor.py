@@ -1,7 +1,7 @@
 """A node's supervisor: the pod's first process, around torchrun.
 
-It waits for pod 0's name (a worker node, tetrad.node.rendezvous), checks the node (the preflight gate,
-tetrad.node.checks), runs torchrun as a child with the stop signals forwarded, then turns what torchrun
+It waits for pod 0's name (a worker node, tetrad.node.rendezvous; one that never resolves exits 69 like a
+failed check), checks the node (the preflight gate, tetrad.node.checks), runs torchrun as a child with the stop signals forwarded, then turns what torchrun
 and its workers reported in the exit directory (tetrad.node.exits) into the node's exit code and the
 pod's termination message (tetrad.api.termination), which it alone writes. torchrun alone exits 1 for
 any worker failure; the node exits with the workers' own code instead: 75 when every local worker
@@ -37,8 +37,10 @@ def write_termination_message(message: TerminationMessage, env: NodeEnv) -> None
 
 
 def before_torchrun(env: NodeEnv) -> int | None:
-    """The node's preflight checks: EXIT_PREFLIGHT after naming the failures, None to go on."""
-    failures = checks.node_failures(env)
+    """Pod 0's name (a worker node waits for it), then the node's preflight checks: EXIT_PREFLIGHT after
+    naming the failures, None to go on."""
+    unresolved = wait_for_master(env)
+    failures = [unresolved] if unresolved is not None else checks.node_failures(env)
     if not failures:
         return None
     for f in failures:
@@ -50,8 +52,6 @@ def before_torchrun(env: NodeEnv) -> int | None:
 def supervise(command: list[str], env: NodeEnv) -> int:
     """Wait for the master's name (a worker node), check the node, run `command` (torchrun ...) with
     signals forwarded; return the node's exit code."""
-    if (failed := wait_for_master(env)) is not None:
-        return failed
     if (failed := before_torchrun(env)) is not None:
         return failed
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:

@@ -35,6 +35,14 @@ OPTIMIZER_STEP_BYTES_PER_PARAM = 52.0
 FRAGMENTATION = 0.05
 
 
+def count_text(n: float) -> str:
+    """A count in readable units, three significant digits: 4.19M, 8.03B, 950."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
 @dataclass(frozen=True)
 class Workload:
     """What besides the layout decides the cost: batch, numerics and pipeline settings."""

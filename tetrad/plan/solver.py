@@ -23,7 +23,7 @@ from tetrad.api.accelerators import ACCELERATORS, ASSUMED, Accelerator, find_acc
 from tetrad.api.problems import Problem, errors
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.rules import check_layout, divisors, microbatches, stages_per_rank
-from tetrad.api.spec import Offload, ParallelTrainingJobSpec
+from tetrad.api.spec import ActivationCheckpointing, Offload, ParallelTrainingJobSpec, PPSchedule
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
 from tetrad.plan.timing import StepTime, step_time
 
@@ -31,6 +31,9 @@ from tetrad.plan.timing import StepTime, step_time
 USABLE_MEMORY_FRACTION = 0.9
 LONG_SEQUENCE = 32768
 CLEARLY_FASTER = 0.10  # margin for what the model leaves out: smaller TP GEMMs, kernel launch overheads
+DEGREES = (("dp_replicate", "dpReplicate"), ("dp_shard", "dpShard"), ("tp", "tp"), ("cp", "cp"), ("pp", "pp"))
+NEAREST = 3  # values named per field when no layout satisfies the job
+BATCH_FIELDS = ("spec.training.globalBatch", "spec.training.microBatch")
 
 
 @dataclass
@@ -117,18 +120,15 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
         return Solution(layout, est, candidates=1, time=predict_time(spec, cfg, est))
 
     budget = usable_bytes(spec)
-    valid: list[tuple[Layout, Estimate]] = []
-    for layout in _candidates(spec, cfg):
-        problems: list[Problem] = []
-        check_layout(spec, cfg, layout, problems)
-        if errors(problems):
-            continue
-        valid.append((layout, estimate(cfg, layout, workload(spec, layout))))
+    valid = [(layout, estimate(cfg, layout, workload(spec, layout))) for layout in valid_layouts(spec, cfg)]
     if not valid:
+        nearest = nearest_values(spec, cfg)
         return Solution(None, None, (
             f"no layout of {spec.nodes}x{spec.nproc_per_node} processes satisfies the fixed degrees and the model"
             f" (heads={cfg.heads}, kvHeads={cfg.kv_heads}, layers={cfg.layers}, seqLen={cfg.seq_len},"
-            f" globalBatch={spec.training.global_batch}); fix more degrees explicitly or change the batch"))
+            f" globalBatch={spec.training.global_batch}); "
+            + (f"any one of these would give one: {'; '.join(nearest)}" if nearest else
+               "fix more degrees explicitly or change the batch")))
     fitting = [(lay, est) for lay, est in valid if budget is None or est.peak_bytes <= budget]
     if fitting:
         long = cfg.seq_len >= LONG_SEQUENCE
@@ -148,5 +148,88 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     assert budget is not None
     return Solution(None, est, (
         f"no layout fits {spec.resources.gpu_memory_gib:g} GiB per GPU ({budget / GiB:.1f} GiB usable);"
-        f" the closest is {layout.label()} at {est.peak_bytes / GiB:.1f} GiB per GPU;"
-        " enable activation checkpointing, lower microBatch, or add nodes"), candidates=len(valid))
+        f" the closest is {layout.label()} at {est.peak_bytes / GiB:.1f} GiB per GPU; {no_fit_advice(spec, est, budget)}"),
+        candidates=len(valid))
+
+
+def valid_layouts(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[Layout]:
+    """The candidate layouts that pass every rule (memory aside)."""
+    out = []
+    for layout in _candidates(spec, cfg):
+        problems: list[Problem] = []
+        check_layout(spec, cfg, layout, problems)
+        if not errors(problems):
+            out.append(layout)
+    return out
+
+
+def nearest_values(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[str]:
+    """When no layout satisfies the job: the nearest values that would, changing one fixed degree (the
+    others as given), or globalBatch, or one degree with globalBatch; e.g. `tp=2 or 4`, `globalBatch=6 or 12`."""
+    out = []
+    if batch := _batch_fix(spec, cfg, _candidates(spec, cfg)):
+        out.append(f"globalBatch={batch}")
+    p = spec.parallelism
+    for name, alias in DEGREES:
+        given = getattr(p, name)
+        if given == "auto":
+            continue
+        relaxed = spec.model_copy(update={"parallelism": p.model_copy(update={name: "auto"})})
+        others = [lay for lay in _candidates(relaxed, cfg) if getattr(lay, name) != given]
+        alone = sorted({getattr(lay, name) for lay in others if not _layout_errors(relaxed, cfg, lay)},
+                       key=lambda v: (abs(v - given), v))[:NEAREST]
+        if alone:
+            out.append(f"{alias}={' or '.join(map(str, sorted(alone)))}")
+            continue
+        for value in sorted({getattr(lay, name) for lay in others}, key=lambda v: (abs(v - given), v)):
+            if batch := _batch_fix(relaxed, cfg, [lay for lay in others if getattr(lay, name) == value]):
+                out.append(f"{alias}={value} with globalBatch={batch}")
+                break
+    return out
+
+
+def _layout_errors(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout) -> list[Problem]:
+    problems: list[Problem] = []
+    check_layout(spec, cfg, layout, problems)
+    return errors(problems)
+
+
+def _batch_fix(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layouts: list[Layout]) -> str | None:
+    """The globalBatch values nearest the given one, below and above, that let in a layout only the batch keeps out."""
+    gb, below, above = spec.training.global_batch, 0, 0
+    for layout in layouts:
+        found = _layout_errors(spec, cfg, layout)
+        if not found or any(q.field not in BATCH_FIELDS for q in found):
+            continue
+        unit = layout.dp * (microbatches(spec, layout) if layout.pp > 1 else spec.training.micro_batch)
+        below = max(below, gb // unit * unit)
+        above = min(above or 2**62, -(-gb // unit) * unit)
+    values = [b for b in dict.fromkeys((below, above)) if b]
+    return " or ".join(map(str, values)) or None
+
+
+def no_fit_advice(spec: ParallelTrainingJobSpec, est: Estimate, budget: float) -> str:
+    """What would bring the closest layout's `est` under `budget`: the knobs that cut what puts it over."""
+    t = spec.training
+    state = est.params_bytes + est.grads_bytes + est.optimizer_bytes + est.buffers_bytes
+    if state > budget:
+        knobs = ["add nodes to shard the model over more GPUs"]
+        if t.fsdp.offload != Offload.CPU:
+            knobs.append("set training.fsdp.offload: cpu (with dpShard*cp > 1)")
+        knobs.append("use GPUs with more memory (resources.gpuMemoryGiB)")
+        return (f"its parameters, gradients and optimizer state alone take {state / GiB:.1f} GiB, so activation"
+                f" checkpointing or a smaller batch cannot make it fit: {', '.join(knobs[:-1])} or {knobs[-1]}")
+    knobs = []
+    if t.activation_checkpointing != ActivationCheckpointing.FULL:
+        knobs.append(f"set activationCheckpointing: full (now {t.activation_checkpointing.value})")
+    if est.layout.pp > 1 and spec.parallelism.pp_schedule == PPSchedule.GPIPE:
+        knobs.append("use ppSchedule 1F1B (GPipe holds every microbatch's activations)")
+    elif est.layout.pp > 1:
+        knobs.append(f"raise ppMicrobatches (now {microbatches(spec, est.layout)}) for smaller microbatches")
+    elif t.micro_batch > 1:
+        knobs.append(f"lower microBatch (now {t.micro_batch})")
+    if t.loss_chunks == 1:
+        knobs.append("set lossChunks above 1 (the loss's logits a slice at a time)")
+    knobs.append("add nodes")
+    return (f"the activations ({est.activations_bytes / GiB:.1f} GiB) put it over: "
+            f"{', '.join(knobs[:-1])} or {knobs[-1]}" if len(knobs) > 1 else knobs[0])

@@ -5,7 +5,9 @@ failing nodes and why (tetrad.api.termination). The failure restarts the gang as
 (policy.py); `record` names each node in status.failedNodes with the reason and, while
 spec.preflight.excludeFailedNodes allows it and maxExcludedNodes is not spent, excludes it:
 `excluded` lists the nodes the next incarnations' pods must avoid (a required node anti-affinity,
-tetrad.render.objects.avoiding). `report_slow` judges the bandwidth the scraper read into
+tetrad.render.objects.avoiding). A node where pod 0's name did not resolve is named, not excluded: that
+says nothing against the node (pod 0 was not running, or the cluster's DNS failed), and avoiding
+healthy nodes could leave the gang nowhere to run. `report_slow` judges the bandwidth the scraper read into
 status.preflight for the current incarnation: nodes below spec.preflight.slowNodeFraction of the
 median make the SlowNodes condition and a Warning Event.
 """
@@ -17,6 +19,7 @@ from collections.abc import Mapping
 
 from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.spec import FailedNode, ParallelTrainingJobStatus, Preflight
+from tetrad.api.termination import blames_the_node
 from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState
@@ -56,14 +59,16 @@ def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflig
     for node, reason in nodes:
         if any(f.node == node and f.restart == restart for f in failed):
             continue  # a later pass over the same failure
-        exclude = spec.exclude_failed_nodes and (node in avoided or len(avoided) < spec.max_excluded_nodes)
+        at_fault = blames_the_node(reason)
+        exclude = at_fault and spec.exclude_failed_nodes and (node in avoided or len(avoided) < spec.max_excluded_nodes)
         if exclude and node not in avoided:
             avoided.add(node)
             m.decision.events.append(Event("Warning", "NodeExcluded", f"node {node} failed the preflight gate "
                                            f"({reason}); the next pods avoid it ({len(avoided)} of "
                                            f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} excluded)"))
         elif not exclude:
-            why = ("spec.preflight.excludeFailedNodes is false" if not spec.exclude_failed_nodes else
+            why = ("pod 0's name not resolving there says nothing against the node" if not at_fault else
+                   "spec.preflight.excludeFailedNodes is false" if not spec.exclude_failed_nodes else
                    f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} nodes are excluded already")
             m.decision.events.append(Event("Warning", "NodeNotExcluded", f"node {node} failed the preflight gate "
                                            f"({reason}); not excluded: {why}"))
