@@ -10,7 +10,6 @@
 #
 #   hack/images.sh base                 the Python base image
 #   hack/images.sh operator|trainer     a Dockerfile target (builds base first)
-#   hack/images.sh example NAME         examples/bring-your-own/NAME/Dockerfile, on the trainer's layers
 # Each prints "IMAGE-NAME ARCHIVE". Root only (debootstrap, chroot).
 #
 # Environment: TETRAD_TORCH_INDEX  --build-arg TORCH_INDEX for the trainer (a CPU wheel index)
@@ -99,42 +98,6 @@ build_target() {
   echo "$name $archive"
 }
 
-# The image `name` in buildah's store, from its archive when the store lost it.
-in_store() {
-  local name=$1 archive=$2
-  "${B[@]}" inspect --type image "$name" >/dev/null 2>&1 || "${B[@]}" pull --quiet "oci-archive:$archive" >/dev/null
-}
-
-# An example of examples/bring-your-own, built as a user would build it (its own Dockerfile, FROM a base
-# with torch) on the trainer image's layers, so that only its own layers are new: `script` FROM the
-# Dockerfile's torch stage (the trainer's dependencies, nothing of Tetrad), the others FROM the trainer.
-build_example() {
-  local example=$1 ctx=$REPO/examples/bring-your-own/$1 name key archive trainer base
-  [[ -f $ctx/Dockerfile ]] || { log "no Dockerfile in $ctx"; exit 2; }
-  name=docker.io/tetrad/example-$example:$VERSION
-  trainer=$(build_target trainer)
-  in_store "${trainer%% *}" "${trainer#* }"
-  key=$(cat "$ctx"/* "$HACK/images.sh" <(echo "$example $trainer") | sha256sum | cut -c1-16)
-  archive=$OUT/example-$example-$key.tar
-  if [[ ! -f $archive ]]; then
-    local t0=$SECONDS
-    log "building $name ..."
-    base=${trainer%% *}
-    if [[ $example == script ]]; then
-      base=docker.io/tetrad/torch:$VERSION  # the trainer build's cached layers: nothing runs again
-      (cd "$REPO" && "${B[@]}" bud --quiet --isolation chroot --layers --build-arg PYTHON="$BASE_IMAGE" \
-        --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" --target torch -t "$base" -f Dockerfile .) >/dev/null
-    fi
-    "${B[@]}" bud --quiet --isolation chroot --layers "${TRUST[@]}" --ulimit nofile=20000:20000 \
-      --ulimit nproc=4096:4096 --build-arg BASE="$base" -t "$name" -f "$ctx/Dockerfile" "$ctx" >/dev/null
-    "${B[@]}" push --quiet --compression-format zstd "$name" "oci-archive:$archive.tmp:$name"
-    mv -f "$archive.tmp" "$archive"
-    find "$OUT" -maxdepth 1 -name "example-$example-*.tar" ! -path "$archive" -delete
-    log "$name built in $((SECONDS - t0))s"
-  fi
-  echo "$name $archive"
-}
-
 [[ $(id -u) == 0 ]] || { log "needs root (debootstrap, chroot)"; exit 1; }
 for tool in buildah debootstrap; do
   command -v "$tool" >/dev/null || { log "$tool is required (hack/host-packages.sh)"; exit 1; }
@@ -144,6 +107,5 @@ exec 9>"$OUT/.images.lock"; flock 9
 case ${1:-} in
   base) build_base ;;
   operator|trainer) build_target "$1" ;;
-  example) build_example "${2:?hack/images.sh example NAME: a directory of examples/bring-your-own}" ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac
