@@ -94,7 +94,7 @@ def gauge(body: str, name: str) -> float | None:
 
 
 def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> None:
-    cfg = job({"dpShard": 2}, nproc=2, model={"seqLen": 32}, training={"steps": 100, "globalBatch": 2})  # ample time to scrape on a fast machine
+    cfg = job({"dpShard": 2}, nproc=2, model={"seqLen": 32}, training={"steps": 100, "globalBatch": 2, "precision": "fp32"})  # ample time to scrape on a fast machine
     port = free_port_block(2)
     seen: dict[int, str] = {}
 

@@ -34,7 +34,9 @@ JSON_KEYS = {"step", "loss", "tokens_per_second", "mfu", "tflops", "peak_memory_
 def make_job(name: str, **spec: object) -> ParallelTrainingJob:
     doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
            "spec": {"nodes": 2, "nprocPerNode": 1, "parallelism": {"dpShard": 2},
-                    "model": {"preset": "debug", "seqLen": 64}, "training": {"steps": 50, "globalBatch": 4},
+                    "model": {"preset": "debug", "seqLen": 64},
+                    # fp32: a CPU without native bf16 matmuls runs the debug model's bf16 steps ~10x slower
+                    "training": {"steps": 50, "globalBatch": 4, "precision": "fp32"},
                     "metrics": {"port": free_port_block(2)}, **spec}}
     job, problems = parse(doc)
     assert job is not None, problems
@@ -169,7 +171,7 @@ class LocalRun:
 
     def __init__(self, tmp_path: Path, name: str, *, grace: int, under_parent: bool = False,
                  job: ParallelTrainingJob | None = None):
-        job = job or make_job(name, training={"steps": 100000, "globalBatch": 4},
+        job = job or make_job(name, training={"steps": 100000, "globalBatch": 4, "precision": "fp32"},
                               runPolicy={"terminationGracePeriodSeconds": grace})
         self.job_file, self.work = tmp_path / "job.json", tmp_path / "work"
         self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_unset=True))  # as the user wrote it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -20,14 +21,6 @@ from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleZBVZeroBubble,
-)
-from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
@@ -42,11 +35,16 @@ from tetrad_trainer.models.init import canonical_name, init_weights
 from tetrad_trainer.models.interface import ModelDefinition
 from tetrad_trainer.models.loader import definition_of
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+# torch.distributed.pipelining's classes by name: the package imports torch._dynamo, about two seconds of
+# every process's start-up on a CPU, so only a pipelined job imports it (pipeline_schedule).
 SCHEDULES = {
-    PPSchedule.GPIPE: ScheduleGPipe,
-    PPSchedule.ONE_F_ONE_B: Schedule1F1B,
-    PPSchedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
-    PPSchedule.ZERO_BUBBLE: ScheduleZBVZeroBubble,
+    PPSchedule.GPIPE: "ScheduleGPipe",
+    PPSchedule.ONE_F_ONE_B: "Schedule1F1B",
+    PPSchedule.INTERLEAVED_1F1B: "ScheduleInterleaved1F1B",
+    PPSchedule.ZERO_BUBBLE: "ScheduleZBVZeroBubble",
 }
 
 
@@ -363,17 +361,9 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
     else:
         loss = TokenLoss(compiled=compiles_loss(training.compile, layout.tp, training.loss_chunks),
                          token_sum=definition.loss_sum)
-    schedule = None
-    if layout.pp > 1:
-        group = mesh["pp"].get_group()
-        stages = [PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, ids, strict=True)]
-        cls = SCHEDULES[cfg.pp_schedule]
-        schedule = cls(stages if cfg.pp_schedule in MULTI_STAGE else stages[0],
-                       n_microbatches=cfg.pp_microbatches, loss_fn=loss, scale_grads=False)
-
     return ParallelModel(
         parts=parts,
-        schedule=schedule,
+        schedule=pipeline_schedule(cfg, parts, ids, n_stages, mesh, device, loss) if layout.pp > 1 else None,
         has_first_stage=0 in ids,
         has_last_stage=n_stages - 1 in ids,
         loss_parallel=layout.tp > 1,
@@ -382,6 +372,18 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         loss=loss,
         tied=tied_across_stages(cfg, definition, parts, ids, mesh) if layout.pp > 1 else [],
     )
+
+
+def pipeline_schedule(cfg: ResolvedConfig, parts: list[nn.Module], ids: list[int], n_stages: int, mesh: Mesh,
+                      device: torch.device, loss: TokenLoss) -> _PipelineSchedule:
+    """The schedule that runs this rank's stages `parts` (stage numbers `ids`) with the other pipeline ranks."""
+    from torch.distributed import pipelining
+
+    group = mesh["pp"].get_group()
+    stages = [pipelining.PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, ids, strict=True)]
+    schedule_class = getattr(pipelining, SCHEDULES[cfg.pp_schedule])
+    return schedule_class(stages if cfg.pp_schedule in MULTI_STAGE else stages[0],
+                          n_microbatches=cfg.pp_microbatches, loss_fn=loss, scale_grads=False)
 
 
 def full_parameters(model: ParallelModel, mesh: Mesh) -> dict[str, torch.Tensor] | None:
