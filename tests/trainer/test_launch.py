@@ -21,7 +21,8 @@ from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
-from tetrad.launch.local import local_command
+from tetrad.launch.local import EXIT_DEADLINE, EXIT_REFUSED, local_command
+from tetrad.launch.workdir import DirectoryLock
 from tetrad.render import render
 from tetrad.render.objects import CONFIG_PATH, LAUNCHER_PATH
 from tetrad.resolve import resolve
@@ -106,6 +107,8 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     assert (tmp_path / "work" / "torchelastic" / "node-0").is_dir()
     assert not list(Path(tempfile.gettempdir()).glob("torchelastic_*/smoke-*"))
     assert rows[0]["startup_s"] > 0 and all(r["startup_s"] == rows[0]["startup_s"] for r in rows)
+    for node in (0, 1):  # the flight recorder is sized through the variable this torch reads, without its warning
+        assert "is deprecated" not in (tmp_path / "work" / f"node-{node}.log").read_text()
 
 
 def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:
@@ -123,9 +126,9 @@ def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> N
     assert time.monotonic() - start < 240
 
 
-def test_an_invalid_job_is_a_config_error_before_anything_starts(tmp_path: Path) -> None:
+def test_an_invalid_job_is_refused_before_anything_starts(tmp_path: Path) -> None:
     job = make_job("invalid", parallelism={"tp": 3})
-    assert run_local(job, steps=None, jsonl=None, workdir=tmp_path / "work") == EXIT_CONFIG_ERROR
+    assert run_local(job, steps=None, jsonl=None, workdir=tmp_path / "work") == EXIT_REFUSED
     assert not (tmp_path / "work").exists()
 
 
@@ -215,7 +218,7 @@ def test_a_signal_stops_every_process_of_the_run_gracefully(tmp_path: Path, sig:
         assert run.proc.wait(timeout=90) == 128 + sig, run.text()
         assert time.monotonic() - start < 60, "the stop took the whole grace period"
         wait_until_gone(run.work, 5)
-        assert "stopped: the nodes exited [75]" in run.output.read_text(), run.text()
+        assert "stopped: every node exited 75 (stopped on SIGTERM" in run.output.read_text(), run.text()
         for node in (0, 1):
             assert "on SIGTERM" in (run.work / f"node-{node}.log").read_text(), run.text()
     finally:
@@ -237,7 +240,10 @@ def test_a_second_ctrl_c_kills_the_run_at_once(tmp_path: Path) -> None:
         assert run.proc.wait(timeout=30) == 130, run.text()
         wait_until_gone(run.work, 5)
         assert time.monotonic() - start < 30
-        assert "SIGKILLed: not every node stopped within the grace" in run.output.read_text(), run.text()
+        out = " ".join(run.output.read_text().split())
+        assert "Signal again (Ctrl-C) to kill them at once, losing what is not saved" in out, run.text()
+        assert "SIGINT again: killed every node without waiting" in out, run.text()
+        assert "SIGKILLed: not every node stopped within the grace" in out, run.text()
     finally:
         run.cleanup()
 
@@ -270,6 +276,121 @@ def test_the_death_of_the_parent_stops_every_process(tmp_path: Path) -> None:
         run.proc.wait()
         wait_until_gone(run.work, 60)
         assert "SIGHUP: stopping every node" in run.output.read_text(), run.text()
-        assert "stopped: the nodes exited [75]" in run.output.read_text(), run.text()
+        assert "stopped: every node exited 75 (stopped on SIGTERM" in run.output.read_text(), run.text()
     finally:
         run.cleanup()
+
+
+# -- what the terminal says, and the files a run may touch (a script stands in for the trainer) -------
+
+STEPS = Path(__file__).parent / "scripts" / "steps.py"
+
+
+def steps_job(name: str, *args: str, **spec: object) -> ParallelTrainingJob:
+    """Two nodes running tests/trainer/scripts/steps.py: no torch in the workers, no preflight gang check."""
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
+           "spec": {"nodes": 2, "nprocPerNode": 1, "script": {"path": str(STEPS), "args": list(args)},
+                    "preflight": {"enabled": False}, "metrics": {"port": free_port_block(2)}, **spec}}
+    job, problems = parse(doc)
+    assert job is not None, problems
+    return job
+
+
+def tetrad_run(job_file: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", str(job_file), *args], stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
+
+
+def write_job(path: Path, job: ParallelTrainingJob) -> Path:
+    path.write_text(job.model_dump_json(by_alias=True, exclude_unset=True))
+    return path
+
+
+def test_json_lines_stream_to_stdout(tmp_path: Path) -> None:
+    """--jsonl /dev/stdout (a pipe here): a stream, written as the lines come, never seeked or truncated."""
+    job = write_job(tmp_path / "job.json", steps_job("stdout", "--steps", "3"))
+    r = tetrad_run(job, "--workdir", str(tmp_path / "work"), "--jsonl", "/dev/stdout")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert [json.loads(line)["step"] for line in r.stdout.splitlines()] == [1, 2, 3]
+    assert "metrics: rank 0's JSON lines go to /dev/stdout" in r.stderr
+
+
+def test_a_second_run_on_a_work_directory_in_use_is_refused_and_the_lock_outlives_a_sigkilled_run(tmp_path: Path) -> None:
+    run = LocalRun(tmp_path, "first", grace=10, job=steps_job("first"))
+    try:
+        run.wait_for_first_step()
+        log, metrics = (run.work / "node-0.log").stat().st_size, (run.work / "metrics.jsonl").read_text()
+        second = tetrad_run(write_job(tmp_path / "second.json", steps_job("second", "--steps", "1")),
+                            "--workdir", str(run.work))
+        assert second.returncode == EXIT_REFUSED, second.stderr
+        launcher = run.proc.pid
+        assert second.stderr == (f"error: --workdir {run.work} is in use by another tetrad run (PID {launcher}); wait for"
+                                 " it to end, stop it, or choose another\n")
+        assert (run.work / "node-0.log").stat().st_size >= log, "the first run's log was not truncated"
+        assert (run.work / "metrics.jsonl").read_text().startswith(metrics), "nor its JSON lines"
+        run.proc.kill()  # SIGKILL: no chance to release anything; its nodes go on and keep the lock
+        run.proc.wait()
+        with pytest.raises(Exception, match="in use by another tetrad run"):
+            DirectoryLock(run.work, "--workdir").acquire()
+    finally:
+        run.cleanup()
+    wait_until_gone(run.work, 10)
+    lock = DirectoryLock(run.work, "--workdir")
+    lock.acquire()  # every process of the run is gone: so is the lock
+    lock.release()
+
+
+def test_after_ctrl_c_the_progress_shows_the_last_step_and_the_stop_is_explained(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    started.mkdir()
+    job = steps_job("late", "--report-at-sigterm", "7", "--started-dir", str(started))
+    run = LocalRun(tmp_path, "late", grace=30, job=job)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(started.iterdir())) < 2:
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.text()
+            time.sleep(0.2)
+        run.proc.send_signal(signal.SIGINT)
+        assert run.proc.wait(timeout=60) == 130, run.text()
+        wait_until_gone(run.work, 5)
+    finally:
+        run.cleanup()
+    out = run.output.read_text()
+    bars = [line for line in out.splitlines() if line.startswith("train")]
+    assert bars and "7/?" in bars[-1] and "starting" not in bars[-1], out  # the step rank 0 reported while stopping
+    text = " ".join(out.split())
+    assert "SIGINT: stopping every node: SIGTERM now, so each finishes its step, saves if checkpointing is on" in text
+    assert "stopped: every node exited 75 (stopped on SIGTERM, after saving if checkpointing is on)" in text, out
+
+
+def test_active_deadline_seconds_stops_the_run_as_the_operator_fails_the_job(tmp_path: Path) -> None:
+    job = write_job(tmp_path / "job.json", steps_job("deadline", runPolicy={"activeDeadlineSeconds": 5,
+                                                                            "terminationGracePeriodSeconds": 30}))
+    start = time.monotonic()
+    r = tetrad_run(job, "--workdir", str(tmp_path / "work"))
+    assert r.returncode == EXIT_DEADLINE, r.stderr
+    text = " ".join(r.stderr.split())
+    assert "spec.runPolicy.activeDeadlineSeconds: 5 s passed: stopping every node" in text, r.stderr
+    assert "stopped: every node exited 75" in text, r.stderr
+    assert time.monotonic() - start < 120
+    assert not processes_mentioning(str(tmp_path / "work"))
+
+
+def test_the_terminal_says_where_training_starts_and_when_there_is_nothing_to_do(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    job = write_job(tmp_path / "job.json", make_job("resume", checkpoint={"enabled": True, "path": str(ckpt),
+                                                                          "interval": 1, "keepLast": 2}))
+    work = str(tmp_path / "work")
+    first = tetrad_run(job, "--workdir", work, "--steps", "2")
+    assert first.returncode == 0, first.stderr
+    assert f"start: step 0 (no checkpoint in {ckpt} yet)" in " ".join(first.stderr.split()), first.stderr
+    again = tetrad_run(job, "--workdir", work, "--steps", "2")
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stderr.split())
+    assert f"start: nothing to do: the checkpoint in {ckpt} is at step 2, at or past the 2 steps to train" in said
+    assert "│ start " in again.stderr and "nothing to do" in again.stderr.split("│ start ")[1].splitlines()[0]
+    more = tetrad_run(job, "--workdir", work, "--steps", "3")
+    assert more.returncode == 0, more.stderr
+    assert f"start: resumed from step 2 (the checkpoint in {ckpt})" in " ".join(more.stderr.split()), more.stderr
+    assert [json.loads(line)["step"] for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()] == [3]

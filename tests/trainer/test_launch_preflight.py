@@ -1,5 +1,6 @@
 """`tetrad run` says in the terminal, before anything starts, what would otherwise only reach node-0.log:
-a GPU job on a machine without the GPUs is refused (exit 78), a busy metrics port is a warning."""
+a GPU job on a machine without the GPUs is refused (exit 1, as any refusal before the start), a busy metrics
+port is a warning."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from tests.trainer.harness import free_port_block
-from tetrad.api.contract import EXIT_CONFIG_ERROR
+from tetrad.launch.local import EXIT_REFUSED
 
 ROOT = Path(__file__).parents[2]
 
@@ -35,8 +36,8 @@ def tetrad_run(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 def test_a_gpu_job_without_gpus_is_refused_in_the_terminal(tmp_path: Path) -> None:
     job = write_job(tmp_path, resources={"gpu": 2}, metrics={"port": free_port_block(2)})
     r = tetrad_run(job, "--workdir", str(tmp_path / "w"), env={"CUDA_VISIBLE_DEVICES": ""})
-    assert r.returncode == EXIT_CONFIG_ERROR, r.stderr
-    assert "spec.resources.gpu: the job needs 2 GPUs here" in r.stderr and "resources.gpu: 0" in r.stderr
+    assert r.returncode == EXIT_REFUSED, r.stderr
+    assert r.stderr.startswith("error: spec.resources.gpu: the job needs 2 GPUs here") and "resources.gpu: 0" in r.stderr
     assert not (tmp_path / "w" / "node-0.log").exists(), "nothing may start"
 
 

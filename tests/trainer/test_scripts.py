@@ -27,7 +27,6 @@ from tetrad.api.contract import (
     ENV_EXIT_DIR,
     ENV_JSONL,
     ENV_METRICS_PORT,
-    ENV_TERMINATION_LOG,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
@@ -69,7 +68,7 @@ def preempt(run: LocalRun) -> None:
     """SIGTERM to `tetrad run`, as a pod's deletion: every node saves and exits 75, nothing is left."""
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
-    assert f"stopped: the nodes exited [{EXIT_PREEMPTED}]" in run.output.read_text(), run.text()
+    assert f"stopped: every node exited {EXIT_PREEMPTED} (stopped on SIGTERM" in run.output.read_text(), run.text()
     wait_until_gone(run.work, 5)
 
 
@@ -107,31 +106,27 @@ def test_each_node_exits_with_its_own_workers_code_and_sees_the_mesh(tmp_path: P
     ({"command": ["no-such-command", "--flag"]}, "spec.script.command: no-such-command is not in the image"),
 ], ids=["path", "module", "command"])
 def test_an_entry_point_not_in_the_image_is_a_config_error_naming_the_field(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: dict[str, Any], message: str) -> None:
-    termination = tmp_path / "termination-log"
-    monkeypatch.setenv(ENV_TERMINATION_LOG, str(termination))
+        tmp_path: Path, entry: dict[str, Any], message: str) -> None:
     work = tmp_path / "work"
+    termination = work / "node-0.termination"  # `tetrad run` gives each node its own
     assert run_local(script_job("missing", entry), workdir=work) == EXIT_CONFIG_ERROR, logs(work)
     left = said(termination)
     assert left.reason == REASON_ENTRY_POINT and left.message is not None and left.message.startswith(message), left
     assert '"preflight"' not in logs(work), "nothing else runs: the gang check comes after the entry point's"
 
 
-def test_an_out_of_memory_error_of_a_script_exits_77_with_its_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    termination = tmp_path / "termination-log"
-    monkeypatch.setenv(ENV_TERMINATION_LOG, str(termination))
+def test_an_out_of_memory_error_of_a_script_exits_77_with_its_message(tmp_path: Path) -> None:
     work = tmp_path / "work"
+    termination = work / "node-0.termination"  # `tetrad run` gives each node its own
     job = script_job("oom", {"path": str(MISBEHAVE), "args": ["--oom-on-rank", "0"]})
     assert run_local(job, workdir=work) == EXIT_OOM, logs(work)
     left = said(termination)
     assert left.reason == REASON_OUT_OF_MEMORY and "Tried to allocate 20.00 GiB (a test's)" in (left.message or "")
 
 
-def test_a_collective_of_a_script_that_times_out_exits_79_naming_the_peer(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    termination = tmp_path / "termination-log"
-    monkeypatch.setenv(ENV_TERMINATION_LOG, str(termination))
+def test_a_collective_of_a_script_that_times_out_exits_79_naming_the_peer(tmp_path: Path) -> None:
     work = tmp_path / "work"
+    termination = work / "node-0.termination"  # `tetrad run` gives each node its own
     job = script_job("hang", {"path": str(MISBEHAVE), "args": ["--hang-rank", "1"]},
                      runPolicy={"collectiveTimeoutSeconds": 10})
     assert run_local(job, workdir=work) == EXIT_COLLECTIVE_TIMEOUT, logs(work)

@@ -179,32 +179,21 @@ def crd() -> None:
 @app.command()
 def run(
     file: Path,
-    steps: int | None = typer.Option(None, min=1, help="Train this many steps instead of spec.training.steps."),
-    jsonl: Path | None = typer.Option(None, help="Also write rank 0's JSON lines here."),
-    workdir: Path | None = typer.Option(None, help="Directory for the resolved config and logs."),
+    steps: int | None = typer.Option(None, min=1, help="Train up to this step instead of spec.training.steps."),
+    jsonl: Path | None = typer.Option(None, help="Also append rank 0's JSON lines to this file (a new file, a JSON-lines "
+                                      "file, or a stream such as /dev/stdout; never the manifest)."),
+    workdir: Path | None = typer.Option(None, help="Work directory for the resolved config, logs and metrics: a new or "
+                                        "empty directory, or one an earlier tetrad run made (default: a new temporary "
+                                        "one). Locked while the run lasts."),
 ) -> None:
-    """Run the job locally, without a cluster: the same environment a pod gets."""
+    """Run the job locally, without a cluster: the same environment a pod gets.
+
+    Exit codes: 0 trained (or nothing left to train: the checkpoint is at the last step); 1 refused before anything started (an invalid or suspended job, missing GPUs, a --workdir or --jsonl it must not write, a work directory or checkpoint path another run holds); 2 a bad command line; 69, 75, 77, 78, 79 or a script's own code: a node exited with it (docs/trainer.md); 124 runPolicy.activeDeadlineSeconds passed and every node was stopped; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP or the death of its parent).
+    """
     from tetrad.launch.local import run_local
 
     job = load_job(file)
-    _check_writable(jsonl, workdir)
-    raise typer.Exit(run_local(job, steps=steps, jsonl=jsonl, workdir=workdir))
-
-
-def _check_writable(jsonl: Path | None, workdir: Path | None) -> None:
-    """Refuse, before anything starts, a --workdir that cannot be a directory or a --jsonl that cannot be a file."""
-    try:
-        if workdir is not None:
-            workdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _fail([f"--workdir {shorten(str(workdir), 200)}: cannot create the directory: {e.strerror or e}"])
-    try:
-        if jsonl is not None:
-            jsonl.parent.mkdir(parents=True, exist_ok=True)
-            with jsonl.open("a"):
-                pass
-    except OSError as e:
-        _fail([f"--jsonl {shorten(str(jsonl), 200)}: cannot write the file: {e.strerror or e}"])
+    raise typer.Exit(run_local(job, steps=steps, jsonl=jsonl, workdir=workdir, manifest=None if file == STDIN else file))
 
 
 @app.command()

@@ -2,8 +2,18 @@
 
 One torchrun agent per node, each a local process with the node's environment from
 `tetrad.render.env.torchrun_env` and the pod's command from `tetrad.render.command` (the same launcher
-zip, written into WORKDIR, with this interpreter), so a job behaves the same here and in Kubernetes. Agents log to WORKDIR/node-N.log; rank 0's JSON lines
-drive a live progress bar and the summary.
+zip, written into WORKDIR, with this interpreter), so a job behaves the same here and in Kubernetes.
+Agents log to WORKDIR/node-N.log and leave their termination message in WORKDIR/node-N.termination;
+rank 0's JSON lines (WORKDIR/metrics.jsonl, copied to --jsonl) drive a live progress bar and the
+summary. The work directory and its locks: tetrad.launch.workdir.
+
+Before anything starts, a run is refused (EXIT_REFUSED, one line per reason) for an invalid job, a
+suspended one (runPolicy.suspend), GPUs this machine lacks, a --workdir or --jsonl it must not write,
+a work directory or checkpoint path another run holds, or a work directory it cannot write. It says
+where training starts: from step 0, or resumed from a checkpoint (rank 0's tetrad_resumed_from_step,
+read from its metrics endpoint while it runs, else from node 0's termination message), and "nothing
+to do" when the checkpoint is at the last step already. runPolicy.activeDeadlineSeconds stops the run
+as the operator fails the job (EXIT_DEADLINE).
 
 Stopping: SIGTERM, SIGHUP and SIGINT, and the death of the process that started `tetrad run`
 (its parent), stop the run as Kubernetes stops a pod: SIGTERM to each node's supervisor (which
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -27,19 +38,39 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, contract
-from tetrad.api.contract import ENV_JSONL, EXIT_CONFIG_ERROR
+from tetrad.api.contract import (
+    ENV_JSONL,
+    ENV_TERMINATION_LOG,
+    EXIT_CONFIG_ERROR,
+    EXIT_PREEMPTED,
+    METRIC_RESUMED_FROM,
+)
+from tetrad.api.problems import counted
+from tetrad.api.termination import TerminationMessage
+from tetrad.launch.workdir import (
+    DirectoryLock,
+    Refused,
+    appends,
+    check_jsonl,
+    checkpoint_lock,
+    claim_workdir,
+    open_jsonl,
+    shown,
+    write_file,
+)
 from tetrad.node.bundle import launcher
+from tetrad.plan.estimate import count_text
 from tetrad.render import names
 from tetrad.render.command import node_command
 from tetrad.render.env import torchrun_env
@@ -49,6 +80,13 @@ from tetrad.resolve import resolve
 MASTER_ADDR = "127.0.0.1"
 FAILED_STOP_GRACE_S = 10.0  # the other nodes of a failed run: nothing to save with a rank gone
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+METRICS_FILE = "metrics.jsonl"  # rank 0's JSON lines in the work directory
+SCRAPE_EVERY_S = 0.5  # how often rank 0's endpoint is asked where it started, until it says
+
+# `tetrad run`'s exit codes (its --help and docs/input.md list them): 0 trained, or nothing left to train;
+# a node's own code (75, 77, 78, 79, 69, a script's) when one failed; 128 + N when stopped by signal N.
+EXIT_REFUSED = 1  # refused before anything started, saying why
+EXIT_DEADLINE = 124  # runPolicy.activeDeadlineSeconds passed: every node was stopped (as timeout(1) exits)
 
 
 def free_port() -> int:
@@ -70,27 +108,39 @@ def visible_gpus() -> int:
     return count if visible is None else min(count, len([d for d in visible.split(",") if d.strip()]))
 
 
-def preflight(cfg: ResolvedConfig) -> tuple[list[str], list[str]]:
-    """Errors and warnings about this machine, said in the terminal before anything starts.
+def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str], list[str]]:
+    """Errors and warnings about this machine and job, said in the terminal before anything starts.
 
     A job asking for GPUs is refused on a machine without enough of them (it would silently train on
-    CPU); a busy metrics port is a warning (that rank trains without its endpoint).
+    CPU), a suspended one as a cluster would hold it; a busy metrics port is a warning (that rank trains
+    without its endpoint).
     """
     errors, warnings = [], []
     if cfg.use_gpu and (have := visible_gpus()) < (need := cfg.world_size):
-        errors.append(f"spec.resources.gpu: the job needs {need} GPUs here ({cfg.nodes} nodes x {cfg.nproc_per_node}),"
-                      f" this machine has {have} visible; set resources.gpu: 0 to train on CPU with gloo")
+        errors.append(f"spec.resources.gpu: the job needs {need} GPUs here ({counted(cfg.nodes, 'node')} x"
+                      f" {cfg.nproc_per_node}), this machine has {have} visible; set resources.gpu: 0 to train on"
+                      " CPU with gloo")
+    if suspended:
+        errors.append("spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
+                      " created); set suspend: false to run it here")
     for node in range(cfg.nodes):
         for local in range(cfg.nproc_per_node):
             port = node_metrics_port(cfg, node) + local
-            with socket.socket() as s:
-                try:
-                    s.bind(("", port))
-                except OSError as e:
-                    warnings.append(f"spec.metrics.port: port {port} is in use ({e.strerror}): rank"
-                                    f" {node * cfg.nproc_per_node + local} trains without its metrics endpoint;"
-                                    " set spec.metrics.port to a free port")
+            if (busy := port_in_use(port)) is not None:
+                warnings.append(f"spec.metrics.port: port {port} is in use ({busy}): rank"
+                                f" {node * cfg.nproc_per_node + local} trains without its metrics endpoint;"
+                                " set spec.metrics.port to a free port")
     return errors, warnings
+
+
+def port_in_use(port: int) -> str | None:
+    """Why `port` cannot be bound here, or None when it is free."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
 
 
 def local_command(cfg: ResolvedConfig, workdir: Path) -> list[str]:
@@ -114,22 +164,93 @@ class Records:
     offset: int = 0
     rows: list[dict[str, Any]] = field(default_factory=list)
 
+    copy: IO[bytes] | None = None  # --jsonl: each complete line is appended there too
+    copy_failed: str | None = None
+
     def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:  # not written yet, or unreadable for now: the next poll tries again
             return []
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
         complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
         self.offset += len(complete)
-        new = [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+        self._copy(complete)
+        new = [row for line in complete.splitlines() if (row := _step_row(line)) is not None]
         self.rows += new
         return new
 
+    def _copy(self, data: bytes) -> None:
+        if self.copy is None or not data or self.copy_failed is not None:
+            return
+        try:
+            self.copy.write(data)
+            self.copy.flush()
+        except OSError as e:  # a full disk, a closed pipe: training goes on, the lines stay in the work directory
+            self.copy_failed = e.strerror or str(e)
+
+
+def _step_row(line: bytes) -> dict[str, Any] | None:
+    """A JSON line of a step (an object with an integer `step`); None for anything else."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def exposed_value(text: str, name: str) -> float | None:
+    """An unlabelled gauge's value in Prometheus exposition text; None when absent or not a number (NaN)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            with contextlib.suppress(ValueError):
+                number = float(value.split()[0])
+                return None if math.isnan(number) else number
+    return None
+
+
+@dataclass
+class ResumedFrom:
+    """Where rank 0 started: the step of the checkpoint it resumed, 0 for a fresh start (tetrad_resumed_from_step),
+    asked of its metrics endpoint while it runs, or read from node 0's termination message once it ended."""
+
+    port: int | None  # rank 0's metrics endpoint; None when it cannot be asked (its port was busy)
+    step: int | None = None
+    _next: float = 0.0
+
+    def poll(self) -> int | None:
+        if self.step is not None or self.port is None or time.monotonic() < self._next:
+            return None
+        self._next = time.monotonic() + SCRAPE_EVERY_S
+        try:
+            with urllib.request.urlopen(f"http://{MASTER_ADDR}:{self.port}/metrics", timeout=1) as answer:
+                text = answer.read().decode(errors="replace")
+        except (OSError, ValueError):  # not listening yet, or gone
+            return None
+        return self._found(exposed_value(text, METRIC_RESUMED_FROM))
+
+    def read_termination(self, path: Path) -> int | None:
+        if self.step is not None:
+            return None
+        try:
+            figures = TerminationMessage.parse(path.read_text(errors="replace")).figures
+        except OSError:
+            return None
+        return self._found(exposed_value(figures or "", METRIC_RESUMED_FROM))
+
+    def _found(self, value: float | None) -> int | None:
+        if value is None:
+            return None
+        self.step = int(value)
+        return self.step
+
 
 def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path, *, rdzv_timeout: int,
-                 shutdown_timeout: int) -> list[Agent]:
-    """One torchrun agent per node, each in its own session so it can be stopped as a group."""
+                 shutdown_timeout: int, locks: tuple[int, ...] = ()) -> list[Agent]:
+    """One torchrun agent per node, each in its own session so it can be stopped as a group. Each inherits
+    the run's lock descriptors (`locks`): the run's directories stay locked while any node lives."""
     master_port = free_port()
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
     agents = []
@@ -144,15 +265,20 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
                            metrics_port=node_metrics_port(cfg, node)),
             # torchrun's per-run log tree (by default a torchelastic_* directory left in /tmp).
             "PET_LOG_DIR": str(workdir / "torchelastic" / f"node-{node}"),
+            ENV_TERMINATION_LOG: str(termination_path(workdir, node)),
         }
         if node == 0:
             env[ENV_JSONL] = str(jsonl)
         log = workdir / f"node-{node}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen(local_command(cfg, workdir), env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(local_command(cfg, workdir), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=locks)
         agents.append(Agent(node, proc, log))
     return agents
+
+
+def termination_path(workdir: Path, node: int) -> Path:
+    return workdir / f"node-{node}.termination"
 
 
 def _descendants(roots: list[int]) -> list[int]:
@@ -242,15 +368,33 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(known) if known else None
 
 
-def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jsonl: Path, workdir: Path) -> Table:
+def where_it_started(cfg: ResolvedConfig, resumed: int | None) -> str | None:
+    """The summary's and the terminal's word on the first step: resumed, fresh, or nothing left to train."""
+    if cfg.script is not None:
+        return None  # a script resumes as it sees fit
+    ckpt = cfg.checkpoint
+    if resumed is None:
+        return None if ckpt.enabled and ckpt.resume else "step 0 (checkpointing is off)" if not ckpt.enabled else \
+            "step 0 (checkpoint.resume is false)"
+    if resumed >= cfg.training.steps:
+        return (f"nothing to do: the checkpoint in {ckpt.path} is at step {resumed}, at or past the"
+                f" {cfg.training.steps} steps to train; raise --steps (or training.steps) to train on")
+    return f"resumed from step {resumed} (the checkpoint in {ckpt.path})" if resumed else \
+        f"step 0 (no checkpoint in {ckpt.path} yet)"
+
+
+def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, records: Records, workdir: Path,
+             started: str | None, jsonl: Path | None) -> Table:
     table = Table(title=f"tetrad run: {cfg.job_name}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("mesh", f"{cfg.layout.label()} ({cfg.nodes} nodes x {cfg.nproc_per_node} processes)")
+    table.add_row("mesh", f"{cfg.layout.label()} ({counted(cfg.nodes, 'node')} x {counted(cfg.nproc_per_node, 'process')})")
     if cfg.model is not None:
-        table.add_row("model", f"{cfg.model.name}, {cfg.model.num_params() / 1e6:.1f}M parameters")
+        table.add_row("model", f"{cfg.model.name}, {count_text(cfg.model.num_params())} parameters")
     if cfg.script is not None:
         table.add_row("script", cfg.script.describe())
+    if started is not None:
+        table.add_row("start", started)
     if rows:
         steady = rows[1:] or rows  # the first step includes warm-up (lazy init, shape inference)
         table.add_row("steps", f"{rows[-1]['step']}" + (f" / {cfg.training.steps}" if cfg.script is None else ""))
@@ -262,13 +406,26 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, jso
             table.add_row("MFU", f"{mfu:.2%}  ({_median(steady, 'tflops') or 0:.3g} TFLOPS per device)")
         if (step_time := _median(steady, "step_time_s")) is not None:
             table.add_row("step time", f"{step_time:.3f} s (median)")
-        table.add_row("peak memory", f"{max(r['peak_memory_bytes'] for r in rows) / 2**30:.2f} GiB (rank 0)")
-        if rows[0].get("startup_s") is not None:
+        if peaks := [r["peak_memory_bytes"] for r in rows if isinstance(r.get("peak_memory_bytes"), int | float)]:
+            table.add_row("peak memory", f"{max(peaks) / 2**30:.2f} GiB (rank 0)")
+        if isinstance(rows[0].get("startup_s"), int | float):
             table.add_row("start-up", f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
     table.add_row("wall time", f"{wall_s:.1f} s")
-    table.add_row("metrics", str(jsonl))
+    copied = "" if jsonl is None else f", appended to {jsonl}" + (
+        f" until it failed: {records.copy_failed}" if records.copy_failed else "")
+    table.add_row("metrics", f"{records.path}{copied}")
     table.add_row("logs", str(workdir))
     return table
+
+
+def describe_exit(code: int) -> str:
+    """A node's exit status in words: 75 `stopped on SIGTERM`, -15 `killed by SIGTERM`, ..."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        return f"{code} (killed by signal {-code})"
+    return {0: "0 (finished)", EXIT_PREEMPTED: f"{EXIT_PREEMPTED} (stopped on SIGTERM, after saving if checkpointing is on)",
+            EXIT_CONFIG_ERROR: f"{EXIT_CONFIG_ERROR} (a config error)"}.get(code, str(code))
 
 
 # The lines of a node's log that say why it failed: the trainer's own errors, the last line of each
@@ -286,81 +443,140 @@ def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
 
 
 def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path | None = None,
-              workdir: Path | None = None) -> int:
-    """Run job on this machine; returns 0 on success, the failing node's exit code, or 128 + N when
-    stopped by signal N (130 on Ctrl-C; the parent's death counts as SIGHUP, 129)."""
+              workdir: Path | None = None, manifest: Path | None = None) -> int:
+    """Run job on this machine. Returns 0 when it trained (or had nothing left to train), EXIT_REFUSED
+    when it could not start (said on stderr), the failing node's exit code, EXIT_DEADLINE when
+    activeDeadlineSeconds stopped it, or 128 + N when stopped by signal N (130 on Ctrl-C; the parent's
+    death counts as SIGHUP, 129). `manifest` is the file the job came from, never written to."""
     console = Console(stderr=True, highlight=False)
+    locks: list[DirectoryLock] = []
     try:
         cfg = resolve(job)
-    except InvalidJob as e:
-        for problem in e.problems:
-            console.print(f"[red]error[/red] {problem}")
-        return EXIT_CONFIG_ERROR
-    if steps is not None:
-        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": steps})})
-    errors, warnings = preflight(cfg)
-    for line in warnings:
-        console.print(f"[yellow]warning[/yellow] {line}", soft_wrap=True)
-    if errors:
-        for line in errors:
-            console.print(f"[red]error[/red] {line}", soft_wrap=True)
-        return EXIT_CONFIG_ERROR
+        if steps is not None:
+            cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": steps})})
+        errors, warnings = preflight(cfg, suspended=job.spec.run_policy.suspend)
+        for line in warnings:
+            console.print(f"warning: {line}", markup=False, soft_wrap=True)
+        if errors:
+            raise Refused(*errors)
+        if jsonl is not None:
+            check_jsonl(jsonl, workdir=workdir, manifest=manifest)
+        workdir = claim_workdir(workdir, cfg.job_name)
+        locks.append(DirectoryLock(workdir, f"--workdir {shown(workdir)}"))
+        if cfg.checkpoint.enabled and (ckpt := checkpoint_lock(cfg.checkpoint.path, workdir)) is not None:
+            locks.append(ckpt)
+        for lock in locks:
+            lock.acquire()
+        appending = jsonl is not None and appends(jsonl)
+        copy = open_jsonl(jsonl) if jsonl is not None else None
+        write_file(workdir, contract.CONFIG_FILE, cfg.to_json().encode())
+        write_file(workdir, contract.LAUNCHER_FILE, launcher())
+        write_file(workdir, METRICS_FILE, b"")
+        for node in range(cfg.nodes):
+            termination_path(workdir, node).unlink(missing_ok=True)  # the last run's word is not this one's
+    except (InvalidJob, Refused) as e:
+        for lock in locks:
+            lock.release()
+        lines = [str(p) for p in e.problems] if isinstance(e, InvalidJob) else e.lines
+        for line in lines:
+            console.print(f"error: {line}", markup=False, soft_wrap=True)
+        return EXIT_REFUSED
+    try:
+        return _run(job, cfg, console, workdir, Records(workdir / METRICS_FILE, copy=copy), jsonl, appending,
+                    tuple(lock.fd for lock in locks))
+    finally:
+        if copy is not None:
+            with contextlib.suppress(OSError):
+                copy.close()
+        for lock in locks:
+            lock.release()
 
-    workdir = Path(tempfile.mkdtemp(prefix=f"tetrad-{cfg.job_name}-")) if workdir is None else workdir
-    workdir.mkdir(parents=True, exist_ok=True)
-    config_path = workdir / contract.CONFIG_FILE
-    config_path.write_text(cfg.to_json())
-    (workdir / contract.LAUNCHER_FILE).write_bytes(launcher())
-    jsonl = jsonl if jsonl is not None else workdir / "metrics.jsonl"
-    jsonl.parent.mkdir(parents=True, exist_ok=True)
-    jsonl.write_text("")
-    records = Records(jsonl)
 
+def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdir: Path, records: Records,
+         jsonl: Path | None, appending: bool, locks: tuple[int, ...]) -> int:
     steps = None if cfg.script is not None else cfg.training.steps  # a script's steps are its own
     what = f"{steps} steps" if steps is not None else f"script {cfg.script.describe() if cfg.script else ''}"
-    console.print(f"tetrad run: {cfg.job_name}: {cfg.nodes} node(s) x {cfg.nproc_per_node} process(es),"
-                  f" mesh {cfg.layout.label()}, {what}; logs in {workdir}")
+    console.print(f"tetrad run: {cfg.job_name}: {counted(cfg.nodes, 'node')} x {counted(cfg.nproc_per_node, 'process')},"
+                  f" mesh {cfg.layout.label()}, {what}; logs in {workdir}", markup=False)
+    if jsonl is not None:
+        console.print(f"metrics: rank 0's JSON lines {'appended to the lines already in' if appending else 'go to'}"
+                      f" {jsonl}", markup=False)
+    if (started := where_it_started(cfg, None)) is not None:
+        console.print(f"start: {started}", markup=False)
+    resumed = ResumedFrom(None if cfg.script is not None or port_in_use(node_metrics_port(cfg, 0)) else
+                          node_metrics_port(cfg, 0))
     start = time.monotonic()
-    grace = job.spec.run_policy.termination_grace_period_seconds
+    policy = job.spec.run_policy
+    grace, deadline = policy.termination_grace_period_seconds, policy.active_deadline_seconds
     failed: Agent | None = None
     code = 0
     progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
                         TimeElapsedColumn(), console=console, transient=False)
-    with StopSignals() as signals:
-        agents = start_agents(cfg, config_path, workdir, jsonl, rdzv_timeout=job.spec.rendezvous.timeout_seconds,
-                              shutdown_timeout=shutdown_timeout(job.spec))
+    task = progress.add_task("starting", total=steps)
+
+    def show(rows: list[dict[str, Any]]) -> None:
+        if (step := resumed.poll()) is not None and (said := where_it_started(cfg, step)) is not None:
+            console.print(f"start: {said}", markup=False)
+            progress.update(task, completed=min(step, steps or step), description=said.split(" (")[0])
+        for row in rows:
+            progress.update(task, completed=row["step"], description=progress_line(row))
+
+    with StopSignals() as signals, progress:
+        agents = start_agents(cfg, workdir / contract.CONFIG_FILE, workdir, records.path,
+                              rdzv_timeout=job.spec.rendezvous.timeout_seconds,
+                              shutdown_timeout=shutdown_timeout(job.spec), locks=locks)
         try:
-            with progress:
-                task = progress.add_task("starting", total=steps)
-                while not signals.poll():
-                    for row in records.poll():
-                        progress.update(task, completed=row["step"], description=progress_line(row))
-                    codes = [a.proc.poll() for a in agents]
-                    failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
-                    if failed is not None or all(c == 0 for c in codes):
-                        break
-                    time.sleep(0.2)
+            while not signals.poll():
+                show(records.poll())
+                codes = [a.proc.poll() for a in agents]
+                failed = next((a for a, c in zip(agents, codes, strict=True) if c not in (None, 0)), None)
+                if failed is not None or all(c == 0 for c in codes):
+                    break
+                if deadline is not None and time.monotonic() - start > deadline:
+                    code = EXIT_DEADLINE
+                    break
+                time.sleep(0.2)
         finally:
             if signals.poll():
                 sig = signals.received[0]
                 code, failed = 128 + sig, None
-                console.print(f"[yellow]{sig.name}: stopping every node (SIGTERM, then SIGKILL after the"
-                              f" {grace} s grace period; signal again to skip it)[/yellow]")
+                console.print(f"{sig.name}: stopping every node: SIGTERM now, so each finishes its step, saves if"
+                              f" checkpointing is on and exits; SIGKILL after the {grace} s grace period"
+                              " (runPolicy.terminationGracePeriodSeconds). Signal again (Ctrl-C) to kill them at once,"
+                              " losing what is not saved", markup=False, soft_wrap=True)
                 clean = stop_agents(agents, grace, signals)
-                exits = sorted({a.proc.returncode for a in agents})
-                console.print(f"[yellow]stopped: the nodes exited {exits}"
-                              + ("" if clean else " (SIGKILLed: not every node stopped within the grace)")
-                              + (f"; exit {contract.EXIT_PREEMPTED} means saved" if contract.EXIT_PREEMPTED in exits else "")
-                              + "[/yellow]")
+                if len(signals.received) > 1:
+                    console.print(f"{signals.received[1].name} again: killed every node without waiting", markup=False)
+                console.print(_stopped(agents, clean), markup=False, soft_wrap=True)
+            elif code == EXIT_DEADLINE:
+                failed = None
+                console.print(f"spec.runPolicy.activeDeadlineSeconds: {deadline} s passed: stopping every node"
+                              f" (SIGTERM, SIGKILL after the {grace} s grace period), as the operator fails the job",
+                              markup=False, soft_wrap=True)
+                console.print(_stopped(agents, stop_agents(agents, grace, signals)), markup=False, soft_wrap=True)
             else:
                 stop_agents(agents, FAILED_STOP_GRACE_S)
-        records.poll()
+            show(records.poll())
+            resumed.read_termination(termination_path(workdir, 0))
+            show([])
+    started = where_it_started(cfg, resumed.step)
     if failed is not None:
         rc = failed.proc.returncode
         code = rc if rc > 0 else 128 - rc  # -N: killed by signal N
         reason = " (a config error: the job cannot run as written)" if code == EXIT_CONFIG_ERROR else ""
-        console.print(f"[red]node {failed.node} exited with code {code}{reason}; the other nodes were stopped."
-                      f" From {failed.log}:[/red]")
+        console.print(f"node {failed.node} exited with code {code}{reason}; the other nodes were stopped."
+                      f" From {failed.log}:", style="red", markup=False)
         console.print(failure_excerpt(failed.log), markup=False)
-    console.print(_summary(cfg, records.rows, time.monotonic() - start, jsonl, workdir))
+    if records.copy_failed is not None:
+        console.print(f"warning: --jsonl {jsonl}: writing failed ({records.copy_failed}); every line is in"
+                      f" {records.path}", markup=False, soft_wrap=True)
+    console.print(_summary(cfg, records.rows, time.monotonic() - start, records, workdir, started, jsonl))
     return code
+
+
+def _stopped(agents: list[Agent], clean: bool) -> str:
+    """`stopped: every node exited 75 (stopped on SIGTERM, ...)`, or each node's exit when they differ."""
+    codes = {a.proc.returncode for a in agents}
+    exits = (f"every node exited {describe_exit(codes.pop())}" if len(codes) == 1 else
+             ", ".join(f"node {a.node} {describe_exit(a.proc.returncode)}" for a in agents))
+    return f"stopped: {exits}" + ("" if clean else " (SIGKILLed: not every node stopped within the grace period)")

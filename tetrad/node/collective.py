@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from datetime import timedelta
@@ -45,10 +46,10 @@ def configure(timeout_s: int) -> timedelta:
     """Before the process group exists: the flight recorder on, NCCL's dump on timeout into the exit
     directory, and `timeout_s` as the default of every process group created from now on (the mesh's,
     its flattened views', the preemption and checkpoint groups'), not only the world's."""
+    import torch
     import torch.distributed.distributed_c10d as c10d
 
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
-    os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    os.environ.setdefault(flight_recorder_variable(torch.__version__), FLIGHT_RECORDER_ENTRIES)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if exit_dir := os.environ.get(ENV_EXIT_DIR):
         os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(Path(exit_dir) / DUMP_PREFIX))
@@ -57,6 +58,13 @@ def configure(timeout_s: int) -> timedelta:
     c10d.default_pg_timeout = timeout
     c10d.default_pg_nccl_timeout = timeout  # type: ignore[attr-defined]
     return timeout
+
+
+def flight_recorder_variable(torch_version: str) -> str:
+    """The variable that sizes the flight recorder: torch 2.8 renamed it, and warns on every rank (twice)
+    for the old name, which a script's older torch still needs."""
+    major, minor = (int(part) for part in re.findall(r"\d+", torch_version)[:2])
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 8) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 
 def is_timeout(error: BaseException) -> bool:
