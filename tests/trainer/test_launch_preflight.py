@@ -1,6 +1,6 @@
 """`tetrad run` says in the terminal, before anything starts, what would otherwise only reach node-0.log:
 a GPU job on a machine without the GPUs is refused (exit 1, as any refusal before the start), a busy metrics
-port is a warning."""
+port is a warning, and so is bf16 on a CPU without a fast bf16 matmul (tetrad.node.cpu)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 
 from tests.trainer.harness import free_port_block
 from tetrad.launch.local import EXIT_REFUSED
+from tetrad.node.cpu import cpu_flags, slow_bf16_warning
 
 ROOT = Path(__file__).parents[2]
 
@@ -52,3 +53,21 @@ def test_a_busy_metrics_port_is_a_warning_in_the_terminal(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     assert f"spec.metrics.port: port {port + 1} is in use" in r.stderr and "rank 1 trains without" in r.stderr
     assert f"port {port} is" not in r.stderr
+    # The job trains in bf16 on the CPU: said in the terminal and in rank 0's log exactly when this CPU is slow at it.
+    slow = slow_bf16_warning()
+    assert (slow is not None) == ("spec.training.precision: bf16 on this CPU" in r.stderr), r.stderr
+    assert (slow is not None) == (f"warning: {slow}" in (tmp_path / "w" / "node-0.log").read_text())
+
+
+AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+AVX512 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_bf16\n"
+
+
+def test_bf16_is_slow_on_an_x86_cpu_without_avx512_and_nowhere_this_cannot_tell() -> None:
+    assert cpu_flags(AVX2) == {"fpu", "sse2", "avx", "avx2", "fma"}
+    warning = slow_bf16_warning("x86_64", AVX2)
+    assert warning is not None and "training.precision: fp32" in warning
+    assert slow_bf16_warning("x86_64", AVX512) is None
+    assert slow_bf16_warning("x86_64", AVX512.replace(" avx512bw", "")) is not None  # oneDNN needs all four
+    assert slow_bf16_warning("aarch64", AVX2) is None  # not x86: no claim
+    assert slow_bf16_warning("x86_64", "processor\t: 0\n") is None  # no flags line: no claim

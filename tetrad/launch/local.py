@@ -57,6 +57,7 @@ from tetrad.api.contract import (
     METRIC_RESUMED_FROM,
 )
 from tetrad.api.problems import counted
+from tetrad.api.spec import Precision
 from tetrad.api.termination import TerminationMessage
 from tetrad.launch.workdir import (
     DirectoryLock,
@@ -70,6 +71,7 @@ from tetrad.launch.workdir import (
     write_file,
 )
 from tetrad.node.bundle import launcher
+from tetrad.node.cpu import slow_bf16_warning
 from tetrad.plan.estimate import count_text
 from tetrad.render import names
 from tetrad.render.command import node_command
@@ -123,6 +125,8 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
     if suspended:
         errors.append("spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
                       " created); set suspend: false to run it here")
+    if not cfg.use_gpu and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
+        warnings.append(slow)
     for node in range(cfg.nodes):
         for local in range(cfg.nproc_per_node):
             port = node_metrics_port(cfg, node) + local

@@ -48,8 +48,10 @@ from tetrad.api.contract import (
     REASON_OUT_OF_MEMORY,
 )
 from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.spec import Precision
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import collective, exits, gang
+from tetrad.node.cpu import slow_bf16_warning
 from tetrad.node.environment import NodeEnv
 from tetrad.node.process import die_with_parent
 from tetrad_trainer import faults
@@ -127,6 +129,8 @@ class Trainer:
             log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type} processes,"
                 f" model {m.name} ({definition.num_params(m) / 1e6:.1f}M params), {cfg.training.steps} steps;"
                 f" MFU peak {self.peak_tflops:.3g} TFLOPS ({peak_source})")
+            if device.type == "cpu" and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
+                log(f"warning: {slow}")
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:
