@@ -237,19 +237,27 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
 
 
 def check_host_memory(spec: ParallelTrainingJobSpec, est: Estimate, problems: list[Problem]) -> None:
-    """Under CPU offload the pod's memory limit must hold what every process keeps on the host."""
-    if not est.host_bytes or spec.resources.memory is None:
+    """The pod's memory limit must hold what its processes keep in host memory by the planner's estimate:
+    on CPU their whole training state and activations, under CPU offload the offloaded state. The
+    estimate leaves out torch's own memory (about half a GiB a process), so a job refused here cannot fit."""
+    cpu = spec.resources.gpu == 0
+    per_process = est.host_bytes + (est.peak_bytes if cpu else 0.0)
+    if not per_process or spec.resources.memory is None:
         return
     try:
         limit = float(parse_quantity(spec.resources.memory))
     except ValueError:
         return  # check_other names the bad quantity
-    need = est.host_bytes * spec.nproc_per_node
-    if need > limit:
-        problems.append(Problem("spec.resources.memory", (
-            f"offload=cpu keeps {need / GiB:.1f} GiB of sharded parameters, gradients and AdamW state in host memory"
-            f" per pod ({spec.nproc_per_node} processes x {est.host_bytes / GiB:.1f} GiB), above memory="
-            f"{spec.resources.memory}; raise resources.memory above {need / GiB:.0f}Gi, add nodes or set offload: none")))
+    need = per_process * spec.nproc_per_node
+    if need <= limit:
+        return
+    held = ("keeps its parameters, gradients, AdamW state and activations in host memory (a CPU job)" if cpu else
+            "offload=cpu keeps its sharded parameters, gradients and AdamW state in host memory")
+    fixes = "add nodes, use a smaller model or batch" if cpu else "add nodes or set offload: none"
+    problems.append(Problem("spec.resources.memory", (
+        f"each process {held}: {per_process / GiB:.1f} GiB by the planner's estimate, {need / GiB:.1f} GiB per pod"
+        f" ({spec.nproc_per_node} processes), above memory={spec.resources.memory}, where the kernel's OOM killer"
+        f" would end them; raise resources.memory above {math.ceil(need / GiB)}Gi, {fixes}")))
 
 
 @dataclass

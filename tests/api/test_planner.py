@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
 from tests.api.helpers import manifest
@@ -269,9 +271,39 @@ def test_offload_fits_a_model_whose_sharded_state_does_not_and_the_pod_must_hold
     job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "512Gi"}}))
     problems = [p for p in check_spec(job.spec).problems if p.severity == "error"]
     assert [p.field for p in problems] == ["spec.resources.memory"]
-    assert "GiB of sharded parameters, gradients and AdamW state in host memory per pod (8 processes x" in problems[0].message
+    assert "offload=cpu keeps its sharded parameters, gradients and AdamW state in host memory" in problems[0].message
+    assert "GiB per pod (8 processes), above memory=512Gi" in problems[0].message
     job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "2Ti"}}))
     assert check_spec(job.spec).ok
+
+
+@pytest.mark.parametrize(("preset", "nproc", "memory"), [("llama3-1b", 1, "3Gi"), ("llama3-405b", 8, "1Ti")])
+def test_a_cpu_job_whose_processes_cannot_fit_the_pods_memory_is_refused(preset, nproc, memory):
+    """On CPU the training state and activations live in host memory: the kernel's OOM killer would end the workers."""
+    spec = {"nodes": 1, "nprocPerNode": nproc, "parallelism": {"dpShard": nproc, "tp": 1, "pp": 1, "cp": 1},
+            "model": {"preset": preset, "seqLen": 512},
+            "training": {"globalBatch": nproc}, "resources": {"memory": memory}}
+    job, problems = parse(manifest(**spec))
+    assert job is not None, problems
+    checked = check_spec(job.spec)
+    errors_ = [p for p in checked.problems if p.severity == "error"]
+    assert [p.field for p in errors_] == ["spec.resources.memory"], checked.problems
+    message = errors_[0].message
+    assert "keeps its parameters, gradients, AdamW state and activations in host memory (a CPU job)" in message
+    assert f"above memory={memory}, where the kernel's OOM killer would end them; raise resources.memory above" in message
+    per_pod = float(message.split(" GiB per pod")[0].rsplit(" ", 1)[1])
+    raised = {**spec, "resources": {"memory": f"{math.ceil(per_pod) + 1}Gi"}}
+    job, _ = parse(manifest(**raised))
+    assert check_spec(job.spec).ok, "the memory the message names is enough"
+
+
+def test_the_examples_cpu_jobs_fit_their_pods_memory():
+    for path in sorted((Path(__file__).parents[2] / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "ParallelTrainingJob":
+                job, _ = parse(doc)
+                if job is not None:
+                    assert not [p for p in check_spec(job.spec).problems if p.field == "spec.resources.memory"], path
 
 
 def test_the_guide_quotes_the_plan_for_zero2_and_offload():

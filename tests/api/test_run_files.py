@@ -27,6 +27,7 @@ from tetrad.launch.local import (
     Records,
     ResumedFrom,
     describe_exit,
+    host_memory_shortfall,
     where_it_started,
 )
 from tetrad.launch.workdir import LOCK, MARKER, DirectoryLock, Refused, claim_workdir
@@ -89,6 +90,21 @@ def test_a_suspended_job_is_refused_as_a_cluster_would_hold_it(tmp_path):
     assert out == ("error: spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
                    " created); set suspend: false to run it here\n")
     assert not (tmp_path / "w").exists()
+
+
+def test_a_cpu_job_that_cannot_fit_this_machines_memory_is_refused(tmp_path):
+    """llama3-8b on one CPU process: about 16 bytes a parameter before activations, far above any laptop."""
+    job = job_file(tmp_path, model={"preset": "llama3-8b", "seqLen": 256})
+    code, out = cli(str(job), "--workdir", str(tmp_path / "w"))
+    assert code == EXIT_REFUSED and out.count("\n") == 1, out
+    assert out.startswith("error: spec.resources.memory: the job keeps") and "(1 process x" in out and "OOM killer" in out, out
+    assert nothing_started(tmp_path / "w")
+    job, _ = parse(yaml.safe_load(job.read_text()))
+    cfg = resolve(job)
+    need = cfg.predicted_peak_bytes
+    assert need is not None and need > 16 * 8e9
+    assert host_memory_shortfall(cfg, int(need) + 1) is None  # it fits a machine just big enough
+    assert host_memory_shortfall(cfg, None) is None  # a machine that cannot tell is not refused
 
 
 def test_refusals_share_one_format_and_exit_code(tmp_path, monkeypatch):

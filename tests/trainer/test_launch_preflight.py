@@ -1,6 +1,6 @@
 """`tetrad run` says in the terminal, before anything starts, what would otherwise only reach node-0.log:
 a GPU job on a machine without the GPUs is refused (exit 1, as any refusal before the start), a busy metrics
-port is a warning, and so is bf16 on a CPU without a fast bf16 matmul (tetrad.node.cpu)."""
+port is a warning, and so is bf16 on a CPU without a fast bf16 matmul (tetrad.node.host)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from tests.trainer.harness import free_port_block
 from tetrad.launch.local import EXIT_REFUSED
-from tetrad.node.cpu import cpu_flags, slow_bf16_warning
+from tetrad.node.host import cpu_flags, slow_bf16_warning
 
 ROOT = Path(__file__).parents[2]
 

@@ -110,6 +110,7 @@ TERMINATION_FIGURES: Final = "figures"
 REASON_ENTRY_POINT: Final = "EntryPointNotFound"  # spec.script's path, module or command is not in the image (78)
 REASON_CONFIG: Final = "ConfigError"  # the config cannot run (78)
 REASON_OUT_OF_MEMORY: Final = "DeviceOutOfMemory"  # (77)
+REASON_HOST_OUT_OF_MEMORY: Final = "HostOutOfMemory"  # the kernel's OOM killer ended a worker (77)
 REASON_CONTRACT: Final = "ContractMismatch"  # the runtime library does not speak this contract's version (78)
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them

@@ -71,8 +71,8 @@ from tetrad.launch.workdir import (
     write_file,
 )
 from tetrad.node.bundle import launcher
-from tetrad.node.cpu import slow_bf16_warning
-from tetrad.plan.estimate import count_text
+from tetrad.node.host import memory_bytes, slow_bf16_warning
+from tetrad.plan.estimate import GiB, count_text
 from tetrad.render import names
 from tetrad.render.command import node_command
 from tetrad.render.env import torchrun_env
@@ -125,6 +125,8 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
     if suspended:
         errors.append("spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
                       " created); set suspend: false to run it here")
+    if not cfg.use_gpu and (short := host_memory_shortfall(cfg, memory_bytes())) is not None:
+        errors.append(short)
     if not cfg.use_gpu and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
         warnings.append(slow)
     for node in range(cfg.nodes):
@@ -135,6 +137,20 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
                                 f" {node * cfg.nproc_per_node + local} trains without its metrics endpoint;"
                                 " set spec.metrics.port to a free port")
     return errors, warnings
+
+
+def host_memory_shortfall(cfg: ResolvedConfig, machine_bytes: int | None) -> str | None:
+    """A CPU job's every process on this machine, by the planner's estimate, against its memory; None when it fits
+    or cannot be told. The estimate leaves out torch's own memory, so a job refused here cannot run."""
+    if cfg.predicted_peak_bytes is None or machine_bytes is None:
+        return None
+    need = cfg.predicted_peak_bytes * cfg.world_size
+    if need <= machine_bytes:
+        return None
+    return (f"spec.resources.memory: the job keeps {need / GiB:.1f} GiB of training state and activations in host"
+            f" memory by the planner's estimate ({counted(cfg.world_size, 'process')} x"
+            f" {cfg.predicted_peak_bytes / GiB:.1f} GiB), more than this machine's {machine_bytes / GiB:.1f} GiB: the"
+            " kernel's OOM killer would end its processes; use a smaller model, batch or seqLen, or a cluster")
 
 
 def port_in_use(port: int) -> str | None:
@@ -434,7 +450,7 @@ def describe_exit(code: int) -> str:
 
 # The lines of a node's log that say why it failed: the trainer's own errors, the last line of each
 # worker traceback (torchrun prefixes them with [rankN]:), and torchrun's exit-code summary.
-_CAUSE = re.compile(r"^\[tetrad rank \d+\] .*error|^\[rank\d+\]: [\w.]*(Error|Exception)\b|^\s*exitcode\s*:", re.IGNORECASE)
+_CAUSE = re.compile(r"^\[tetrad(?: rank \d+)?\] .*error|^\[rank\d+\]: [\w.]*(Error|Exception)\b|^\s*exitcode\s*:", re.IGNORECASE)
 
 
 def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
@@ -459,8 +475,6 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
         if steps is not None:
             cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": steps})})
         errors, warnings = preflight(cfg, suspended=job.spec.run_policy.suspend)
-        for line in warnings:
-            console.print(f"warning: {line}", markup=False, soft_wrap=True)
         if errors:
             raise Refused(*errors)
         if jsonl is not None:
@@ -485,6 +499,8 @@ def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path
         for line in lines:
             console.print(f"error: {line}", markup=False, soft_wrap=True)
         return EXIT_REFUSED
+    for line in warnings:  # for a run that starts; a refused one hears only why
+        console.print(f"warning: {line}", markup=False, soft_wrap=True)
     try:
         return _run(job, cfg, console, workdir, Records(workdir / METRICS_FILE, copy=copy), jsonl, appending,
                     tuple(lock.fd for lock in locks))

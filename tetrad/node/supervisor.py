@@ -6,7 +6,8 @@ and its workers reported in the exit directory (tetrad.node.exits) into the node
 pod's termination message (tetrad.api.termination), which it alone writes. torchrun alone exits 1 for
 any worker failure; the node exits with the workers' own code instead: 75 when every local worker
 reported 75 (preempted, saved), 78, 77, 69 or 79 when any worker reported it, a worker's own non-zero
-code, torchrun's code otherwise.
+code, torchrun's code otherwise; 77 when the kernel's OOM killer ended a worker that said nothing
+(tetrad.node.oom_killer).
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from tetrad.api.contract import ENV_EXIT_DIR, EXIT_COLLECTIVE_TIMEOUT, EXIT_PREFLIGHT
+from tetrad.api.contract import (
+    ENV_EXIT_DIR,
+    EXIT_COLLECTIVE_TIMEOUT,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    REASON_HOST_OUT_OF_MEMORY,
+)
 from tetrad.api.termination import TerminationMessage
-from tetrad.node import checks, collective, exits
+from tetrad.node import checks, collective, exits, oom_killer
 from tetrad.node.environment import NodeEnv
 from tetrad.node.process import run_forwarding
 from tetrad.node.rendezvous import wait_for_master
@@ -54,6 +63,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     signals forwarded; return the node's exit code."""
     if (failed := before_torchrun(env)) is not None:
         return failed
+    kills = oom_killer.oom_kills()
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         directory = Path(exit_dir)
         code = run_forwarding(command, {**os.environ, ENV_EXIT_DIR: exit_dir})
@@ -69,5 +79,18 @@ def supervise(command: list[str], env: NodeEnv) -> int:
         print(f"[tetrad] torchrun exited {code}; the workers reported {sorted(set(codes))}: exiting {final}",
               file=sys.stderr, flush=True)
     first_timeout = timeouts[min(timeouts)] if timeouts else None
-    write_termination_message(exits.compose(messages, first_timeout), env)
+    message = exits.compose(messages, first_timeout)
+    said_why = any(c in exits.NODE_CAUSES for c in codes)
+    if final not in (0, EXIT_PREEMPTED) and not said_why and (killed := oom_killer.killed_since(kills)):
+        why = out_of_host_memory(killed, kills[1] if kills else None)
+        print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
+        final, message = EXIT_OOM, replace(message, reason=REASON_HOST_OUT_OF_MEMORY, message=why)
+    write_termination_message(message, env)
     return final
+
+
+def out_of_host_memory(killed: int, counter: Path | None) -> str:
+    where = "this machine" if counter == Path("/proc/vmstat") else "this node's memory cgroup (the pod's limit)"
+    return (f"the kernel's out-of-memory killer ended {killed} process(es) in {where} while the workers ran,"
+            " and a worker died without a word: its host memory ran out. Raise spec.resources.memory (the"
+            " planner's estimate: tetrad plan), or use fewer processes per node, a smaller model, batch or seqLen")

@@ -1,8 +1,9 @@
-"""What this machine's CPU runs natively, where it changes how fast a CPU job trains.
+"""What this machine has, where it decides whether or how fast a CPU job trains: its memory, and
+whether its CPU has a fast bf16 matmul.
 
 torch runs a bf16 matmul on an x86 CPU through oneDNN when the CPU has AVX-512 (F, BW, VL, DQ; with
 AVX512_BF16 or AMX natively, else emulated in wide registers); without AVX-512 it falls back to a
-scalar loop, about 10x slower than fp32 on the debug model (docs/performance.md). Standard library only:
+scalar loop, about 10x slower than fp32 on the debug model (docs/trainer.md). Standard library only:
 `tetrad run` says it before anything starts, the trainer in its first lines.
 """
 
@@ -38,3 +39,17 @@ def slow_bf16_warning(machine: str | None = None, cpuinfo: str | None = None) ->
         return None
     return ("spec.training.precision: bf16 on this CPU (no AVX-512) runs every matmul without a native"
             " kernel, about 10x slower than fp32; set training.precision: fp32 to train on CPU")
+
+
+def memory_bytes(meminfo: str | None = None) -> int | None:
+    """This machine's memory (MemTotal of /proc/meminfo); None when it cannot tell."""
+    if meminfo is None:
+        try:
+            meminfo = Path("/proc/meminfo").read_text(errors="replace")
+        except OSError:
+            return None
+    for line in meminfo.splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemTotal" and (fields := value.split()) and fields[0].isdigit():
+            return int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    return None
