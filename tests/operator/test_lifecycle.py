@@ -15,6 +15,7 @@ from tetrad_operator.observed import PodState, format_time, parse_time
 
 from tetrad.api import contract
 from tetrad.api.termination import TerminationMessage
+from tetrad.node import supervisor
 from tetrad.render import names
 
 from .fakes import FakeCluster, job_body, node_body, terminated
@@ -218,6 +219,18 @@ def test_device_out_of_memory_fails_at_once_and_says_what_to_read():
     assert c.status["message"] == ("pod job-r0-1 failed with exit code 77 in container trainer: the trainer ran out "
                                    "of device memory; see the pod log for the planner's figures and the knobs to turn")
     assert c.events[-1].type == "Warning" and c.events[-1].reason == "DeviceOutOfMemory"
+
+
+def test_a_worker_the_oom_killer_ended_fails_the_job_as_host_out_of_memory():
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
+    running(c)
+    said = supervisor.out_of_host_memory(1, None)
+    c.finish(contract.EXIT_OOM, rank=0,
+             message=TerminationMessage(reason=contract.REASON_HOST_OUT_OF_MEMORY, message=said).encode())
+    c.reconcile()
+    assert c.phase == "Failed" and c.status["restarts"] == 0
+    assert cond(c, "Failed")["reason"] == "HostOutOfMemory"
+    assert "Raise spec.resources.memory" in c.status["message"] and "exit code 77" in c.status["message"]
 
 
 def test_device_out_of_memory_restarts_when_the_user_made_it_retryable():
