@@ -301,7 +301,8 @@ def main() -> None:
     if gpu_type == "auto":
         found = find_accelerator(torch.cuda.get_device_name()) if device.type == "cuda" else None
         gpu_type = found[0] if found else "H100"
-    peak, source = peak_tflops(device, None, None)
+    mfu_peak = peak_tflops(device, None, None)
+    peak, source = mfu_peak.tflops, mfu_peak.source
     rows = []
     with tempfile.TemporaryDirectory(prefix="tetrad-bench-gpu-") as tmp:
         for name, cfg in configs.items():

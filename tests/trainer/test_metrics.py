@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 import torch
 from tetrad_trainer.checkpoint import Checkpointer
-from tetrad_trainer.metrics import RankMetrics, StepRecord, gpu_peak_tflops, measure_cpu_tflops, peak_tflops
+from tetrad_trainer.metrics import (
+    MfuPeak,
+    RankMetrics,
+    StepRecord,
+    gpu_peak_tflops,
+    measure_cpu_tflops,
+    peak_tflops,
+)
 
 from tests.checkpoint import gang, toy
 from tests.trainer.harness import free_port
@@ -132,5 +139,18 @@ def test_gpu_peak_table(name: str, peak: float | None) -> None:
 
 def test_cpu_peak_is_measured_unless_configured() -> None:
     assert measure_cpu_tflops(seconds=0.05, n=128) > 0
-    assert peak_tflops(torch.device("cpu"), 2.5, None) == (2.5, "metrics.peakTflops")
-    assert peak_tflops(torch.device("cpu"), None, "H100")[1] == "measured fp32 matmul on the CPU"
+    assert peak_tflops(torch.device("cpu"), 2.5, None) == MfuPeak(2.5, "metrics.peakTflops")
+    assert peak_tflops(torch.device("cpu"), None, "H100").source == "measured fp32 matmul on the CPU"
+
+
+def test_mfu_never_exceeds_one_and_says_why_once():
+    measured = MfuPeak(0.05, "measured fp32 matmul on the CPU")
+    assert measured.mfu(0.025) == pytest.approx(0.5) and measured.said is None
+    assert measured.mfu(0.08) == 1.0  # the start-up measurement was low (its neighbours were busy)
+    assert measured.tflops == 0.08 and "the peak is raised to what steps achieve" in (measured.said or "")
+    assert measured.mfu(0.04) == pytest.approx(0.5)  # against the raised peak from now on
+    given = MfuPeak(1.0, "metrics.peakTflops")
+    assert given.mfu(2.0) == 1.0 and given.tflops == 1.0
+    assert "above the MFU peak of 1 (metrics.peakTflops); MFU is reported as at most 100%" in (given.said or "")
+    assert "set spec.metrics.peakTflops" in (given.said or "")
+    assert math.isnan(given.mfu(math.nan))  # a script that gives no FLOPs: no figure, no claim

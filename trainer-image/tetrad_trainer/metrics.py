@@ -56,16 +56,41 @@ def measure_cpu_tflops(seconds: float = 0.2, n: int = 512) -> float:
     return 2 * n**3 * reps / elapsed / 1e12
 
 
-def peak_tflops(device: torch.device, configured: float | None, gpu_type: str | None) -> tuple[float, str]:
+def peak_tflops(device: torch.device, configured: float | None, gpu_type: str | None) -> MfuPeak:
     """Peak TFLOPS of one device for MFU, and where the figure comes from."""
     if configured:
-        return configured, "metrics.peakTflops"
+        return MfuPeak(configured, "metrics.peakTflops")
     if device.type == "cuda":
         name = gpu_type or torch.cuda.get_device_name(device)
         if (peak := gpu_peak_tflops(name)) is not None:
-            return peak, f"datasheet bf16 peak of {name}"
-        return measure_gpu_tflops(device), f"measured bf16 matmul on {name} (not in the peak table)"
-    return measure_cpu_tflops(), "measured fp32 matmul on the CPU"
+            return MfuPeak(peak, f"datasheet bf16 peak of {name}")
+        return MfuPeak(measure_gpu_tflops(device), f"measured bf16 matmul on {name} (not in the peak table)")
+    return MfuPeak(measure_cpu_tflops(), "measured fp32 matmul on the CPU")
+
+
+@dataclass
+class MfuPeak:
+    """The peak MFU is measured against, and where it comes from. MFU never exceeds 1: a step that achieves
+    more than a peak this process measured (a CPU measured while its neighbours were busy importing) raises
+    the peak to what was achieved; one above a given peak (metrics.peakTflops, a datasheet) is reported as 1.
+    Either is said once (`said`)."""
+
+    tflops: float
+    source: str
+    said: str | None = None
+
+    def mfu(self, achieved_tflops: float) -> float:
+        if not math.isfinite(achieved_tflops) or achieved_tflops <= self.tflops:
+            return achieved_tflops / self.tflops
+        if self.said is None:
+            measured = self.source.startswith("measured")
+            self.said = (f"a step achieved {achieved_tflops:.3g} TFLOPS, above the MFU peak of {self.tflops:.3g}"
+                         f" ({self.source})" + ("; the peak is raised to what steps achieve" if measured else
+                                                 "; MFU is reported as at most 100%") +
+                         ": set spec.metrics.peakTflops to this device's peak")
+        if self.source.startswith("measured"):
+            self.tflops = achieved_tflops
+        return 1.0
 
 
 def measure_gpu_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float:

@@ -111,8 +111,8 @@ class Run:
         self.checkpoint_dir = env.checkpoint_dir
         self.restart = env.restart
         cfg = _config()
-        self.peak_tflops, self.peak_source = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None,
-                                                         cfg.gpu_type if cfg else None)
+        self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None, cfg.gpu_type if cfg else None)
+        self._said_peak = False
         port = os.environ.get(ENV_METRICS_PORT)
         jsonl = os.environ.get(ENV_JSONL)
         self.metrics = RankMetrics(port=int(port) + self.local_rank if port else None, rank=self.rank,
@@ -154,8 +154,11 @@ class Run:
         self.metrics.log(StepRecord(
             step=step, loss=_number(loss), grad_norm=_number(grad_norm), lr=_number(lr), step_time_s=step_time,
             tokens_per_second=per_second, tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
-            mfu=tflops / self.peak_tflops, peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
+            mfu=self.mfu_peak.mfu(tflops), peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
             startup_s=self._started))
+        if self.mfu_peak.said is not None and not self._said_peak:
+            print(f"[tetrad] warning: {self.mfu_peak.said}", file=sys.stderr, flush=True)
+            self._said_peak = True
 
     def poll(self) -> Action:
         """Whether to save and whether to stop, agreed by every rank (one small all-reduce). Collective."""

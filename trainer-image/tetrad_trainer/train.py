@@ -51,8 +51,8 @@ from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import Precision
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import collective, exits, gang
-from tetrad.node.host import slow_bf16_warning
 from tetrad.node.environment import NodeEnv
+from tetrad.node.host import slow_bf16_warning
 from tetrad.node.process import die_with_parent
 from tetrad_trainer import faults
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
@@ -123,12 +123,13 @@ class Trainer:
         self.metrics = RankMetrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
                                labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
         self.checkpoint_requests = CheckpointRequests(rank)
-        self.peak_tflops, peak_source = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
+        self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
+        self.said_peak = False
         if rank == 0:
             m = cfg.model
             log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type} processes,"
                 f" model {m.name} ({definition.num_params(m) / 1e6:.1f}M params), {cfg.training.steps} steps;"
-                f" MFU peak {self.peak_tflops:.3g} TFLOPS ({peak_source})")
+                f" MFU peak {self.mfu_peak.tflops:.3g} TFLOPS ({self.mfu_peak.source})")
             if device.type == "cpu" and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
                 log(f"warning: {slow}")
 
@@ -303,10 +304,13 @@ class Trainer:
         self.metrics.log(StepRecord(
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
             tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
-            tflops=tflops, mfu=tflops / self.peak_tflops,
+            tflops=tflops, mfu=self.mfu_peak.mfu(tflops),
             peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved, startup_s=self.startup_s or 0.0,
         ))
         self.last_log, self.steps_since_log = time.perf_counter(), 0
+        if self.mfu_peak.said is not None and not self.said_peak:
+            log_rank0(f"warning: {self.mfu_peak.said}")
+            self.said_peak = True
 
     def save_full_parameters(self, path: Path) -> None:
         """Write every parameter, gathered whole, to path (rank 0); for tests and debugging."""
