@@ -58,7 +58,8 @@ def test_the_timed_out_collective_is_the_newest_one_not_completed() -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     timeout = 20
     monkeypatch.setenv(ENV_TEST_FAULT, "hang-rank:1:step:3")
     monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
@@ -89,5 +90,7 @@ def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path
     assert [r["step"] for r in rows] == [1, 2]
     summaries = [TerminationMessage.parse(p.read_text()).collective_timeout for p in work.glob("node-*.termination")]
     assert any(s is not None and s.endswith("timed out after 20s; not answering: rank 1") for s in summaries), summaries
+    terminal = " ".join(capsys.readouterr().err.split())  # the failed node's summary in the terminal, not only its log
+    assert "collective timeout: rank " in terminal and "not answering: rank 1" in terminal, terminal
     assert took < 240, took  # start-up, two steps, the timeout, the peers' exchange, the stop
     assert not processes_mentioning(str(work))

@@ -73,7 +73,8 @@ def test_a_worker_the_oom_killer_ends_makes_its_node_exit_77_naming_host_memory(
     assert r.returncode == EXIT_OOM, r.stderr + log[-3000:]
     text = " ".join(r.stderr.split())
     assert "node 0 exited with code 77" in text, r.stderr
-    assert "the kernel's out-of-memory killer ended 1 process(es) in this node's memory cgroup" in text, r.stderr
+    assert "HostOutOfMemory: the kernel's out-of-memory killer ended 1 process(es) in this node's memory cgroup" in text, \
+        r.stderr
     said = TerminationMessage.parse((work / "node-0.termination").read_text())
     assert said.reason == REASON_HOST_OUT_OF_MEMORY and "Raise spec.resources.memory" in (said.message or ""), said
 

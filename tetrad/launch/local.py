@@ -584,14 +584,32 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
         rc = failed.proc.returncode
         code = rc if rc > 0 else 128 - rc  # -N: killed by signal N
         reason = " (a config error: the job cannot run as written)" if code == EXIT_CONFIG_ERROR else ""
-        console.print(f"node {failed.node} exited with code {code}{reason}; the other nodes were stopped."
-                      f" From {failed.log}:", style="red", markup=False)
+        console.print(f"node {failed.node} exited with code {code}{reason}; the other nodes were stopped.",
+                      style="red", markup=False)
+        for line in termination_lines(termination_path(workdir, failed.node)):
+            console.print(line, markup=False, soft_wrap=True)
+        console.print(f"From {failed.log}:", markup=False)
         console.print(failure_excerpt(failed.log), markup=False)
     if records.copy_failed is not None:
         console.print(f"warning: --jsonl {jsonl}: writing failed ({records.copy_failed}); every line is in"
                       f" {records.path}", markup=False, soft_wrap=True)
     console.print(_summary(cfg, records.rows, time.monotonic() - start, records, workdir, started, jsonl))
     return code
+
+
+def termination_lines(path: Path) -> list[str]:
+    """What a failed node said in its termination message, as the operator would show it: the cause it
+    named, the collective that timed out (the peer that did not answer), the nodes its checks failed."""
+    try:
+        said = TerminationMessage.parse(path.read_text(errors="replace"))
+    except OSError:
+        return []
+    lines = [f"{said.reason}: {said.message}"] if said.reason and said.message else []
+    if said.collective_timeout:
+        lines.append(f"collective timeout: {said.collective_timeout}")
+    lines += [f"preflight: {f.reason}" + (f" (node {f.node}, node rank {f.node_rank})" if f.node else "")
+              for f in said.preflight]
+    return lines
 
 
 def _stopped(agents: list[Agent], clean: bool) -> str:
