@@ -46,8 +46,8 @@ from tetrad.api.spec import (
     ParallelTrainingJobSpec,
     Scheduler,
 )
-from tetrad.plan.estimate import Estimate, GiB
-from tetrad.plan.solver import Solution, solve
+from tetrad.plan.estimate import Estimate, GiB, MiB
+from tetrad.plan.solver import Solution, solve, usable_bytes
 
 DEFAULT_HF_SEQ_LEN = 4096  # a readable directory's job without seqLen trains at most this long
 
@@ -207,6 +207,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
     if r.gpu and r.gpu != spec.nproc_per_node:
         problems.append(Problem("spec.resources.gpu", f"gpu={r.gpu} must equal nprocPerNode={spec.nproc_per_node} (one process per GPU), or be 0 for CPU"))
     check_data(spec.data, problems)
+    check_preflight_buffer(spec, problems)
     if spec.gang.scheduler == Scheduler.KUEUE and not spec.gang.queue:
         problems.append(Problem("spec.gang.queue", "gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name"))
     top = spec.metrics.port + spec.nproc_per_node - 1
@@ -234,6 +235,30 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
     if spec.training.min_lr > spec.training.lr:
         problems.append(Problem("spec.training.minLr", f"minLr={spec.training.min_lr} exceeds lr={spec.training.lr}; use minLr <= lr"))
     problems += check_pod_fields(spec)
+
+
+def check_preflight_buffer(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
+    """The preflight all-reduce's buffer, one per process, must fit where it lives: a GPU's memory, or on CPU
+    the pod's memory limit (the gate would be OOM-killed before training, failing every restart)."""
+    p, r = spec.preflight, spec.resources
+    if not p.enabled:
+        return
+    buffer = p.all_reduce_mi_b * MiB
+    if (usable := usable_bytes(spec)) is not None:
+        if buffer > usable:
+            problems.append(Problem("spec.preflight.allReduceMiB", (
+                f"allReduceMiB={p.all_reduce_mi_b} is above the {r.gpu_memory_gib:g} GiB GPU's usable memory; use a"
+                " buffer of a few hundred MiB, enough to measure bus bandwidth")))
+        return
+    try:
+        limit = float(parse_quantity(r.memory)) if r.memory is not None else None
+    except ValueError:
+        return  # the bad quantity is named already
+    if limit is not None and buffer * spec.nproc_per_node > limit:
+        problems.append(Problem("spec.preflight.allReduceMiB", (
+            f"allReduceMiB={p.all_reduce_mi_b} per process x nprocPerNode={spec.nproc_per_node} is"
+            f" {buffer * spec.nproc_per_node / GiB:.1f} GiB of host memory, above memory={r.memory}; lower"
+            " allReduceMiB (64 measures a CPU gang's bandwidth) or raise resources.memory")))
 
 
 def check_host_memory(spec: ParallelTrainingJobSpec, est: Estimate, problems: list[Problem]) -> None:

@@ -78,3 +78,24 @@ def test_rendered_pods_carry_the_exclusion_and_their_node_name() -> None:
         env = {e["name"]: e for e in p["spec"]["containers"][0]["env"]}
         assert env[ENV_NODE_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "affinity" not in render(j, restart=0).pods[0]["spec"], "nothing excluded: no affinity"
+
+
+def test_the_preflight_buffer_must_fit_the_pods_memory_or_the_gpu() -> None:
+    from tetrad.resolve import validate_spec
+
+    def fields(**spec: object) -> dict[str, str]:
+        job, problems = parse(manifest(**spec))
+        assert job is not None, problems
+        return {p.field: p.message for p in validate_spec(job.spec) if p.severity == "error"}
+
+    cpu = {"nodes": 1, "nprocPerNode": 4, "parallelism": {"dpShard": 2, "tp": 2, "pp": 1}}
+    refused = fields(**cpu, preflight={"allReduceMiB": 1024}, resources={"memory": "3Gi"})
+    assert refused.keys() == {"spec.preflight.allReduceMiB"}, refused
+    assert refused["spec.preflight.allReduceMiB"].startswith(
+        "allReduceMiB=1024 per process x nprocPerNode=4 is 4.0 GiB of host memory, above memory=3Gi; lower allReduceMiB")
+    assert not fields(**cpu, preflight={"allReduceMiB": 512}, resources={"memory": "3Gi"})
+    assert not fields(**cpu, preflight={"enabled": False, "allReduceMiB": 1024}, resources={"memory": "3Gi"})
+    gpu = {"nodes": 1, "nprocPerNode": 1, "parallelism": {"dpShard": 1, "tp": 1, "pp": 1}, "model": {"preset": "debug"},
+           "resources": {"gpu": 1, "gpuMemoryGiB": 2}}
+    assert fields(**gpu, preflight={"allReduceMiB": 4096}).keys() == {"spec.preflight.allReduceMiB"}
+    assert not fields(**gpu, preflight={"allReduceMiB": 64})

@@ -154,3 +154,18 @@ def test_mfu_never_exceeds_one_and_says_why_once():
     assert "above the MFU peak of 1 (metrics.peakTflops); MFU is reported as at most 100%" in (given.said or "")
     assert "set spec.metrics.peakTflops" in (given.said or "")
     assert math.isnan(given.mfu(math.nan))  # a script that gives no FLOPs: no figure, no claim
+
+
+def test_the_gates_buffer_is_not_counted_in_the_cpu_peak_memory():
+    """tetrad.node.gang resets the peak after the preflight all-reduce: the trainer reports what training used."""
+    from tetrad_trainer.metrics import peak_memory_bytes
+
+    from tetrad.node.gang import forget_peak_memory
+
+    buffer = bytearray(256 << 20)
+    buffer[:: 4096] = b"\1" * len(buffer[:: 4096])  # touched: resident
+    del buffer
+    before, _ = peak_memory_bytes(torch.device("cpu"))
+    forget_peak_memory(False, 0)
+    after, _ = peak_memory_bytes(torch.device("cpu"))
+    assert after < before - (200 << 20), (before, after)

@@ -14,6 +14,7 @@ torch is imported inside the functions: the launcher's supervisor runs without i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -96,6 +97,18 @@ def _process_group(store: Any, rank: int, world: int, cuda: bool, timeout: timed
     return dist.ProcessGroupGloo(store, rank, world, timeout)
 
 
+def forget_peak_memory(cuda: bool, local_rank: int) -> None:
+    """The gate's buffer is not the job's memory: reset the peak the trainer reports (the CUDA allocator's,
+    or the process's peak RSS, VmHWM, through /proc/self/clear_refs)."""
+    import torch
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(local_rank)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
 def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
     """The gang's all-reduce on every worker (collective over the whole gang). Raises PreflightFailed
     when it does not complete within the bound."""
@@ -127,6 +140,7 @@ def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
             del tensor
             if hasattr(group, "shutdown"):
                 group.shutdown()
+            forget_peak_memory(cuda, local_rank)
     mine = NodeFigures(env.node_name, env.node_rank, bus_bandwidth(nbytes, world, seconds), time.perf_counter() - start)
     store.set(f"rank/{rank}", json.dumps(asdict(mine)))
     node_first = rank - local_rank  # torchrun numbers a node's ranks consecutively

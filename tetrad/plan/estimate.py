@@ -14,6 +14,7 @@ from tetrad.api.rules import compiles_loss, pipeline_units
 from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
 
 GiB = 1024**3
+MiB = 1024**2
 FSDP = "dp_shard*cp (FSDP)"  # the comm key of the flattened FSDP dim
 # Bytes per logit at the loss's peak, in its backward: the fp32 log-probabilities saved by the
 # forward, and the fp32 gradient into and out of log-softmax (the compute-dtype logits and their

@@ -105,10 +105,15 @@ def measure_gpu_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> f
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, int]:
-    """(peak allocated, peak reserved) device memory; on the CPU both are the peak RSS."""
+    """(peak allocated, peak reserved) device memory; on the CPU both are the peak RSS since the last reset
+    (VmHWM, which tetrad.node.gang resets after the preflight gate's buffer), else since the start."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        status = Path("/proc/self/status").read_text()
+        rss = int(status.split("VmHWM:", 1)[1].split()[0]) * 1024
+    except (OSError, IndexError, ValueError):  # not Linux
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     return rss, rss
 
 
