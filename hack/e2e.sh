@@ -51,7 +51,9 @@ demo() {
   install
   kctl delete ptj quickstart --ignore-not-found --wait >/dev/null
   kctl apply -f "$REPO/examples/quickstart.yaml"
-  kctl get ptj quickstart -w &
+  # kubectl itself in the background, not the kctl function: `kctl ... &` would fork a subshell, and
+  # the trap would kill that, leaving its kubectl behind.
+  "$BIN/kubectl" --kubeconfig "$("$HACK/cluster.sh" kubeconfig)" get ptj quickstart -w &
   WATCHER=$!  # global: the EXIT trap runs after demo's locals are gone
   trap 'kill "$WATCHER" 2>/dev/null || true' EXIT
   if ! kctl wait ptj/quickstart --for=jsonpath='{.status.phase}'=Succeeded --timeout "${TIMEOUT}s" >/dev/null; then
