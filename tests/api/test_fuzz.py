@@ -241,7 +241,35 @@ def admissible(draw: st.DrawFn) -> dict[str, Any]:
     }
     if draw(st.booleans()):
         doc["spec"]["checkpoint"] = {"enabled": True, "path": draw(st.sampled_from(["/ckpt", "/data/c", "/tmp"])),
-                                     "volume": draw(source)}
+                                     "volume": draw(source), "interval": draw(st.integers(1, 1000)),
+                                     "keepLast": draw(st.integers(1, 5)), "async": draw(st.booleans())}
+    # The newer fields, each present or not, with values of their range.
+    newer = {
+        ("preflight",): st.fixed_dictionaries({}, optional={
+            "enabled": st.booleans(), "timeoutSeconds": st.integers(1, 3600), "allReduceMiB": st.integers(1, 512),
+            "slowNodeFraction": st.floats(0, 1), "excludeFailedNodes": st.booleans(),
+            "maxExcludedNodes": st.integers(0, 5)}),
+        ("runPolicy",): st.fixed_dictionaries({}, optional={
+            "maxRestarts": st.integers(0, 10), "maxDisruptions": st.integers(0, 30), "backoffSeconds": st.integers(0, 60),
+            "backoffMaxSeconds": st.integers(60, 600), "activeDeadlineSeconds": st.integers(1, 10**6),
+            "stallTimeoutSeconds": st.sampled_from([0, 300, 900]), "collectiveTimeoutSeconds": st.integers(5, 600),
+            "permanentExitCodes": st.lists(st.sampled_from([1, 3, 77, 78, 79]), unique=True, max_size=3),
+            "suspend": st.booleans(), "ttlSecondsAfterFinished": st.integers(0, 10**5)}),
+        ("training", "fsdp"): st.fixed_dictionaries({}, optional={
+            "reshardAfterForward": st.booleans(), "offload": st.sampled_from(["none", "cpu"])}),
+        ("training", "lossChunks"): st.integers(1, 8),
+        ("training", "initFrom"): st.sampled_from(["/models/llama-hf", "/data/hf"]),
+        ("gang", "topologyKey"): st.sampled_from(["tetrad.dev/rack", "topology.kubernetes.io/zone"]),
+        ("data",): st.sampled_from([{"source": "tokens", "path": "/data/t.bin", "tokenDtype": "uint32"},
+                                    {"source": "text", "path": "/data/t.txt"}]),
+    }
+    for path, values in newer.items():
+        if draw(st.booleans()):
+            *parents, leaf = path
+            target = doc["spec"]
+            for key in parents:
+                target = target.setdefault(key, {})
+            target[leaf] = draw(values)
     return doc
 
 
