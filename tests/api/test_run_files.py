@@ -295,3 +295,32 @@ def test_the_summary_counts_nodes_and_readable_parameters():
     text = console.export_text()
     assert "(1 node x 1 process)" in text and "debug, 4.2M parameters" in text
     assert "│ start     │ step 0 (checkpointing is off)" in text
+
+
+NODE_WITH_CAUSE = """[script] rank 1 of 2
+Traceback (most recent call last):
+  File "/app/train.py", line 7, in <module>
+    raise ValueError("spec.data.path: /data/x.txt is not UTF-8 at byte 7")
+ValueError: spec.data.path: /data/x.txt is not UTF-8 at byte 7
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : 1 (pid: 15939)
+"""
+NODE_THAT_LOST_ITS_PEER = """[rank0]: Traceback (most recent call last):
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 15845 got signal: 15
+  exitcode  : 1 (pid: 15940)
+"""
+
+
+def test_the_terminal_shows_the_node_that_states_a_cause_not_its_peers_noise(tmp_path):
+    from tetrad.launch.local import Agent, failure_causes, failure_excerpt, origin_of_failure
+
+    innocent, culprit = tmp_path / "node-0.log", tmp_path / "node-1.log"
+    innocent.write_text(NODE_THAT_LOST_ITS_PEER)
+    culprit.write_text(NODE_WITH_CAUSE)
+    assert failure_causes(culprit)[0] == ["ValueError: spec.data.path: /data/x.txt is not UTF-8 at byte 7"]
+    assert failure_causes(innocent)[0] == []  # gloo's lost connection, torchrun's wrapping: consequences only
+    assert "Connection closed by peer" in failure_excerpt(innocent)  # shown when a log has nothing else
+    agents = [Agent(0, None, innocent), Agent(1, None, culprit)]  # type: ignore[arg-type]
+    assert origin_of_failure(agents[0], agents) is agents[1]  # node 0 exited first, node 1 says why
+    assert origin_of_failure(agents[1], agents) is agents[1]

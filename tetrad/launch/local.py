@@ -127,7 +127,7 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
                       " created); set suspend: false to run it here")
     if not cfg.use_gpu and (short := host_memory_shortfall(cfg, memory_bytes())) is not None:
         errors.append(short)
-    if not cfg.use_gpu and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
+    if cfg.script is None and not cfg.use_gpu and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
         warnings.append(slow)
     for node in range(cfg.nodes):
         for local in range(cfg.nproc_per_node):
@@ -448,18 +448,42 @@ def describe_exit(code: int) -> str:
             EXIT_CONFIG_ERROR: f"{EXIT_CONFIG_ERROR} (a config error)"}.get(code, str(code))
 
 
-# The lines of a node's log that say why it failed: the trainer's own errors, the last line of each
-# worker traceback (torchrun prefixes them with [rankN]:), and torchrun's exit-code summary.
-_CAUSE = re.compile(r"^\[tetrad(?: rank \d+)?\] .*error|^\[rank\d+\]: [\w.]*(Error|Exception)\b|^\s*exitcode\s*:", re.IGNORECASE)
+# The lines of a node's log that say why it failed: the trainer's and the supervisor's own errors, the last
+# line of each worker traceback (with or without torchrun's [rankN]: prefix), and torchrun's exit-code summary.
+_CAUSE = re.compile(r"^\[tetrad(?: rank \d+)?\] .*error|^(?:\[rank\d+\]: )?[\w.]*(?:Error|Exception)\b|^\s*exitcode\s*:",
+                    re.IGNORECASE)
+# Of those, what a rank that did nothing wrong says once a peer is gone, and torchrun's own wrapping: shown
+# only when a log has nothing else.
+_CONSEQUENCE = re.compile(r"Connection closed by peer|Connection reset by peer|GLHF|NCCL communicator was aborted|"
+                          r"ChildFailedError|SignalException|^\s*exitcode\s*:")
 
 
-def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
+def failure_causes(path: Path) -> tuple[list[str], list[str]]:
+    """(the causes a node's log states, the consequences it shows), each in order, without repeats."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
+        return [], []
+    found = list(dict.fromkeys(line.strip() for line in lines if _CAUSE.search(line)))
+    return [c for c in found if not _CONSEQUENCE.search(c)], [c for c in found if _CONSEQUENCE.search(c)]
+
+
+def failure_excerpt(path: Path, fallback_lines: int = 40) -> str:
+    causes, consequences = failure_causes(path)
+    if causes or consequences:
+        return "\n".join((causes or consequences)[-20:])
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-fallback_lines:])
+    except OSError:
         return ""
-    causes = list(dict.fromkeys(line.strip() for line in lines if _CAUSE.search(line)))
-    return "\n".join(causes[-20:] if causes else lines[-fallback_lines:])
+
+
+def origin_of_failure(failed: Agent, agents: list[Agent]) -> Agent:
+    """The node whose log states a cause: the failed one when it does, else the first other that does (a rank
+    that only saw its peer vanish often exits first), else the failed one."""
+    if failure_causes(failed.log)[0]:
+        return failed
+    return next((a for a in agents if a is not failed and failure_causes(a.log)[0]), failed)
 
 
 def run_local(job: ParallelTrainingJob, *, steps: int | None = None, jsonl: Path | None = None,
@@ -588,8 +612,12 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
                       style="red", markup=False)
         for line in termination_lines(termination_path(workdir, failed.node)):
             console.print(line, markup=False, soft_wrap=True)
-        console.print(f"From {failed.log}:", markup=False)
-        console.print(failure_excerpt(failed.log), markup=False)
+        origin = origin_of_failure(failed, agents)
+        if origin is not failed:
+            console.print(f"node {failed.node} only lost its peers; the cause is in node {origin.node}'s log.",
+                          markup=False)
+        console.print(f"From {origin.log}:", markup=False)
+        console.print(failure_excerpt(origin.log), markup=False)
     if records.copy_failed is not None:
         console.print(f"warning: --jsonl {jsonl}: writing failed ({records.copy_failed}); every line is in"
                       f" {records.path}", markup=False, soft_wrap=True)
