@@ -307,8 +307,9 @@ def real_nodes(k8s_tools: Path) -> Iterator[RealCluster]:
     if os.geteuid() != 0:
         pytest.skip("real nodes need root (bridges, cgroups, containerd)")
     name = os.environ.get("TETRAD_REAL_CLUSTER_NAME", "pytest-real")
-    if _is_running(name):
-        stop_cluster(name)  # a real-node cluster is the only one of its kind on a machine
+    # A real-node cluster is the only one of its kind on a machine; `down` also removes what a crashed
+    # earlier run of it left on the host (links, mounts, cgroups), so the snapshot is of a clean host.
+    stop_cluster(name)
     before = host_snapshot()
     # One kwok node beside the real ones, tainted so that no workload of these tests lands on it.
     extra = {"TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES), "TETRAD_NODE_TAINT": FAKE_NODE_TAINT}

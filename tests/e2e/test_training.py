@@ -50,6 +50,9 @@ JOB_TIMEOUT = 1200.0
 STEPS = 48  # the interrupted job: four incarnations, each saving at least once, the third with steps left to stall in
 STALL_TIMEOUT = 30  # seconds without a rank-0 step (steps take about 2 s here)
 RESYNC = OperatorSettings().resync_seconds  # the chart's operator runs with the defaults
+# The interrupted job's fixture: four incarnations on two real nodes and the local reference run, about
+# 10 minutes alone on two cores, longer beside make test's other lane.
+RESUME_TIMEOUT = pytest.mark.timeout(1800)
 
 
 def quickstart(**changes: Any) -> dict[str, Any]:
@@ -535,6 +538,7 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
                           logs.rank0(), local_losses(job, tmp_path_factory.mktemp("local-resume")))
 
 
+@RESUME_TIMEOUT
 def test_a_deleted_pod_saves_exits_75_and_the_gang_resumes_without_spending_max_restarts(
         interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
@@ -547,6 +551,7 @@ def test_a_deleted_pod_saves_exits_75_and_the_gang_resumes_without_spending_max_
     assert steps[0] == resumed + 1  # nothing trained twice, nothing skipped
 
 
+@RESUME_TIMEOUT
 def test_a_sigkilled_trainer_restarts_the_gang_from_the_last_checkpoint(interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
     assert run.killed["exitCode"] == 137
@@ -556,6 +561,7 @@ def test_a_sigkilled_trainer_restarts_the_gang_from_the_last_checkpoint(interrup
     assert resumed >= 9  # after the preemption's save and one of its own, at least
 
 
+@RESUME_TIMEOUT
 def test_a_frozen_pod_restarts_the_gang_as_stalled_within_the_timeout_plus_one_resync(
         interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
@@ -569,6 +575,7 @@ def test_a_frozen_pod_restarts_the_gang_as_stalled_within_the_timeout_plus_one_r
     assert stall["type"] == "Warning" and f"over the stall timeout of {STALL_TIMEOUT}s" in stall["message"]
 
 
+@RESUME_TIMEOUT
 def test_the_job_resumed_across_four_incarnations_to_the_uninterrupted_loss(interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
     last = json_lines(run.logs[3])
