@@ -29,3 +29,19 @@ def test_missing_file_names_the_field(tmp_path: Path) -> None:
     cfg = job({}, nproc=1, data={"source": "tokens", "path": str(tmp_path / "none.bin")})
     with pytest.raises(ConfigError, match="^spec.data.path: .* is not a file"):
         build_source(cfg)
+
+
+def test_a_byte_tokenizer_with_a_vocab_below_256_is_refused_by_name(tmp_path: Path) -> None:
+    """Validation refuses it (tests/api/test_validation.py); a config written by hand stops at load_config's
+    check, and the source says the same."""
+    from tetrad_trainer.config import check_runnable
+
+    path = tmp_path / "corpus.txt"
+    path.write_text("hello tetrad " * 40)
+    cfg = job({}, nproc=1, model={"seqLen": 8, "vocab": 256}, data={"source": "text", "path": str(path)})
+    cfg.model = cfg.model.model_copy(update={"vocab": 200})
+    said = "^spec.model.vocab: vocab=200 is below the 256 ids of the byte tokenizer"
+    with pytest.raises(ConfigError, match=said):
+        check_runnable(cfg)
+    with pytest.raises(ConfigError, match=said):
+        build_source(cfg)

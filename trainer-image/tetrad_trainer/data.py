@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.rules import BYTE_TOKENIZER, BYTE_VOCAB, BYTE_VOCAB_MESSAGE
 from tetrad.api.spec import DataSource
 from tetrad_trainer.config import ConfigError
 from tetrad_trainer.loss import IGNORE_INDEX
@@ -82,9 +83,9 @@ class TokenArray:
 
 
 def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
-    if tokenizer == "byte":
-        if vocab < 256:
-            raise ConfigError(f"the byte tokenizer needs vocab >= 256, the model has {vocab}")
+    if tokenizer == BYTE_TOKENIZER:
+        if vocab < BYTE_VOCAB:  # validation refuses it; a config written by hand may not have been validated
+            raise ConfigError(f"spec.model.vocab: {BYTE_VOCAB_MESSAGE.format(vocab)}")
         return np.frombuffer(path.read_bytes(), dtype=np.uint8)
     tok = load_tokenizer(tokenizer).tokenizer
     if tok.get_vocab_size() > vocab:
