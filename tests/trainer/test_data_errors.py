@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -84,6 +85,59 @@ def test_a_real_uint16_file_whose_ids_are_small_is_not_taken_for_uint32(tmp_path
     assert build_source(tokens_job(path)).sample(0).tolist() == [1, 2, 3, 0] * 2 + [1]
     path.write_bytes(b"\x00" * 400)  # zeros: either width
     assert build_source(tokens_job(path)).sample(0).tolist() == [0] * 9
+
+
+def word_level(directory: Path, vocab: dict[str, int], config: dict[str, str] | None = None) -> Path:
+    """A tokenizer.json of whole words (and its tokenizer_config.json when given)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    directory.mkdir(exist_ok=True)
+    tok.save(str(directory / "tokenizer.json"))
+    if config is not None:
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def text_job(path: Path, tokenizer: str = "byte", vocab: int = 512):
+    return job({}, nproc=1, model={"seqLen": 8, "vocab": vocab}, data={"source": "text", "path": str(path), "tokenizer": tokenizer})
+
+
+def test_a_text_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    """A tokenizer reads text: a file of other bytes stops every rank with 78 naming the field and the byte,
+    not a traceback (exit 1, retried). The byte tokenizer reads bytes, any of them."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"the cat sat " * 3 + b"\xe9t\xe9 " + b"the cat sat " * 30)  # Latin-1
+    tok = word_level(tmp_path / "tok", {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3})
+    with pytest.raises(ConfigError, match="^" + re.escape(
+            f"spec.data.path: text file {path} is not UTF-8 text at byte offset 36 (invalid continuation byte); write it"
+            " as UTF-8, or read its bytes with data.tokenizer: byte")):
+        build_source(text_job(path, str(tok)))
+    assert build_source(text_job(path)).tokens[36:39].tolist() == [0xe9, ord("t"), 0xe9]
+
+
+def test_a_tokenizer_that_does_not_load_or_fails_to_tokenize_is_a_config_error(tmp_path: Path) -> None:
+    """Not JSON, not a tokenizer, or a tokenizer that raises on the data (a word-level vocab without its unknown
+    token): spec.data.tokenizer, one line, never the library's traceback."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("the cat sat on the mat " * 10)
+    (tmp_path / "not-json.json").write_bytes(b"\xff\xfe not JSON")
+    (tmp_path / "not-a-tokenizer.json").write_text('{"vocab": [1, 2]}')
+    for name, words in (("not-json.json", "is not a tokenizer.json the tokenizers library loads: stream did not contain valid UTF-8"),
+                        ("not-a-tokenizer.json", "is not a tokenizer.json the tokenizers library loads")):
+        with pytest.raises(ConfigError, match="^" + re.escape(f"spec.data.tokenizer: {tmp_path / name} {words}")):
+            build_source(text_job(path, str(tmp_path / name)))
+    tok = word_level(tmp_path / "no-unk", {"the": 0, "cat": 1, "sat": 2})  # "on" and "mat" have no id
+    with pytest.raises(ConfigError, match="^" + re.escape(
+            f"spec.data.tokenizer: {tok / 'tokenizer.json'} fails to tokenize the data: WordLevel error: Missing [UNK]"
+            " token from the vocabulary")):
+        build_source(text_job(path, str(tok)))
+    # Reading the directory already tokenizes: does the post-processor start a text with bos_token?
+    tok = word_level(tmp_path / "bos", {"<s>": 0, "the": 1}, {"bos_token": "<s>"})
+    with pytest.raises(ConfigError, match="^" + re.escape(f"spec.data.tokenizer: {tok / 'tokenizer.json'} fails to"
+                                                          " tokenize the data: WordLevel error")):
+        build_source(text_job(path, str(tok)))
 
 
 def test_a_byte_tokenizer_with_a_vocab_below_256_is_refused_by_name(tmp_path: Path) -> None:

@@ -85,12 +85,24 @@ def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
     if tokenizer == BYTE_TOKENIZER:
         if vocab < BYTE_VOCAB:  # validation refuses it; a config written by hand may not have been validated
             raise ConfigError(f"spec.model.vocab: {BYTE_VOCAB_MESSAGE.format(vocab)}")
-        return np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    tok = load_tokenizer(tokenizer).tokenizer
-    if tok.get_vocab_size() > vocab:
-        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the"
+        return np.frombuffer(_read(path), dtype=np.uint8)
+    tok = load_tokenizer(tokenizer)
+    if tok.vocab_size > vocab:
+        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.vocab_size} tokens, more than the"
                           f" model's vocab of {vocab}")
-    return np.asarray(tok.encode(path.read_text(encoding="utf-8")).ids, dtype=np.int64)
+    try:
+        text = _read(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"spec.data.path: text file {path} is not UTF-8 text at byte offset {e.start} ({e.reason});"
+                          " write it as UTF-8, or read its bytes with data.tokenizer: byte") from None
+    return np.asarray(tok.encode([text], special=True)[0], dtype=np.int64)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"spec.data.path: cannot read text file {path}: {e.strerror or e}") from None
 
 
 def build_source(cfg: ResolvedConfig, note: Callable[[str], None] = lambda _: None) -> TokenSource:
