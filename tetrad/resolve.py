@@ -30,6 +30,7 @@ from tetrad.api.rules import (
     TRAINER_ONLY,
     TRAINER_PIPELINE,
     check_data,
+    check_data_vocab,
     check_layout,
     check_run_policy,
     hf_dims_message,
@@ -314,6 +315,8 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
         check_script(spec, checked.problems)
         return checked
     checked.model = expand_model(spec, checked.problems)
+    if checked.model is not None:
+        check_data_vocab(spec.data, checked.model.vocab, checked.problems)
     if checked.model is None or checked.degrees_invalid:
         return checked
     checked.solution = solve(spec, checked.model)

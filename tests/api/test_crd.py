@@ -177,6 +177,10 @@ CASES = [
     (manifest(data={"source": "tokens"}), ["spec.data.path: data.source=tokens needs data.path"]),
     (manifest(data={"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tokenizer"}), []),
     (manifest(data={"source": "text", "path": "/data/corpus.txt"}), []),
+    (manifest(model={"vocab": 200}, data={"source": "text", "path": "/data/corpus.txt"}),
+     ["spec.model.vocab: vocab=200 is below the 256 ids of the byte tokenizer"]),
+    (manifest(model={"vocab": 200}, data={"source": "text", "path": "/data/corpus.txt", "tokenizer": "/data/tok"}), []),
+    (manifest(model={"vocab": 200}, data={"source": "tokens", "path": "/data/t.bin"}), []),
     # A model of one's own: kvHeads defaults to its heads.
     (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "vocab": 64, "seqLen": 48},
               nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), []),
@@ -215,6 +219,7 @@ SHARED_RULES: dict[tuple[str, str], Any] = {
     (".checkpoint.enabled", "FieldValueForbidden"): lambda p: p.field == "spec.checkpoint.enabled",
     (".data.path", "FieldValueRequired"): lambda p: p.field == "spec.data.path",
     (".data.tokenizer", "FieldValueInvalid"): lambda p: p.field == "spec.data.tokenizer",
+    (".model.vocab", "FieldValueInvalid"): lambda p: p.field == "spec.model.vocab",
     **{(f".parallelism.{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.parallelism.{name}"
                                                          and "configures Tetrad's trainer's pipeline" in p.message)
        for name in ("ppMicrobatches", "ppStagesPerRank")},
@@ -235,6 +240,8 @@ def model_specs(draw: Any) -> dict[str, Any]:
             model["layers"] = draw(st.integers(1, 6))
         if draw(st.booleans()):
             model["seqLen"] = draw(seq_len)
+        if draw(st.booleans()):  # below the byte tokenizer's 256 ids, or not
+            model["vocab"] = draw(st.sampled_from([64, 512]))
         return model
     heads = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12]))
     kv_heads = draw(st.sampled_from([d for d in range(1, heads + 1) if heads % d == 0]))
@@ -266,7 +273,7 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
                              "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
-    if draw(st.integers(0, 2)) == 0:  # data from a file, or not; with a path and a tokenizer, or not
+    if draw(st.booleans()):  # data from a file, or not; with a path and a tokenizer, or not
         data: dict[str, Any] = {"source": draw(st.sampled_from(["synthetic", "text", "tokens", "jsonl"]))}
         if draw(st.booleans()):
             data["path"] = "/data/train"

@@ -13,13 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from tetrad_trainer.train import write_whole_lines
 
 from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
-from tetrad.api.contract import EXIT_CONFIG_ERROR
+from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
 from tetrad.launch.local import EXIT_DEADLINE, EXIT_REFUSED, local_command
 from tetrad.launch.workdir import DirectoryLock
@@ -111,17 +110,16 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
         assert "is deprecated" not in (tmp_path / "work" / f"node-{node}.log").read_text()
 
 
-def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path) -> None:
-    # Token ids beyond the vocab only in the samples of data-parallel rank 1: that rank fails at step 1
-    # while rank 0 waits for it in a collective; the launcher must stop node 0 too.
-    tokens = np.zeros(64 * 8 + 1, dtype=np.uint16)
-    tokens[64 * 3 + 10] = 4000
-    tokens.tofile(tmp_path / "tokens.bin")
-    job = make_job("broken", data={"source": "tokens", "path": str(tmp_path / "tokens.bin")})
+def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rank 1 fails at step 1 while rank 0 waits for it in a collective; the launcher must stop node 0 too.
+    # (A test fault: a token id beyond the vocab, which once did this, now stops every rank at start-up.)
+    monkeypatch.setenv(ENV_TEST_FAULT, "fail-rank:1:step:1")
+    monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
+    job = make_job("broken")
     start = time.monotonic()
     code = run_local(job, steps=None, jsonl=None, workdir=tmp_path / "work")
     assert code == EXIT_CONFIG_ERROR  # the rank's own code, through the node's exit-code supervisor
-    assert "token id 4000, outside the model's vocab of 2048" in (tmp_path / "work" / "node-1.log").read_text()
+    assert f"{ENV_TEST_FAULT}: failing at the start of step 1" in (tmp_path / "work" / "node-1.log").read_text()
     assert not processes_mentioning(str(tmp_path / "work"))
     assert time.monotonic() - start < 240
 

@@ -18,6 +18,8 @@ from tetrad.api.rules import (
     BACKOFF_MESSAGE,
     BOTH_LISTS_MESSAGE,
     BYTE_TOKENIZER,
+    BYTE_VOCAB,
+    BYTE_VOCAB_MESSAGE,
     DATA_PATH_MESSAGE,
     DEFAULT_MULTI_STAGES_PER_RANK,
     FAMILY_PRESET_MESSAGE,
@@ -252,8 +254,11 @@ def script_rules() -> list[dict[str, str]]:
 
 
 def data_rules() -> list[dict[str, str]]:
-    """A file source needs its path, jsonl a Hugging Face tokenizer (tetrad.api.rules.check_data says the same)."""
+    """A file source needs its path, jsonl a Hugging Face tokenizer, the byte tokenizer a vocab of 256
+    (tetrad.api.rules.check_data and check_data_vocab say the same)."""
     sources = ", ".join(f"'{s.value}'" for s in FILE_SOURCES)
+    # Only an explicit vocab can be too small for the byte tokenizer: every preset's holds its 256 ids.
+    assert all(dims["vocab"] >= BYTE_VOCAB for dims in PRESETS.values())
     return [
         {"rule": f"!has(self.data) || !(self.data.source in [{sources}]) || has(self.data.path)",
          "messageExpression": _fmt("spec.data.path: " + DATA_PATH_MESSAGE.replace("{}", "%s"), "self.data.source"),
@@ -262,6 +267,11 @@ def data_rules() -> list[dict[str, str]]:
                   f" || self.data.tokenizer != '{BYTE_TOKENIZER}'"),
          "message": f"spec.data.tokenizer: {JSONL_TOKENIZER_MESSAGE}",
          "reason": "FieldValueInvalid", "fieldPath": ".data.tokenizer"},
+        {"rule": (f"!{BUILTIN} || !has(self.data) || self.data.source != '{DataSource.TEXT.value}'"
+                  f" || self.data.tokenizer != '{BYTE_TOKENIZER}' || !has(self.model) || !has(self.model.vocab)"
+                  f" || self.model.vocab >= {BYTE_VOCAB}"),
+         "messageExpression": _fmt("spec.model.vocab: " + BYTE_VOCAB_MESSAGE.replace("{}", "%d"), "self.model.vocab"),
+         "reason": "FieldValueInvalid", "fieldPath": ".model.vocab"},
     ]
 
 

@@ -88,6 +88,22 @@ def check_data(data: Data, problems: list[Problem]) -> None:
         problems += [Problem(f"spec.data.{name}", f"{name} acts on data.source=jsonl alone, this job reads "
                              f"{data.source.value} data: remove it", "warning")
                      for name in JSONL_ONLY if name in data.model_fields_set]
+
+
+# The byte tokenizer's ids are the byte values: a model it feeds needs a vocab of at least 256.
+BYTE_VOCAB: Final = 256
+# No apostrophe: CEL's messageExpression quotes the message with them.
+BYTE_VOCAB_MESSAGE: Final = (f"vocab={{}} is below the {BYTE_VOCAB} ids of the byte tokenizer (data.source=text with"
+                             f" data.tokenizer: byte, the default); set vocab to at least {BYTE_VOCAB}, or name a Hugging"
+                             " Face tokenizer in data.tokenizer")
+
+
+def check_data_vocab(data: Data, vocab: int, problems: list[Problem]) -> None:
+    """The byte tokenizer's ids fit the model's vocab (the resolved one: a preset's, or explicit)."""
+    if data.source == DataSource.TEXT and data.tokenizer == BYTE_TOKENIZER and vocab < BYTE_VOCAB:
+        problems.append(Problem("spec.model.vocab", BYTE_VOCAB_MESSAGE.format(vocab)))
+
+
 PLUGIN_HF_MESSAGE: Final = ("a model definition of your own (module) is not one of the built-in families: remove family and"
                             " hfDir (the Hugging Face conversion covers the built-in families)")
 # A Hugging Face directory is read in the pod only: the cluster resolves the model from a preset or these.
@@ -252,4 +268,5 @@ def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
     check_fsdp(cfg.training, cfg.layout, problems)
     check_data(cfg.data, problems)
+    check_data_vocab(cfg.data, cfg.model.vocab, problems)
     return problems

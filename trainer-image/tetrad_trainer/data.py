@@ -11,6 +11,7 @@ so a checkpoint taken with one dp degree resumes under another. Nothing is downl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from tetrad.api.resolved import ResolvedConfig
+from tetrad.api.rules import BYTE_TOKENIZER, BYTE_VOCAB, BYTE_VOCAB_MESSAGE
 from tetrad.api.spec import DataSource
 from tetrad_trainer.config import ConfigError
 from tetrad_trainer.loss import IGNORE_INDEX
@@ -65,32 +67,42 @@ class SyntheticTokens:
 
 
 class TokenArray:
-    """Consecutive windows of a token stream (in memory or memory-mapped), wrapping around."""
+    """Consecutive windows of a token stream (in memory or memory-mapped), wrapping around; its ids are
+    checked against the vocab where it is built (_token_file, the tokenizers' sizes)."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, vocab: int, what: str):
+    def __init__(self, tokens: np.ndarray, seq_len: int, what: str):
         self.windows = (len(tokens) - 1) // seq_len
         if self.windows < 1:
             raise ConfigError(f"{what} has {len(tokens)} tokens, fewer than seqLen+1 = {seq_len + 1}")
-        self.tokens, self.seq_len, self.vocab, self.what = tokens, seq_len, vocab, what
+        self.tokens, self.seq_len, self.what = tokens, seq_len, what
 
     def sample(self, index: int) -> np.ndarray:
         start = (index % self.windows) * self.seq_len
-        window = np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
-        if window.max() >= self.vocab:
-            raise ConfigError(f"{self.what} holds token id {int(window.max())}, outside the model's vocab of {self.vocab}")
-        return window
+        return np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64)
 
 
 def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
-    if tokenizer == "byte":
-        if vocab < 256:
-            raise ConfigError(f"the byte tokenizer needs vocab >= 256, the model has {vocab}")
-        return np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    tok = load_tokenizer(tokenizer).tokenizer
-    if tok.get_vocab_size() > vocab:
-        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.get_vocab_size()} tokens, more than the"
+    if tokenizer == BYTE_TOKENIZER:
+        if vocab < BYTE_VOCAB:  # validation refuses it; a config written by hand may not have been validated
+            raise ConfigError(f"spec.model.vocab: {BYTE_VOCAB_MESSAGE.format(vocab)}")
+        return np.frombuffer(_read(path), dtype=np.uint8)
+    tok = load_tokenizer(tokenizer)
+    if tok.vocab_size > vocab:
+        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.vocab_size} tokens, more than the"
                           f" model's vocab of {vocab}")
-    return np.asarray(tok.encode(path.read_text(encoding="utf-8")).ids, dtype=np.int64)
+    try:
+        text = _read(path).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"spec.data.path: text file {path} is not UTF-8 text at byte offset {e.start} ({e.reason});"
+                          " write it as UTF-8, or read its bytes with data.tokenizer: byte") from None
+    return np.asarray(tok.encode([text], special=True)[0], dtype=np.int64)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"spec.data.path: cannot read text file {path}: {e.strerror or e}") from None
 
 
 def build_source(cfg: ResolvedConfig, note: Callable[[str], None] = lambda _: None) -> TokenSource:
@@ -105,12 +117,25 @@ def build_source(cfg: ResolvedConfig, note: Callable[[str], None] = lambda _: No
     if not path.is_file():
         raise ConfigError(f"spec.data.path: {d.path!r} is not a file (data.source={d.source.value})")
     if d.source == DataSource.TEXT:
-        return TokenArray(_tokenize(path, d.tokenizer, m.vocab), m.seq_len, m.vocab, f"text file {path}")
-    return TokenArray(_token_file(path, d.token_dtype), m.seq_len, m.vocab, f"token file {path}")
+        return TokenArray(_tokenize(path, d.tokenizer, m.vocab), m.seq_len, f"text file {path}")
+    start = time.monotonic()
+    tokens = _token_file(path, d.token_dtype, m.vocab)
+    note(f"token file {path}: {len(tokens):,} {d.token_dtype} tokens, every id inside the vocab of {m.vocab}"
+         f" (checked in {time.monotonic() - start:.1f} s)")
+    return TokenArray(tokens, m.seq_len, f"token file {path}")
 
 
-def _token_file(path: Path, token_dtype: str) -> np.ndarray:
-    """The memory-mapped tokens; ConfigError (exit 78) naming spec.data.path for a file that cannot hold them."""
+# The start-up scan of a token file reads this many tokens at a time (32 or 64 MiB), vectorized.
+SCAN_TOKENS = 1 << 24
+# The width check reads the file's first this many uint16s.
+WIDTH_SAMPLE = 1 << 20
+# A token id's high 16 bits: at most 3 for vocabularies up to 2^18 (262,144), the largest in use.
+HIGH_HALF_MAX = 3
+
+
+def _token_file(path: Path, token_dtype: str, vocab: int) -> np.ndarray:
+    """The memory-mapped tokens, every id checked against the vocab; ConfigError (exit 78) naming the field for
+    a file that cannot hold them, that looks like the other width, or that holds an id outside the vocab."""
     dtype = np.dtype(token_dtype)
     try:
         size = path.stat().st_size
@@ -119,9 +144,39 @@ def _token_file(path: Path, token_dtype: str) -> np.ndarray:
         if size % dtype.itemsize:
             raise ConfigError(f"spec.data.path: token file {path} has {size} bytes, not a whole number of"
                               f" {token_dtype} tokens ({dtype.itemsize} bytes each); check spec.data.tokenDtype")
-        return np.memmap(path, dtype=dtype, mode="r")
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+        high = max(HIGH_HALF_MAX, (vocab - 1) >> 16)  # the largest high half of an id inside the vocab
+        if dtype.itemsize == 2 and size % 4 == 0 and _halves_look_like_uint32(head := tokens[:WIDTH_SAMPLE], high):
+            raise ConfigError(f"spec.data.tokenDtype: token file {path} looks like uint32 tokens, read as uint16: every"
+                              f" second uint16 of its first {len(head)} is at most {high} (the high halves of"
+                              " little-endian uint32 ids); set spec.data.tokenDtype: uint32")
+        _scan(tokens, vocab, high, path)
+        return tokens
     except OSError as e:
         raise ConfigError(f"spec.data.path: cannot read token file {path}: {e.strerror or e}") from None
+
+
+def _halves_look_like_uint32(u16: np.ndarray, high: int) -> bool:
+    """Little-endian uint32 ids read as uint16: every second one is a high half (0 below 65,536), while the
+    others are not all that small (a file of zeros could be either)."""
+    pairs = u16[:len(u16) // 2 * 2]
+    return len(pairs) > 0 and int(pairs[1::2].max()) <= high < int(pairs[0::2].max())
+
+
+def _scan(tokens: np.ndarray, vocab: int, high: int, path: Path) -> None:
+    """Every id below the vocab, chunk by chunk; the first one outside named by its index."""
+    for start in range(0, len(tokens), SCAN_TOKENS):
+        chunk = tokens[start:start + SCAN_TOKENS]
+        if int(chunk.max()) < vocab:
+            continue
+        at = start + int(np.argmax(chunk >= vocab))
+        token = int(tokens[at])
+        said = (f"spec.data.path: token file {path} holds token id {token} at token {at} (byte offset {at * tokens.itemsize}),"
+                f" outside the model's vocab of {vocab} (spec.model.vocab)")
+        if tokens.itemsize == 4 and token >> 16 > high:  # two uint16 ids read as one
+            raise ConfigError(f"{said}; its high 16 bits are {token >> 16}: the file looks like uint16 tokens, read as"
+                              " uint32; set spec.data.tokenDtype: uint16")
+        raise ConfigError(f"{said}; write the file with the model's tokenizer, or use a model whose vocab covers it")
 
 
 class BatchLoader:

@@ -4,6 +4,8 @@ $TETRAD_TEST_FAULT names one fault:
 
   hang-rank:R:step:S   rank R blocks forever at the start of step S (its peers wait in their next
                        collective until the collective timeout)
+  fail-rank:R:step:S   rank R fails at the start of step S with a config error (exit 78) while its
+                       peers wait in their next collective
 
 It is read here and nowhere else, and it acts only when $TETRAD_TEST_FAULTS_ALLOWED=1 is set as
 well; without that, the trainer logs that it ignores it. A pod's template cannot set either
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED
 from tetrad_trainer.config import ConfigError
 
-HANG = re.compile(r"hang-rank:(\d+):step:(\d+)")
+HANG = re.compile(r"(hang|fail)-rank:(\d+):step:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,13 @@ class Hang:
     step: int
 
 
-def configured() -> Hang | None:
+@dataclass(frozen=True)
+class Fail:
+    rank: int
+    step: int
+
+
+def configured() -> Hang | Fail | None:
     """The fault $TETRAD_TEST_FAULT asks for, when tests allow faults; None otherwise."""
     spec = os.environ.get(ENV_TEST_FAULT)
     if not spec:
@@ -40,14 +48,18 @@ def configured() -> Hang | None:
               file=sys.stderr, flush=True)
         return None
     if not (m := HANG.fullmatch(spec)):
-        raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP")
-    return Hang(rank=int(m[1]), step=int(m[2]))
+        raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP or"
+                          " fail-rank:RANK:step:STEP")
+    return (Hang if m[1] == "hang" else Fail)(rank=int(m[2]), step=int(m[3]))
 
 
-def inject(fault: Hang | None, rank: int, step: int) -> None:
-    """Block forever when `fault` is this rank's at this step; signals are still handled, only SIGKILL ends it."""
+def inject(fault: Hang | Fail | None, rank: int, step: int) -> None:
+    """Block forever when `fault` is this rank's hang at this step (signals are still handled, only SIGKILL
+    ends it); raise ConfigError when it is this rank's failure."""
     if fault is None or (fault.rank, fault.step) != (rank, step):
         return
+    if isinstance(fault, Fail):
+        raise ConfigError(f"{ENV_TEST_FAULT}: failing at the start of step {step} (test fault)")
     print(f"[tetrad rank {rank}] {ENV_TEST_FAULT}: hanging at the start of step {step} (test fault)",
           file=sys.stderr, flush=True)
     while True:

@@ -33,7 +33,7 @@ import jinja2.ext
 import jinja2.sandbox
 from jinja2 import nodes
 from jinja2.parser import Parser
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 from tetrad_trainer.config import ConfigError
 
@@ -83,9 +83,9 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Each text's ids, without the special tokens the post-processor would add."""
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    def encode(self, texts: list[str], *, special: bool = False) -> list[list[int]]:
+        """Each text's ids, with the special tokens the post-processor adds only when `special`."""
+        return [e.ids for e in _encoded(self.tokenizer, self.file, texts, special)]
 
     def piece(self, token_id: int) -> str:
         return self.tokenizer.id_to_token(token_id) or "?"
@@ -157,7 +157,7 @@ def load_tokenizer(spec: str) -> HFTokenizer:
     special = {name: token for name in SPECIAL if (token := _special(tok, config, name, file)) is not None}
     add_bos = config.get("add_bos_token")
     if not isinstance(add_bos, bool):  # not said: what the post-processor does, as transformers' tokenizer(text)
-        add_bos = _post_processor_adds(tok, special.get("bos_token"))
+        add_bos = _post_processor_adds(tok, file, special.get("bos_token"))
     elif add_bos and "bos_token" not in special:
         raise ConfigError(f"{FIELD}: {file.parent / CONFIG_FILE} sets add_bos_token but names no bos_token; "
                           "name it or set add_bos_token: false")
@@ -192,11 +192,18 @@ def _special(tok: Tokenizer, config: dict[str, Any], name: str, file: Path) -> S
     return SpecialToken(value, token_id)
 
 
-def _post_processor_adds(tok: Tokenizer, bos: SpecialToken | None) -> bool:
+def _encoded(tok: Tokenizer, file: Path, texts: list[str], special: bool) -> list[Encoding]:
+    try:
+        return tok.encode_batch(texts, add_special_tokens=special)
+    except Exception as e:  # noqa: BLE001 - the Rust library raises plain Exceptions (a word-level vocab without unk)
+        raise ConfigError(f"{FIELD}: {file} fails to tokenize the data: {e}") from None
+
+
+def _post_processor_adds(tok: Tokenizer, file: Path, bos: SpecialToken | None) -> bool:
     """Whether tokenizer.json's post-processor starts a text with bos (Llama 3's TemplateProcessing does)."""
     if bos is None:
         return False
-    with_specials, plain = tok.encode("a", add_special_tokens=True).ids, tok.encode("a", add_special_tokens=False).ids
+    with_specials, plain = (_encoded(tok, file, ["a"], special)[0].ids for special in (True, False))
     return with_specials[:1] == [bos.id] and plain[:1] != [bos.id]
 
 
