@@ -221,3 +221,15 @@ def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
     with pytest.raises(ck.CheckpointError, match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
         saver.dir.commit(1, tmp, reports, {}, keep_last=3)
     assert not (tmp_path / ck.LATEST).exists() and not (tmp_path / "step-00000001").exists()
+
+
+def test_a_checkpoint_path_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "ckpt").write_text("x")
+    assert ck.writable_problem(tmp_path / "ckpt") == (
+        f"spec.checkpoint.path: {tmp_path}/ckpt is a file, not a directory; move that file away or set "
+        "checkpoint.path to a directory")
+    assert ck.writable_problem(tmp_path / "ckpt" / "sub") == (
+        f"spec.checkpoint.path: {tmp_path}/ckpt/sub cannot be a directory: {tmp_path}/ckpt is a file; move that "
+        "file away or set checkpoint.path to a directory")
+    assert ck.writable_problem(tmp_path / "new" / "dir") is None and (tmp_path / "new" / "dir").is_dir()
+    assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == []  # the probe is gone

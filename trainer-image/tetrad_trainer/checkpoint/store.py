@@ -282,20 +282,33 @@ class CheckpointDir:
         return sum(f["size"] for f in files.values()), deleted
 
 
-def writable_problem(root: str | Path) -> str | None:
-    """Why this process cannot create files under `root` (created if missing), or None.
-
-    Run by every rank before any collective, so that a bad path fails every rank the same way
-    instead of one rank dying and the others reporting only a lost connection.
-    """
+def unwritable(root: str | Path) -> tuple[str, bool] | None:
+    """Why this process cannot create files in the directory `root` (created if missing), and whether a
+    file stands where the directory or one above it belongs; None when it can."""
     path = Path(root)
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    if existing.exists() and not existing.is_dir():
+        return (f"{path} is a file, not a directory" if existing == path else
+                f"{path} cannot be a directory: {existing} is a file"), True
     probe = path / f"{TMP_PREFIX}probe.{os.uname().nodename}.{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         write_file(probe, b"")
         probe.unlink()
     except OSError as e:
-        return (f"spec.checkpoint.path: {path} is not writable by uid {os.getuid()} on {os.uname().nodename} "
-                f"({e.strerror or e}); mount a writable volume there (spec.checkpoint.volume, e.g. a "
-                "ReadWriteMany claim) or choose another path")
+        return f"{path} is not writable by uid {os.getuid()} on {os.uname().nodename} ({e.strerror or e})", False
     return None
+
+
+def writable_problem(root: str | Path) -> str | None:
+    """Why this process cannot create files under `root` (created if missing), or None.
+
+    Run by every rank before any collective, so that a bad path fails every rank the same way
+    instead of one rank dying and the others reporting only a lost connection.
+    """
+    if (found := unwritable(root)) is None:
+        return None
+    why, file = found
+    fix = ("move that file away or set checkpoint.path to a directory" if file else
+           "mount a writable volume there (spec.checkpoint.volume, e.g. a ReadWriteMany claim) or choose another path")
+    return f"spec.checkpoint.path: {why}; {fix}"
