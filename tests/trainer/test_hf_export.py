@@ -8,7 +8,9 @@ the checkpoint's parameters bit for bit, in process and through the trainer's --
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 import transformers
 from tetrad_trainer import export as hf
 from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.checkpoint import store
 from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.model import Transformer, init_weights, initial_value
 from torch.distributed.device_mesh import DeviceMesh
@@ -92,8 +95,44 @@ def test_the_latest_checkpoint_is_exported_and_a_damaged_one_is_refused(one_rank
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(hf.ConversionError, match=r"is damaged: __0_0.distcp: CRC32 .* \(corrupted\)"):
+    with pytest.raises(hf.ConversionError, match=r"is damaged: refusing .*step-00000001: __0_0.distcp: CRC32 .* "
+                                                 r"\(corrupted\)"):
         hf.export(tmp_path / "ckpt", tmp_path / "x")
+
+
+def test_export_checks_out_dir_first_and_falls_back_as_resume_does(one_rank_mesh: DeviceMesh, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    _trained(ckpt)
+    (ckpt / "latest").write_text("step-00000009\n")  # names a step that is not there: resume falls back
+    assert hf.main([str(ckpt), str(tmp_path / "hf")]) == 0
+    err = capsys.readouterr().err
+    assert f"refusing {ckpt}/step-00000009: {ckpt}/step-00000009/MANIFEST.json: missing" in err, err
+    assert f"falling back to the previous good checkpoint {ckpt}/step-{STEP:08d}" in err, err
+
+    def unread(*_: object) -> None:
+        raise AssertionError("the checkpoint was read before OUT_DIR was checked")
+
+    monkeypatch.setattr(hf, "read_checkpoint", unread)
+    (tmp_path / "file").write_text("x")
+    assert hf.main([str(ckpt), str(tmp_path / "file")]) == 1
+    assert capsys.readouterr().err == (f"error: OUT_DIR {tmp_path}/file is a file, not a directory; move that file "
+                                       "away or give a directory\n")
+
+    def read_only(path: Path, data: bytes) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(store, "write_file", read_only)
+    assert hf.main([str(ckpt), str(tmp_path / "ro")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: OUT_DIR {tmp_path}/ro is not writable by uid ") and err.count("\n") == 1, err
+    assert err.endswith("(Read-only file system); give a directory you can write\n"), err
+    monkeypatch.undo()
+
+    assert hf.main([str(tmp_path / "nowhere"), str(tmp_path / "hf2")]) == 1
+    assert capsys.readouterr().err == (f"error: CHECKPOINT_DIR {tmp_path}/nowhere: no such directory; give the "
+                                       "job's checkpoint.path\n")
 
 
 def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:

@@ -44,9 +44,10 @@ from tetrad_trainer.checkpoint.store import (
     CheckpointError,
     CheckpointMismatch,
     NoGoodCheckpoint,
+    candidate_manifest,
     digests,
+    first_intact,
     phase,
-    read_manifest,
     step_dir_name,
     verify_files,
     write_file,
@@ -369,20 +370,8 @@ class Checkpointer:
         if not (self.settings.enabled and self.settings.resume):
             return None
         candidates = self._broadcast(self.dir.candidates() if self.rank == 0 else None)
-        refused: list[str] = []
-        for cand in candidates:
-            if cand.note:
-                self._info(cand.note)
-            manifest, problems = self._verify(cand)
-            if problems:
-                msg = f"refusing {cand.path}: " + "; ".join(problems[:5])
-                if len(problems) > 5:
-                    msg += f"; and {len(problems) - 5} more"
-                self._info(msg)
-                refused.append(msg)
-                continue
-            if refused:
-                self._info(f"falling back to the previous good checkpoint {cand.path}")
+        cand, manifest, refused = first_intact(candidates, self._verify, self._info)
+        if cand is not None:
             assert manifest is not None
             resumed = self._load(cand.path, manifest)
             resumed.refused = refused
@@ -397,16 +386,7 @@ class Checkpointer:
 
     def _verify(self, cand: Candidate) -> tuple[dict[str, Any] | None, list[str]]:
         """All ranks check a share of the candidate's files. Returns (manifest, problems)."""
-        manifest: dict[str, Any] | None = None
-        problem = None
-        if self.rank == 0:
-            try:
-                manifest = read_manifest(cand.path)
-                if manifest["step"] != cand.step:
-                    problem = f"the manifest says step {manifest['step']}, the directory step {cand.step}"
-            except CheckpointError as e:
-                problem = str(e)
-        manifest, problem = self._broadcast((manifest, problem))
+        manifest, problem = self._broadcast(candidate_manifest(cand) if self.rank == 0 else None)
         if problem:
             return None, [problem]
         assert manifest is not None

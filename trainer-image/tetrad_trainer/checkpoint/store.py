@@ -146,6 +146,48 @@ class Candidate:
     note: str = ""
 
 
+def candidate_manifest(cand: Candidate) -> tuple[dict[str, Any] | None, str | None]:
+    """The candidate's manifest, or why it cannot be one (missing, damaged, another step's)."""
+    try:
+        manifest = read_manifest(cand.path)
+    except CheckpointError as e:
+        return None, str(e)
+    if manifest["step"] != cand.step:
+        return None, f"the manifest says step {manifest['step']}, the directory step {cand.step}"
+    return manifest, None
+
+
+def verified_here(cand: Candidate) -> tuple[dict[str, Any] | None, list[str]]:
+    """(manifest, problems) of a candidate checked in this one process: its manifest, then every file."""
+    manifest, problem = candidate_manifest(cand)
+    if manifest is None:
+        return None, [problem or "no manifest"]
+    return manifest, verify_files(cand.path, manifest["files"])
+
+
+def first_intact(candidates: list[Candidate], verify: Callable[[Candidate], tuple[dict[str, Any] | None, list[str]]],
+                 say: Callable[[str], None]) -> tuple[Candidate | None, dict[str, Any] | None, list[str]]:
+    """The first candidate `verify` finds intact, its manifest and the refusals before it: the rule of resume
+    and export. A damaged one (or one `latest` names that is missing) is refused with the reason and the next
+    older one tried; `say` gets each candidate's note, each refusal and the fall-back."""
+    refused: list[str] = []
+    for cand in candidates:
+        if cand.note:
+            say(cand.note)
+        manifest, problems = verify(cand)
+        if problems:
+            msg = f"refusing {cand.path}: " + "; ".join(problems[:5])
+            if len(problems) > 5:
+                msg += f"; and {len(problems) - 5} more"
+            say(msg)
+            refused.append(msg)
+            continue
+        if refused:
+            say(f"falling back to the previous good checkpoint {cand.path}")
+        return cand, manifest, refused
+    return None, None, refused
+
+
 class CheckpointDir:
     """The directory of one job's checkpoints: listing, committing and pruning (rank 0 only)."""
 
