@@ -193,6 +193,25 @@ def test_the_trainer_refuses_weights_of_another_model_with_exit_78(tmp_path: Pat
     assert f"num_hidden_layers {other.layers} != {cfg.model.layers}" in run.log(0)
 
 
+def test_a_truncated_init_from_file_exits_78_naming_the_field_and_the_file(tmp_path: Path) -> None:
+    hf_dir = tmp_path / "hf"
+    cfg = job({}, nproc=1, training={"steps": 1, "globalBatch": 1, "precision": "fp32", "initFrom": str(hf_dir)})
+    with torch.device("meta"):
+        source = Transformer(cfg.model)
+    init_weights(source, torch.device("cpu"), seed=1)
+    hf.save_hf({n: p.detach() for n, p in source.named_parameters()}, cfg.model, hf_dir)
+    weights = hf_dir / hf.WEIGHTS
+    with open(weights, "r+b") as f:  # a copy cut short
+        f.truncate(weights.stat().st_size // 2)
+    run = run_trainer(cfg, tmp_path / "run")
+    assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
+    lines = [ln for ln in run.log(0).splitlines() if "config error" in ln]
+    assert lines == [f"[tetrad rank 0] config error: spec.training.initFrom={hf_dir}: {weights}: not a whole "
+                     "safetensors file (Error while deserializing header: incomplete metadata, file not fully "
+                     "covered); copy it again"], run.log(0)
+    assert "Traceback" not in run.log(0)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_checkpoint_of_sharded_ranks_exports_whole(tmp_path: Path) -> None:

@@ -390,8 +390,9 @@ def check_hf_dir(hf_dir: str | Path, cfg: ModelConfig) -> None:
 
 
 def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
-    """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model."""
-    from safetensors import safe_open
+    """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model
+    and that every file's header reads and covers the file."""
+    from safetensors import SafetensorError, safe_open
 
     check_hf_dir(hf_dir, cfg)
     hf_dir = Path(hf_dir)
@@ -400,8 +401,11 @@ def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
         raise ConversionError(f"{hf_dir}: no *.safetensors file")
     index: dict[str, Path] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            index.update(dict.fromkeys(st.keys(), f))
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                index.update(dict.fromkeys(st.keys(), f))
+        except (OSError, SafetensorError) as e:  # a truncated file: its header does not cover it
+            raise ConversionError(f"{f}: not a whole safetensors file ({e}); copy it again") from None
     return index
 
 
