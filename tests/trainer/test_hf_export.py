@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tetrad_trainer import export as hf
-from tetrad_trainer.checkpoint import Checkpointer
-from tetrad_trainer.checkpoint import store
+from tetrad_trainer.checkpoint import Checkpointer, store
 from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.model import Transformer, init_weights, initial_value
 from torch.distributed.device_mesh import DeviceMesh

@@ -51,8 +51,8 @@ from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import Precision
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import collective, exits, gang
-from tetrad.node.host import slow_bf16_warning
 from tetrad.node.environment import NodeEnv
+from tetrad.node.host import slow_bf16_warning
 from tetrad.node.process import die_with_parent
 from tetrad_trainer import faults
 from tetrad_trainer.checkpoint import Checkpointer, CheckpointError, CheckpointMismatch, NoGoodCheckpoint
