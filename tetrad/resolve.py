@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from tetrad.api.contract import POD_VOLUMES, SCRATCH_VOLUMES
 from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
@@ -220,9 +221,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
     if c.enabled:
         mounted = c.volume is not None or any(m.get("mountPath") == c.path for m in spec.template.volume_mounts)
         if not mounted:
-            problems.append(Problem("spec.checkpoint.volume", (
-                f"checkpoints go to {c.path} but no volume is mounted there; in a cluster the read-only root"
-                " filesystem fails the first save: set checkpoint.volume (e.g. a PVC) or mount one via template"), "warning"))
+            problems.append(Problem("spec.checkpoint.volume", unmounted_checkpoints(c.path), "warning"))
         if c.keep_last == 1:
             problems.append(Problem("spec.checkpoint.keepLast", "keepLast=1 leaves no older checkpoint to fall back to if the latest is damaged; use 2 or more", "warning"))
     rp = spec.run_policy
@@ -260,6 +259,21 @@ def check_preflight_buffer(spec: ParallelTrainingJobSpec, problems: list[Problem
             f"allReduceMiB={p.all_reduce_mi_b} per process x nprocPerNode={spec.nproc_per_node} is"
             f" {buffer * spec.nproc_per_node / GiB:.1f} GiB of host memory, above memory={r.memory}; lower"
             " allReduceMiB (64 measures a CPU gang's bandwidth) or raise resources.memory")))
+
+
+def unmounted_checkpoints(path: str) -> str:
+    """What happens, in a cluster, to checkpoints under `path` with no volume mounted there."""
+    fix = "set checkpoint.volume (e.g. a PVC) or mount one via template"
+    scratch = next(((name, at) for name, at in POD_VOLUMES.items()
+                    if name in SCRATCH_VOLUMES and (path == at or path.startswith(at + "/"))), None)
+    if scratch is None:
+        return (f"checkpoints go to {path} but no volume is mounted there; in a cluster the read-only root filesystem"
+                f" fails the first save: {fix}")
+    name, at = scratch
+    memory = ", in memory: the checkpoints count against resources.memory" if at == "/dev/shm" else ""
+    return (f"checkpoints go to {path}, in the pod's own {name} volume at {at} (an emptyDir{memory}); in a cluster"
+            " saves succeed there, but every restart makes new pods, which wipes them, and the job starts over from"
+            f" step 0: {fix}")
 
 
 def check_host_memory(spec: ParallelTrainingJobSpec, est: Estimate, problems: list[Problem]) -> None:

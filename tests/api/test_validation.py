@@ -178,3 +178,20 @@ def test_checkpoint_warnings():
                                                                    "volumeMounts": [{"name": "v", "mountPath": "/ckpt"}]}))
     assert mounted_by_template == []
     assert [p.field for p in warnings(enabled=True, keepLast=1, volume={"emptyDir": {}})] == ["spec.checkpoint.keepLast"]
+
+
+def test_checkpoints_on_the_pods_scratch_volume_are_said_to_be_wiped_by_every_restart():
+    def warning(path):
+        (problem,) = [p for p in validate_document(manifest(checkpoint={"enabled": True, "path": path}))
+                      if p.severity == "warning"]
+        assert problem.field == "spec.checkpoint.volume"
+        return problem.message
+
+    for path, volume, at in (("/tmp/ckpt", "tmp", "/tmp"), ("/home/tetrad/.cache/ckpt", "cache", "/home/tetrad/.cache"),
+                             ("/dev/shm", "dshm", "/dev/shm")):
+        message = warning(path)
+        assert message.startswith(f"checkpoints go to {path}, in the pod's own {volume} volume at {at} (an emptyDir"), message
+        assert "saves succeed there, but every restart makes new pods, which wipes them" in message, message
+        assert "fails the first save" not in message, message
+    assert "in memory: the checkpoints count against resources.memory" in warning("/dev/shm/ckpt")
+    assert "read-only root filesystem fails the first save" in warning("/tmpx/ckpt")  # not under /tmp

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 from pathlib import Path
@@ -10,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from tetrad_trainer import checkpoint
+from tetrad_trainer.checkpoint import state as ck_state
 from tetrad_trainer.checkpoint import store as ck
 from torch import nn
+from torch.distributed.checkpoint import filesystem as dcp_files
 
 from tests.checkpoint import toy
 from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_OOM, EXIT_PREEMPTED
@@ -210,6 +214,49 @@ def test_single_process_model_change_names_both_layouts(tmp_path):
         loader.resume()
 
 
+_write_item = dcp_files._write_item
+
+
+def _written_to_a_full_disk(transforms, stream, data, *rest):
+    """DCP's _write_item on a full disk: the small byte items fit in the stream's buffer, the first tensor's
+    writes fail with ENOSPC (/dev/full), and torch.save raises its serializer's RuntimeError ("enforce fail at
+    inline_container.cc"), the OSError only its context, as it does for a tensor larger than the default
+    buffer (the small buffer makes the toy's small tensors do the same)."""
+    if isinstance(data, io.BytesIO):
+        return _write_item(transforms, stream, data, *rest)
+    full = open("/dev/full", "wb", buffering=64)  # noqa: SIM115 (closed below, its flush failing too)
+    try:
+        torch.save(data, full)
+    finally:
+        with contextlib.suppress(OSError):
+            full.close()
+
+
+def test_a_full_disk_is_said_with_the_bytes_needed_and_the_checkpoint_kept(tmp_path, monkeypatch):
+    saver, model, opt = tiny(tmp_path)
+    train_steps(model, opt, 1)
+    need = ck_state.state_bytes(ck_state.tensor_state(saver.pairs)) + len(ck_state.rank_state_bytes(1, 0, 0, None))
+    with monkeypatch.context() as m:
+        m.setattr(dcp_files, "_write_item", _written_to_a_full_disk)
+        with pytest.raises(ck.CheckpointError) as first:
+            saver.save(1)
+    msg = str(first.value)
+    assert msg.startswith(f"saving step 1 to {tmp_path}/.tmp-step-00000001 failed: the disk holding {tmp_path} is "
+                          f"full (this checkpoint needs about {need:,} bytes): rank 0: OSError: [Errno 28] No space "
+                          "left on device"), msg
+    assert "enforce fail" not in msg and "RuntimeError" not in msg, msg  # not torch's serializer's words
+    assert msg.endswith(f"nothing was committed, and no checkpoint was committed in {tmp_path} before it; free space "
+                        "on the checkpoint volume or lower checkpoint.keepLast"), msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the partial step is gone
+
+    saver.save(2)
+    with monkeypatch.context() as m:
+        m.setattr(dcp_files, "_write_item", _written_to_a_full_disk)
+        with pytest.raises(ck.CheckpointError, match=rf"nothing was committed: `latest` still names step 2 "
+                                                     rf"\({tmp_path}/step-00000002\); free space"):
+            saver.save(3)
+
+
 def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
     # What rank 0 finds when the checkpoint path is a per-node volume instead of a shared one.
     saver, _, _ = tiny(tmp_path)
@@ -221,3 +268,15 @@ def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
     with pytest.raises(ck.CheckpointError, match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
         saver.dir.commit(1, tmp, reports, {}, keep_last=3)
     assert not (tmp_path / ck.LATEST).exists() and not (tmp_path / "step-00000001").exists()
+
+
+def test_a_checkpoint_path_that_is_a_file_is_called_a_file(tmp_path):
+    (tmp_path / "ckpt").write_text("x")
+    assert ck.writable_problem(tmp_path / "ckpt") == (
+        f"spec.checkpoint.path: {tmp_path}/ckpt is a file, not a directory; move that file away or set "
+        "checkpoint.path to a directory")
+    assert ck.writable_problem(tmp_path / "ckpt" / "sub") == (
+        f"spec.checkpoint.path: {tmp_path}/ckpt/sub cannot be a directory: {tmp_path}/ckpt is a file; move that "
+        "file away or set checkpoint.path to a directory")
+    assert ck.writable_problem(tmp_path / "new" / "dir") is None and (tmp_path / "new" / "dir").is_dir()
+    assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == []  # the probe is gone

@@ -212,7 +212,8 @@ def test_an_unwritable_checkpoint_path_exits_78_on_every_rank_naming_the_field(t
     text = node.log.read_text()
     assert code == EXIT_CONFIG_ERROR, text[-3000:]
     said = [rank for rank in (0, 1)
-            if f"[tetrad rank {rank}] config error: spec.checkpoint.path: {tmp_path}/file/ckpt is not writable" in text]
+            if f"[tetrad rank {rank}] config error: spec.checkpoint.path: {tmp_path}/file/ckpt cannot be a directory: "
+               f"{tmp_path}/file is a file" in text]
     # Each rank checks before any collective. The first to fail makes torchrun stop the other, which
     # names the field too unless it was still importing torch (no handler yet; docs/checkpoint.md).
     assert said, text[-3000:]

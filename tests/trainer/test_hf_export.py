@@ -8,7 +8,9 @@ the checkpoint's parameters bit for bit, in process and through the trainer's --
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from tetrad_trainer import export as hf
-from tetrad_trainer.checkpoint import Checkpointer
+from tetrad_trainer.checkpoint import Checkpointer, store
 from tetrad_trainer.data import BatchLoader, build_source
 from tetrad_trainer.model import Transformer, init_weights, initial_value
 from torch.distributed.device_mesh import DeviceMesh
@@ -92,8 +94,44 @@ def test_the_latest_checkpoint_is_exported_and_a_damaged_one_is_refused(one_rank
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(hf.ConversionError, match=r"is damaged: __0_0.distcp: CRC32 .* \(corrupted\)"):
+    with pytest.raises(hf.ConversionError, match=r"is damaged: refusing .*step-00000001: __0_0.distcp: CRC32 .* "
+                                                 r"\(corrupted\)"):
         hf.export(tmp_path / "ckpt", tmp_path / "x")
+
+
+def test_export_checks_out_dir_first_and_falls_back_as_resume_does(one_rank_mesh: DeviceMesh, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    _trained(ckpt)
+    (ckpt / "latest").write_text("step-00000009\n")  # names a step that is not there: resume falls back
+    assert hf.main([str(ckpt), str(tmp_path / "hf")]) == 0
+    err = capsys.readouterr().err
+    assert f"refusing {ckpt}/step-00000009: {ckpt}/step-00000009/MANIFEST.json: missing" in err, err
+    assert f"falling back to the previous good checkpoint {ckpt}/step-{STEP:08d}" in err, err
+
+    def unread(*_: object) -> None:
+        raise AssertionError("the checkpoint was read before OUT_DIR was checked")
+
+    monkeypatch.setattr(hf, "read_checkpoint", unread)
+    (tmp_path / "file").write_text("x")
+    assert hf.main([str(ckpt), str(tmp_path / "file")]) == 1
+    assert capsys.readouterr().err == (f"error: OUT_DIR {tmp_path}/file is a file, not a directory; move that file "
+                                       "away or give a directory\n")
+
+    def read_only(path: Path, data: bytes) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+    monkeypatch.setattr(store, "write_file", read_only)
+    assert hf.main([str(ckpt), str(tmp_path / "ro")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: OUT_DIR {tmp_path}/ro is not writable by uid ") and err.count("\n") == 1, err
+    assert err.endswith("(Read-only file system); give a directory you can write\n"), err
+    monkeypatch.undo()
+
+    assert hf.main([str(tmp_path / "nowhere"), str(tmp_path / "hf2")]) == 1
+    assert capsys.readouterr().err == (f"error: CHECKPOINT_DIR {tmp_path}/nowhere: no such directory; give the "
+                                       "job's checkpoint.path\n")
 
 
 def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:
@@ -152,6 +190,25 @@ def test_the_trainer_refuses_weights_of_another_model_with_exit_78(tmp_path: Pat
     run = run_trainer(cfg, tmp_path / "run", args=("--init-from", str(tmp_path / "hf")))
     assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
     assert f"num_hidden_layers {other.layers} != {cfg.model.layers}" in run.log(0)
+
+
+def test_a_truncated_init_from_file_exits_78_naming_the_field_and_the_file(tmp_path: Path) -> None:
+    hf_dir = tmp_path / "hf"
+    cfg = job({}, nproc=1, training={"steps": 1, "globalBatch": 1, "precision": "fp32", "initFrom": str(hf_dir)})
+    with torch.device("meta"):
+        source = Transformer(cfg.model)
+    init_weights(source, torch.device("cpu"), seed=1)
+    hf.save_hf({n: p.detach() for n, p in source.named_parameters()}, cfg.model, hf_dir)
+    weights = hf_dir / hf.WEIGHTS
+    with open(weights, "r+b") as f:  # a copy cut short
+        f.truncate(weights.stat().st_size // 2)
+    run = run_trainer(cfg, tmp_path / "run")
+    assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
+    lines = [ln for ln in run.log(0).splitlines() if "config error" in ln]
+    assert lines == [f"[tetrad rank 0] config error: spec.training.initFrom={hf_dir}: {weights}: not a whole "
+                     "safetensors file (Error while deserializing header: incomplete metadata, file not fully "
+                     "covered); copy it again"], run.log(0)
+    assert "Traceback" not in run.log(0)
 
 
 @pytest.mark.distributed

@@ -72,6 +72,8 @@ CHECKPOINT_REQUEST_FILE: Final = "checkpoint-now"
 # checkpoint.volume is set. A spec's own volumes and mounts may not reuse these names or paths.
 POD_VOLUMES: Final[dict[str, str]] = {"config": CONFIG_DIR, "podinfo": POD_INFO_DIR, "tmp": "/tmp",
                                       "cache": "/home/tetrad/.cache", "dshm": "/dev/shm"}
+# The scratch volumes among them: emptyDirs, wiped with the pod (dshm in memory).
+SCRATCH_VOLUMES: Final = ("tmp", "cache", "dshm")
 CHECKPOINT_VOLUME: Final = "checkpoints"
 
 # Environment a spec's template.env may not set: torchrun's (PET_*), Tetrad's (TETRAD_*), what the

@@ -21,8 +21,10 @@ Invariants:
   the default dtype is the source's;
 - weights above `max_shard_bytes` (transformers' default, 50 GB) are split into
   model-0000i-of-0000n.safetensors with model.safetensors.index.json;
-- the checkpoint is verified against its manifest (size and CRC32 of every file) before it is
-  read, and read in one process at whatever layout it was saved with (DCP reshards).
+- OUT_DIR is checked first (a directory this process can write); the checkpoint exported is the
+  one resume would load (store.first_intact: `latest`, else the next older intact one), or --step,
+  verified against its manifest (size and CRC32 of every file) before it is read, and read in one
+  process at whatever layout it was saved with (DCP reshards).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +46,13 @@ from torch.distributed.tensor import DTensor
 from tetrad.api.families import hf_differences, read_hf_config, write_hf_config
 from tetrad.api.resolved import ModelConfig
 from tetrad_trainer.checkpoint.store import (
+    Candidate,
     CheckpointDir,
-    CheckpointError,
+    first_intact,
     read_manifest,
     step_dir_name,
-    verify_files,
+    unwritable,
+    verified_here,
 )
 from tetrad_trainer.models.init import canonical_name, local_box
 from tetrad_trainer.models.llama import Transformer
@@ -202,26 +206,40 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # -- checkpoints --------------------------------------------------------------------------------
 
-def checkpoint_step_dir(root: str | Path, step: int | None = None) -> Path:
-    """The committed checkpoint to export: `step`, or the one `latest` names; verified intact."""
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def checkpoint_step_dir(root: str | Path, step: int | None = None, say: Callable[[str], None] = _stderr) -> Path:
+    """The committed checkpoint to export, verified intact: `step`, or the one resume would load (the one
+    `latest` names, else the next older intact one; `say` gets the refusals)."""
     ckpts = CheckpointDir(root)
+    if not ckpts.root.is_dir():
+        what = "is a file, not a checkpoint directory" if ckpts.root.exists() else "no such directory"
+        raise ConversionError(f"CHECKPOINT_DIR {root}: {what}; give the job's checkpoint.path")
     if step is None:
-        candidates = ckpts.candidates()
-        if not candidates:
-            raise ConversionError(f"{root}: no committed checkpoint (no `latest` and no step directory with a manifest)")
-        path = candidates[0].path
-    else:
-        path = ckpts.root / step_dir_name(step)
-        if not path.is_dir():
-            have = [s for s, _ in ckpts.committed_dirs()]
-            raise ConversionError(f"{path}: no such checkpoint; committed steps: {have or 'none'}")
-    try:
-        manifest = read_manifest(path)
-    except CheckpointError as e:
-        raise ConversionError(str(e)) from None
-    if problems := verify_files(path, manifest["files"]):
+        cand, _, refused = first_intact(ckpts.candidates(), verified_here, say)
+        if cand is not None:
+            return cand.path
+        if refused:
+            raise ConversionError(f"every checkpoint in {root} is damaged: {' | '.join(refused)}")
+        raise ConversionError(f"{root}: no committed checkpoint (no `latest` and no step directory with a manifest)")
+    path = ckpts.root / step_dir_name(step)
+    if not path.is_dir():
+        have = [s for s, _ in ckpts.committed_dirs()]
+        raise ConversionError(f"{path}: no such checkpoint; committed steps: {have or 'none'}")
+    _, problems = verified_here(Candidate(path, step))
+    if problems:
         raise ConversionError(f"{path} is damaged: {'; '.join(problems)}; export an older step with --step")
     return path
+
+
+def check_out_dir(out_dir: str | Path) -> None:
+    """OUT_DIR must be a directory this process can write (created if missing): checked before the checkpoint is read."""
+    if (found := unwritable(out_dir)) is not None:
+        why, file = found
+        fix = "move that file away or give a directory" if file else "give a directory you can write"
+        raise ConversionError(f"OUT_DIR {why}; {fix}")
 
 
 def read_checkpoint(step_dir: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -251,6 +269,7 @@ def export(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None 
            dtype: torch.dtype | None = None, source: str | Path | None = None,
            max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write OUT_DIR as a Hugging Face directory from a committed checkpoint; returns the step directory read."""
+    check_out_dir(out_dir)
     step_dir = checkpoint_step_dir(checkpoint_dir, step)
     cfg, params = read_checkpoint(step_dir)
     save_hf(params, cfg, out_dir, dtype=dtype, source=source_of(checkpoint_dir, cfg, source), origin=str(step_dir),
@@ -371,8 +390,9 @@ def check_hf_dir(hf_dir: str | Path, cfg: ModelConfig) -> None:
 
 
 def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
-    """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model."""
-    from safetensors import safe_open
+    """Hugging Face name -> the safetensors file holding it, after checking that config.json is cfg's model
+    and that every file's header reads and covers the file."""
+    from safetensors import SafetensorError, safe_open
 
     check_hf_dir(hf_dir, cfg)
     hf_dir = Path(hf_dir)
@@ -381,8 +401,11 @@ def _hf_files(hf_dir: str | Path, cfg: ModelConfig) -> dict[str, Path]:
         raise ConversionError(f"{hf_dir}: no *.safetensors file")
     index: dict[str, Path] = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            index.update(dict.fromkeys(st.keys(), f))
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                index.update(dict.fromkeys(st.keys(), f))
+        except (OSError, SafetensorError) as e:  # a truncated file: its header does not cover it
+            raise ConversionError(f"{f}: not a whole safetensors file ({e}); copy it again") from None
     return index
 
 

@@ -348,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
         checked_definition(cfg)  # the model's import path and parts, before any collective
         if args.init_from is not None:
             cfg.model = cfg.model.model_copy(update={"hf_dir": str(args.init_from)})
-        checked_hf_dir(cfg)
+        hf_field = hf_dir_field(cfg, args.init_from)
+        checked_hf_dir(cfg, hf_field)
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
         # Every rank reads and checks the data files (a JSONL file's every line) before joining the group.
@@ -368,8 +369,10 @@ def run(args: argparse.Namespace) -> int:
             trainer.checkpointer.close()  # the last save committed (or failed) before the figures are left
             trainer.metrics.close()
         leave_final_state(trainer.metrics.final_figures())
-    except (ConfigError, CheckpointMismatch, NoGoodCheckpoint, ConversionError) as e:
+    except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
         return config_error(e)
+    except ConversionError as e:  # the Hugging Face directory's weights (init_from_hf)
+        return config_error(ConfigError(f"{hf_field}={cfg.model.hf_dir}: {e}"))
     except CheckpointError as e:  # retryable: the restart resumes from the last good checkpoint
         log(f"checkpoint error: {e}")
         return 1
@@ -393,7 +396,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def checked_hf_dir(cfg: ResolvedConfig) -> None:
+def hf_dir_field(cfg: ResolvedConfig, init_from: Path | None) -> str:
+    """What named the Hugging Face directory the model starts from: --init-from, else the spec's field (initFrom
+    when it is set: hfDir, when set too, is the same path)."""
+    if init_from is not None:
+        return "--init-from"
+    return "spec.training.initFrom" if cfg.training.init_from is not None else "spec.model.hfDir"
+
+
+def checked_hf_dir(cfg: ResolvedConfig, field: str) -> None:
     """The Hugging Face directory the model starts from, checked on every rank before any collective: a
     config.json Tetrad does not implement, or that contradicts the resolved model, is a config error."""
     if cfg.model is None or cfg.model.hf_dir is None:
@@ -401,7 +412,7 @@ def checked_hf_dir(cfg: ResolvedConfig) -> None:
     try:
         check_hf_dir(cfg.model.hf_dir, cfg.model)
     except ConversionError as e:
-        raise ConfigError(f"spec.model.hfDir={cfg.model.hf_dir}: {e}") from None
+        raise ConfigError(f"{field}={cfg.model.hf_dir}: {e}") from None
 
 
 def config_error(e: Exception) -> int:

@@ -44,9 +44,10 @@ from tetrad_trainer.checkpoint.store import (
     CheckpointError,
     CheckpointMismatch,
     NoGoodCheckpoint,
+    candidate_manifest,
     digests,
+    first_intact,
     phase,
-    read_manifest,
     step_dir_name,
     verify_files,
     write_file,
@@ -64,6 +65,53 @@ def _reason(e: BaseException, rank: int) -> str:
     if isinstance(e, CheckpointException):
         return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}" for r, (exc, _) in sorted(e.failures.items()))
     return f"rank {rank}: {type(e).__name__}: {e}"
+
+
+# Errors that mean the checkpoint volume has no room: a full disk or quota (said so), a file-size limit.
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
+NO_ROOM = (*FULL_DISK, errno.EFBIG)
+
+
+def no_room(e: BaseException | None) -> int | None:
+    """The errno of NO_ROOM anywhere in e's chain (causes, contexts, DCP's per-rank failures), or None."""
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in NO_ROOM:
+            return x.errno
+        if isinstance(x, CheckpointException):
+            stack += [exc for exc, _ in x.failures.values()]
+        stack += [x.__cause__, x.__context__]
+    return None
+
+
+@contextlib.contextmanager
+def _room_named(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An error caused by a full disk raised as that OSError: torch's serializer reports ENOSPC as a cryptic
+    RuntimeError ("enforce fail at inline_container.cc") whose cause DCP loses gathering it across ranks."""
+    try:
+        yield
+    except Exception as e:
+        code = no_room(e)
+        if code is None or isinstance(e, OSError):
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from e
+
+
+class _Writer(dcp.FileSystemWriter):
+    """DCP's file writer, a full disk reported as such."""
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        with _room_named(self.path):
+            return super().write_data(plan, planner)
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        with _room_named(self.path):
+            super().finish(metadata, results)
 
 
 @dataclass
@@ -179,16 +227,17 @@ class Checkpointer:
         self._barrier()  # nobody writes into a directory rank 0 is still clearing
         state: Any = rank_state.tensor_state(self.pairs)
         blob = rank_state.rank_state_bytes(step, self.rank, self.dp_rank, self.data_loader)
+        need = rank_state.state_bytes(state) + len(blob)  # what this rank writes, about
         if async_save:
             state = self._stage(state)
             phase("staged", step)
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tetrad-ckpt")
             stall = time.perf_counter() - t0
-            self._pending = self._executor.submit(self._write_and_commit, step, state, blob, t0, stall, True)
+            self._pending = self._executor.submit(self._write_and_commit, step, state, blob, need, t0, stall, True)
             self.last_saved_step = step
             return None
-        stats = self._write_and_commit(step, state, blob, t0, 0.0, False)
+        stats = self._write_and_commit(step, state, blob, need, t0, 0.0, False)
         self.last_saved_step = step
         return stats
 
@@ -240,14 +289,14 @@ class Checkpointer:
             self._staging = staged
         return staged
 
-    def _write_and_commit(self, step: int, state: Any, blob: bytes, t0: float,
+    def _write_and_commit(self, step: int, state: Any, blob: bytes, need: int, t0: float,
                           stall: float, async_save: bool) -> SaveStats:
         tmp = self.dir.tmp_dir(step)
-        report: dict[str, Any] = {"rank": self.rank, "dp_rank": self.dp_rank}
+        report: dict[str, Any] = {"rank": self.rank, "dp_rank": self.dp_rank, "bytes": need}
         try:
             if isinstance(state, concurrent.futures.Future):
                 state = state.result()
-            writer = dcp.FileSystemWriter(str(tmp), single_file_per_rank=True, sync_files=True)
+            writer = _Writer(str(tmp), single_file_per_rank=True, sync_files=True)
             with _quiet_single_process(self.distributed):
                 dcp.save(state, storage_writer=writer, process_group=self.pg, no_dist=not self.distributed)
             phase("dcp-written", step)
@@ -257,9 +306,10 @@ class Checkpointer:
             mine = [own] + [p.name for p in tmp.iterdir() if p.name.startswith(f"__{self.rank}_")]
             report["files"] = digests(tmp, mine)
         except (Exception, CheckpointException) as e:  # every rank must still reach the gather below
-            report["error"] = _reason(e, self.rank)
+            report["error"], report["no_room"] = _reason(e, self.rank), no_room(e)
         reports = self._all_gather(report)
         errors = list(dict.fromkeys(r["error"] for r in reports if "error" in r))  # DCP reports a cause on every rank
+        codes = {r["no_room"] for r in reports if r.get("no_room")}
         size = 0
         if self.rank == 0 and not errors:
             try:
@@ -268,14 +318,13 @@ class Checkpointer:
                     self._info(f"retention (keepLast={self.settings.keep_last}) removed steps {deleted}")
             except Exception as e:
                 errors.append(f"rank 0: {type(e).__name__}: {e}")
-        errors, size = self._broadcast((errors, size))
+                codes.add(no_room(e))
+        latest = self.dir.latest()[0] if self.rank == 0 and errors else None
+        errors, codes, size, latest = self._broadcast((errors, codes, size, latest))
         if errors:
             if self.rank == 0:  # every rank is done with it: give a full disk its space back
                 shutil.rmtree(tmp, ignore_errors=True)
-            full = any(f"[Errno {errno.ENOSPC}]" in e or f"[Errno {errno.EFBIG}]" in e for e in errors)
-            raise CheckpointError(f"saving step {step} to {tmp} failed: " + "; ".join(errors)
-                                  + "; nothing was committed: `latest` still names the last good checkpoint"
-                                  + ("; free space on the checkpoint volume or lower checkpoint.keepLast" if full else ""))
+            raise CheckpointError(self._save_failure(step, tmp, errors, codes, sum(r["bytes"] for r in reports), latest))
         total = time.perf_counter() - t0
         stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total, bytes=size,
                           async_save=async_save)
@@ -288,6 +337,16 @@ class Checkpointer:
                    f"({stats.bytes / 1e6:.1f} MB, layout {self.layout.label()}, {stats.total_s:.2f} s, "
                    f"training stalled {stats.stall_s:.2f} s{', async' if async_save else ''})")
         return stats
+
+    def _save_failure(self, step: int, tmp: Path, errors: list[str], codes: set[int | None], need: int,
+                      latest: int | None) -> str:
+        """Why a save failed: each rank's cause, a full disk said so, and the checkpoint a restart resumes."""
+        full = f"the disk holding {self.dir.root} is full (this checkpoint needs about {need:,} bytes): " \
+            if codes & set(FULL_DISK) else ""
+        kept = (f": `latest` still names step {latest} ({self.dir.root / step_dir_name(latest)})" if latest is not None
+                else f", and no checkpoint was committed in {self.dir.root} before it")
+        hint = "; free space on the checkpoint volume or lower checkpoint.keepLast" if codes - {None} else ""
+        return f"saving step {step} to {tmp} failed: {full}" + "; ".join(errors) + f"; nothing was committed{kept}{hint}"
 
     def _manifest(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -311,20 +370,8 @@ class Checkpointer:
         if not (self.settings.enabled and self.settings.resume):
             return None
         candidates = self._broadcast(self.dir.candidates() if self.rank == 0 else None)
-        refused: list[str] = []
-        for cand in candidates:
-            if cand.note:
-                self._info(cand.note)
-            manifest, problems = self._verify(cand)
-            if problems:
-                msg = f"refusing {cand.path}: " + "; ".join(problems[:5])
-                if len(problems) > 5:
-                    msg += f"; and {len(problems) - 5} more"
-                self._info(msg)
-                refused.append(msg)
-                continue
-            if refused:
-                self._info(f"falling back to the previous good checkpoint {cand.path}")
+        cand, manifest, refused = first_intact(candidates, self._verify, self._info)
+        if cand is not None:
             assert manifest is not None
             resumed = self._load(cand.path, manifest)
             resumed.refused = refused
@@ -339,16 +386,7 @@ class Checkpointer:
 
     def _verify(self, cand: Candidate) -> tuple[dict[str, Any] | None, list[str]]:
         """All ranks check a share of the candidate's files. Returns (manifest, problems)."""
-        manifest: dict[str, Any] | None = None
-        problem = None
-        if self.rank == 0:
-            try:
-                manifest = read_manifest(cand.path)
-                if manifest["step"] != cand.step:
-                    problem = f"the manifest says step {manifest['step']}, the directory step {cand.step}"
-            except CheckpointError as e:
-                problem = str(e)
-        manifest, problem = self._broadcast((manifest, problem))
+        manifest, problem = self._broadcast(candidate_manifest(cand) if self.rank == 0 else None)
         if problem:
             return None, [problem]
         assert manifest is not None

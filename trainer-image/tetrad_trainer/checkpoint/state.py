@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from tetrad_trainer.checkpoint.store import CheckpointError, CheckpointMismatch
 
@@ -91,6 +92,19 @@ def optimizer_state(part: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[s
             if owner is not None:
                 aliases |= {f"{kind}.{n}{rest[len(owner):]}": value for n in tied if n != owner}
     return state | aliases
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state as this rank holds them: its shards of distributed tensors."""
+    if isinstance(obj, DTensor):
+        obj = obj.to_local()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(state_bytes(v) for v in obj)
+    return 0
 
 
 def set_tensor_state(pairs: list[Pair], state: dict[str, Any]) -> None:

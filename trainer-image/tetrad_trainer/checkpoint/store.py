@@ -146,6 +146,48 @@ class Candidate:
     note: str = ""
 
 
+def candidate_manifest(cand: Candidate) -> tuple[dict[str, Any] | None, str | None]:
+    """The candidate's manifest, or why it cannot be one (missing, damaged, another step's)."""
+    try:
+        manifest = read_manifest(cand.path)
+    except CheckpointError as e:
+        return None, str(e)
+    if manifest["step"] != cand.step:
+        return None, f"the manifest says step {manifest['step']}, the directory step {cand.step}"
+    return manifest, None
+
+
+def verified_here(cand: Candidate) -> tuple[dict[str, Any] | None, list[str]]:
+    """(manifest, problems) of a candidate checked in this one process: its manifest, then every file."""
+    manifest, problem = candidate_manifest(cand)
+    if manifest is None:
+        return None, [problem or "no manifest"]
+    return manifest, verify_files(cand.path, manifest["files"])
+
+
+def first_intact(candidates: list[Candidate], verify: Callable[[Candidate], tuple[dict[str, Any] | None, list[str]]],
+                 say: Callable[[str], None]) -> tuple[Candidate | None, dict[str, Any] | None, list[str]]:
+    """The first candidate `verify` finds intact, its manifest and the refusals before it: the rule of resume
+    and export. A damaged one (or one `latest` names that is missing) is refused with the reason and the next
+    older one tried; `say` gets each candidate's note, each refusal and the fall-back."""
+    refused: list[str] = []
+    for cand in candidates:
+        if cand.note:
+            say(cand.note)
+        manifest, problems = verify(cand)
+        if problems:
+            msg = f"refusing {cand.path}: " + "; ".join(problems[:5])
+            if len(problems) > 5:
+                msg += f"; and {len(problems) - 5} more"
+            say(msg)
+            refused.append(msg)
+            continue
+        if refused:
+            say(f"falling back to the previous good checkpoint {cand.path}")
+        return cand, manifest, refused
+    return None, None, refused
+
+
 class CheckpointDir:
     """The directory of one job's checkpoints: listing, committing and pruning (rank 0 only)."""
 
@@ -282,20 +324,33 @@ class CheckpointDir:
         return sum(f["size"] for f in files.values()), deleted
 
 
-def writable_problem(root: str | Path) -> str | None:
-    """Why this process cannot create files under `root` (created if missing), or None.
-
-    Run by every rank before any collective, so that a bad path fails every rank the same way
-    instead of one rank dying and the others reporting only a lost connection.
-    """
+def unwritable(root: str | Path) -> tuple[str, bool] | None:
+    """Why this process cannot create files in the directory `root` (created if missing), and whether a
+    file stands where the directory or one above it belongs; None when it can."""
     path = Path(root)
+    existing = next((p for p in (path, *path.parents) if p.exists()), path)
+    if existing.exists() and not existing.is_dir():
+        return (f"{path} is a file, not a directory" if existing == path else
+                f"{path} cannot be a directory: {existing} is a file"), True
     probe = path / f"{TMP_PREFIX}probe.{os.uname().nodename}.{os.getpid()}"
     try:
         path.mkdir(parents=True, exist_ok=True)
         write_file(probe, b"")
         probe.unlink()
     except OSError as e:
-        return (f"spec.checkpoint.path: {path} is not writable by uid {os.getuid()} on {os.uname().nodename} "
-                f"({e.strerror or e}); mount a writable volume there (spec.checkpoint.volume, e.g. a "
-                "ReadWriteMany claim) or choose another path")
+        return f"{path} is not writable by uid {os.getuid()} on {os.uname().nodename} ({e.strerror or e})", False
     return None
+
+
+def writable_problem(root: str | Path) -> str | None:
+    """Why this process cannot create files under `root` (created if missing), or None.
+
+    Run by every rank before any collective, so that a bad path fails every rank the same way
+    instead of one rank dying and the others reporting only a lost connection.
+    """
+    if (found := unwritable(root)) is None:
+        return None
+    why, file = found
+    fix = ("move that file away or set checkpoint.path to a directory" if file else
+           "mount a writable volume there (spec.checkpoint.volume, e.g. a ReadWriteMany claim) or choose another path")
+    return f"spec.checkpoint.path: {why}; {fix}"
