@@ -154,8 +154,10 @@ def host_memory_shortfall(cfg: ResolvedConfig, machine_bytes: int | None) -> str
 
 
 def port_in_use(port: int) -> str | None:
-    """Why `port` cannot be bound here, or None when it is free."""
+    """Why `port` cannot be bound here, or None when it is free. SO_REUSEADDR as the metrics server sets it:
+    connections of an earlier run in TIME_WAIT (a scrape) do not make the port busy."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError as e:
