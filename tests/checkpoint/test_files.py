@@ -280,3 +280,40 @@ def test_a_checkpoint_path_that_is_a_file_is_called_a_file(tmp_path):
         "file away or set checkpoint.path to a directory")
     assert ck.writable_problem(tmp_path / "new" / "dir") is None and (tmp_path / "new" / "dir").is_dir()
     assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == []  # the probe is gone
+
+
+def test_another_jobs_checkpoints_are_resumed_only_when_allowed_and_never_deleted(tmp_path):
+    saver, model, opt = tiny(tmp_path)  # the job "toy"
+    for step in (1, 2):
+        train_steps(model, opt, 1)
+        saver.save(step)
+    assert ck.job_of(ck.read_manifest(tmp_path / "step-00000002")) == "toy"
+
+    renamed = toy.config({}, tmp_path, name="renamed", keep_last=1)
+    loader = checkpoint.Checkpointer(renamed, model_parts=[model], optimizers=[opt], logger=lambda m: None)
+    with pytest.raises(ck.ForeignCheckpoint) as refused:
+        loader.resume()
+    assert isinstance(refused.value, ck.CheckpointMismatch)  # the trainer's exit 78
+    assert str(refused.value) == (
+        f"spec.checkpoint.path: {tmp_path} holds checkpoint step 2 of the job 'toy', not of this job 'renamed'; give "
+        "this job its own checkpoint.path, or set checkpoint.allowForeign: true to resume it (e.g. after renaming "
+        "the job)")
+
+    allowed = toy.config({}, tmp_path, name="renamed", keep_last=1, allow_foreign=True)
+    lines: list[str] = []
+    adopter = checkpoint.Checkpointer(allowed, model_parts=[model], optimizers=[opt], logger=lines.append)
+    resumed = adopter.resume()
+    assert resumed is not None and resumed.step == 2
+    assert any("resuming step 2 of the job 'toy' (checkpoint.allowForeign)" in ln for ln in lines), lines
+    for step in (3, 4):
+        train_steps(model, opt, 1)
+        adopter.save(step)
+    # keepLast=1 removed the renamed job's step 3, not the toy job's steps 1 and 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001", "step-00000002", "step-00000004"]
+    assert ck.job_of(ck.read_manifest(tmp_path / "step-00000004")) == "renamed"
+
+    (tmp_path / "latest").write_text("step-00000001\n")  # the toy job's step 1 is `latest` again
+    with pytest.raises(ck.CheckpointError, match=r"step-00000002 is a checkpoint of the job 'toy', which the job "
+                                                 r"'renamed' does not replace"):
+        adopter.save(2)
+    assert (tmp_path / "step-00000002").is_dir()

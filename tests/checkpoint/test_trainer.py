@@ -126,6 +126,17 @@ def test_model_dims_change_exits_78_naming_both_layouts(tmp_path):
             and "layers 4 -> 2" in run.log(0))
 
 
+def test_another_jobs_checkpoint_exits_78_naming_both_jobs(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = job({}, nproc=1, model=MODEL, training={**TRAINING, "steps": 1},
+                checkpoint={"enabled": True, "path": str(ckpt)})
+    assert run_trainer(first, tmp_path / "first").codes == [0]
+    other = run_trainer(first.model_copy(update={"job_name": "other"}), tmp_path / "other")
+    assert other.codes == [78], other.logs()
+    assert (f"config error: spec.checkpoint.path: {ckpt} holds checkpoint step 1 of the job 'test', not of this job "
+            "'other'; give this job its own checkpoint.path, or set checkpoint.allowForeign: true") in other.log(0)
+
+
 def test_restart_count_is_logged(tmp_path):
     ckpt = tmp_path / "ckpt"
     kill_after_commit("dps2", tmp_path, ckpt)

@@ -42,13 +42,14 @@ DIMS = {"dim": 32, "layers": 3, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim":
 
 
 def config(layout: dict[str, int], path: str | Path, *, steps: int = 10, interval: int = 5, keep_last: int = 3,
-           async_save: bool = False, global_batch: int = 8, dims: dict[str, int] | None = None) -> ResolvedConfig:
+           async_save: bool = False, global_batch: int = 8, dims: dict[str, int] | None = None, name: str = "toy",
+           allow_foreign: bool = False) -> ResolvedConfig:
     world = 1
     for d in layout.values():
         world *= d
     doc = {
         "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
-        "metadata": {"name": "toy"},
+        "metadata": {"name": name},
         "spec": {
             "nodes": 1, "nprocPerNode": world,
             "parallelism": {"pp": 1, "dpShard": 1, "tp": 1, "cp": 1, **layout},
@@ -56,7 +57,7 @@ def config(layout: dict[str, int], path: str | Path, *, steps: int = 10, interva
             "training": {"steps": steps, "globalBatch": global_batch, "precision": "fp32", "lr": 3e-2,
                          "warmupSteps": 2},
             "checkpoint": {"enabled": True, "path": str(path), "interval": interval, "keepLast": keep_last,
-                           "async": async_save},
+                           "async": async_save, "allowForeign": allow_foreign},
         },
     }
     job, problems = parse(doc)

@@ -250,6 +250,7 @@ class Checkpoint(CamelModel):
     interval: int = Field(100, ge=1, description="Save every this many steps.")
     keep_last: int = Field(3, ge=1, description="Committed checkpoints to keep; older ones are removed only after a newer one is committed.")
     resume: bool = Field(True, description="Resume from the latest good checkpoint when one exists.")
+    allow_foreign: bool = Field(False, description="Resume a checkpoint in path that a job of another name wrote (each checkpoint's manifest names its job), e.g. after renaming the job. false: such a checkpoint stops every rank with exit 78 naming both jobs. Either way retention deletes only this job's own checkpoints.")
     async_save: bool = Field(False, alias="async", description="Overlap saving with training.")
 
 

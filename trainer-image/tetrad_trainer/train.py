@@ -194,13 +194,14 @@ class Trainer:
     def train(self) -> None:
         self.stop_if_signalled_at_start_up()
         hf_dir = self.cfg.model.hf_dir
-        if hf_dir is not None and self.cfg.checkpoint.enabled and dist.get_rank() == 0:
-            keep_source(hf_dir, self.cfg.checkpoint.path)  # for the export, wherever it runs
         if resumed := self.checkpointer.resume():
             self.step = resumed.step
         elif hf_dir is not None:  # a resumed run keeps its checkpoint's weights
             init_from_hf(self.model.parts, hf_dir, self.cfg.model)
             log_rank0(f"initial weights from the Hugging Face model {hf_dir}")
+        if hf_dir is not None and self.cfg.checkpoint.enabled and dist.get_rank() == 0:
+            # For the export, wherever it runs; after resume, which refuses a directory of another job's.
+            keep_source(hf_dir, self.cfg.checkpoint.path)
         self.metrics.resumed(self.step)
         self.stop_if_signalled_at_start_up()
         self.last_log, self.steps_since_log = time.perf_counter(), 0

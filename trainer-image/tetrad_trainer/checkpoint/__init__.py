@@ -16,7 +16,8 @@ What `checkpoint.path` holds (one job per path):
 
 A checkpoint is committed when `latest` names it or a newer committed one; retention keeps the
 newest `keep_last` committed checkpoints and deletes older ones only after a newer one is
-committed. On resume the `latest` checkpoint is verified against its manifest by all ranks (each
+committed. Each manifest names the job that wrote it (its config's jobName): a job resumes another
+job's checkpoint only with checkpoint.allowForeign, and never deletes or replaces one. On resume the `latest` checkpoint is verified against its manifest by all ranks (each
 checks a share of the files); a damaged one is refused with the reason and the next older
 committed checkpoint is tried.
 
@@ -30,7 +31,12 @@ The package in three rooms:
 
 from tetrad_trainer.checkpoint.checkpointer import Checkpointer, Resumed, SaveStats
 from tetrad_trainer.checkpoint.state import ResumableLoader, merged_view
-from tetrad_trainer.checkpoint.store import CheckpointError, CheckpointMismatch, NoGoodCheckpoint
+from tetrad_trainer.checkpoint.store import (
+    CheckpointError,
+    CheckpointMismatch,
+    ForeignCheckpoint,
+    NoGoodCheckpoint,
+)
 
-__all__ = ["CheckpointError", "CheckpointMismatch", "Checkpointer", "NoGoodCheckpoint", "ResumableLoader", "Resumed",
-           "SaveStats", "merged_view"]
+__all__ = ["CheckpointError", "CheckpointMismatch", "Checkpointer", "ForeignCheckpoint", "NoGoodCheckpoint",
+           "ResumableLoader", "Resumed", "SaveStats", "merged_view"]

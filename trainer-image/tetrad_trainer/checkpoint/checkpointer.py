@@ -43,10 +43,12 @@ from tetrad_trainer.checkpoint.store import (
     CheckpointDir,
     CheckpointError,
     CheckpointMismatch,
+    ForeignCheckpoint,
     NoGoodCheckpoint,
     candidate_manifest,
     digests,
     first_intact,
+    job_of,
     phase,
     step_dir_name,
     verify_files,
@@ -157,7 +159,7 @@ class Checkpointer:
         self.config = config
         self.settings = config.checkpoint
         self.layout: Layout = config.layout
-        self.dir = CheckpointDir(config.checkpoint.path)
+        self.dir = CheckpointDir(config.checkpoint.path, job=config.job_name)
         self.data_loader = data_loader
         self.dp_rank, self.dp = dp_rank, config.layout.dp
         self.restart = int(os.environ.get(ENV_RESTART, "0"))
@@ -405,7 +407,21 @@ class Checkpointer:
                 f"{manifest['layout_label']}); this job's model (layout {self.layout.label()}) differs in "
                 f"{', '.join(diff)}. A checkpoint reshards across layouts, not across model dims")
 
+    def _check_job(self, manifest: dict[str, Any]) -> None:
+        """A checkpoint another job wrote is resumed only when checkpoint.allowForeign says so."""
+        other = job_of(manifest)
+        if other is None or other == self.config.job_name:
+            return
+        if not self.settings.allow_foreign:
+            raise ForeignCheckpoint(
+                f"spec.checkpoint.path: {self.dir.root} holds checkpoint step {manifest['step']} of the job {other!r}, "
+                f"not of this job {self.config.job_name!r}; give this job its own checkpoint.path, or set "
+                "checkpoint.allowForeign: true to resume it (e.g. after renaming the job)")
+        self._info(f"resuming step {manifest['step']} of the job {other!r} (checkpoint.allowForeign); its "
+                   "checkpoints stay, retention deletes only this job's")
+
     def _load(self, path: Path, manifest: dict[str, Any]) -> Resumed:
+        self._check_job(manifest)
         self._check_model(manifest)
         saved_label, label = manifest["layout_label"], self.layout.label()
         state = rank_state.tensor_state(self.pairs)

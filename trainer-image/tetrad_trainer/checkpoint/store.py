@@ -7,6 +7,7 @@ Invariants:
   the directory) only after that rename: replacing `latest` IS the commit;
 - retention deletes a checkpoint only after a newer one is committed, and renames it out of
   sight before deleting it, so a kill never leaves a half-deleted directory under a step name;
+- a job deletes or replaces only its own checkpoints: those whose manifest names it (`job_of`);
 - everything starting with `.tmp-` or `.trash-` is garbage: never loaded, removed by the next save.
 """
 
@@ -53,6 +54,10 @@ class CheckpointMismatch(CheckpointError):
 
 class NoGoodCheckpoint(CheckpointError):
     """Checkpoints exist but every one of them is damaged."""
+
+
+class ForeignCheckpoint(CheckpointMismatch):
+    """The checkpoint to resume was written by a job of another name (a config error)."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -118,6 +123,13 @@ def read_manifest(step_dir: Path) -> dict[str, Any]:
     if manifest.get("manifest_crc32") != _json_crc(body):
         raise CheckpointError(f"{path}: manifest checksum mismatch (the manifest itself is damaged)")
     return manifest
+
+
+def job_of(manifest: dict[str, Any]) -> str | None:
+    """The name of the job that wrote a checkpoint (its resolved config's jobName), None when it says none."""
+    config = manifest.get("config")
+    name = config.get("jobName") if isinstance(config, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def verify_files(step_dir: Path, files: dict[str, dict[str, Any]]) -> list[str]:
@@ -189,10 +201,22 @@ def first_intact(candidates: list[Candidate], verify: Callable[[Candidate], tupl
 
 
 class CheckpointDir:
-    """The directory of one job's checkpoints: listing, committing and pruning (rank 0 only)."""
+    """The directory of one job's checkpoints: listing, committing and pruning (rank 0 only).
 
-    def __init__(self, root: str | Path):
+    job: the name of the job saving here; it deletes and replaces only the checkpoints it wrote (any,
+    when None: a tool's view of the directory)."""
+
+    def __init__(self, root: str | Path, job: str | None = None):
         self.root = Path(root)
+        self.job = job
+
+    def foreign(self, step_dir: Path) -> str | None:
+        """The other job that wrote `step_dir`, or None when it is this job's (or its manifest does not say)."""
+        try:
+            other = job_of(json.loads((step_dir / MANIFEST).read_bytes()))
+        except (OSError, ValueError, AttributeError):
+            return None
+        return other if self.job is not None and other is not None and other != self.job else None
 
     def tmp_dir(self, step: int) -> Path:
         return self.root / f"{TMP_PREFIX}{step_dir_name(step)}"
@@ -261,7 +285,7 @@ class CheckpointDir:
     def prune(self, keep_last: int) -> list[int]:
         """Keep the newest `keep_last` committed checkpoints up to `latest`; delete the rest, and any
         step directory newer than `latest` (a save killed between its rename and its publication).
-        Returns the deleted steps."""
+        Another job's checkpoints are neither counted nor deleted. Returns the deleted steps."""
         latest, _ = self.latest()
         if latest is None:
             return []
@@ -269,7 +293,7 @@ class CheckpointDir:
         committed = []
         for entry in self.root.iterdir():
             m = STEP_DIR.match(entry.name)
-            if not (m and entry.is_dir()):
+            if not (m and entry.is_dir()) or self.foreign(entry):
                 continue
             step = int(m.group(1))
             if step > latest:
@@ -312,6 +336,9 @@ class CheckpointDir:
         fsync_dir(tmp)
         phase("manifest-written", step)
         final = self.root / step_dir_name(step)
+        if other := self.foreign(final):
+            raise CheckpointError(f"{final} is a checkpoint of the job {other!r}, which the job {self.job!r} does not "
+                                  "replace; give each job its own checkpoint.path")
         if final.exists():  # left by a save killed before its publication, or a run with resume off
             self.discard(final)
         os.rename(tmp, final)
