@@ -72,11 +72,11 @@ def test_two_nodes_pass_the_gate_and_report_each_nodes_bus_bandwidth(tmp_path: P
 
 @pytest.mark.slow
 def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reason(tmp_path: Path) -> None:
-    log = tmp_path / "termination-log"
-    r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0},
-                   env={ENV_TERMINATION_LOG: str(log), ENV_NODE_NAME: "gpu-node-7"})
+    r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0}, env={ENV_NODE_NAME: "gpu-node-7"})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr[-3000:]
-    (failure,) = TerminationMessage.parse(log.read_text()).preflight
+    # tetrad run gives each node its termination message in the work directory, as a pod's /dev/termination-log
+    said = [TerminationMessage.parse(p.read_text()).preflight for p in sorted((tmp_path / "w").glob("node-*.termination"))]
+    failure = next(f for failures in said for f in failures)
     assert failure.node == "gpu-node-7" and failure.node_rank in (0, 1)
     assert failure.reason == "cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their CPU affinity)"
     node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
