@@ -320,7 +320,9 @@ def test_cel_agrees_with_python_on_generated_specs():
     """
     seen: Counter[tuple[tuple[str, str], bool]] = Counter()
 
-    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    # derandomize: the same 300 specs every run, so the coverage guard below cannot fail by chance
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(spec_documents(auto=False))
     def agree(doc: dict[str, Any]) -> None:
         cel, python = _cel_rejects(doc), _python_rejects(validate_document(doc))
