@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import processes_mentioning
+
 REPO = Path(__file__).resolve().parents[2]
 
 FAKE_KUBECTL = """#!/usr/bin/env bash
@@ -27,18 +29,6 @@ FAKES = {
     "bin/kubectl": FAKE_KUBECTL,
     "bin/helm": "#!/usr/bin/env bash\nexit 0\n",
 }
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in args:
-            found.append(f"{cmdline.parent.name}: {args}")
-    return found
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="hack/e2e.sh refuses to run without root")

@@ -12,7 +12,8 @@ import pytest
 from tetrad_trainer import faults
 from tetrad_trainer.config import ConfigError
 
-from tests.trainer.test_launch import make_job, processes_mentioning
+from tests.processes import processes_mentioning
+from tests.trainer.test_launch import make_job
 from tetrad.api.contract import (
     ENV_TEST_FAULT,
     ENV_TEST_FAULTS_ALLOWED,

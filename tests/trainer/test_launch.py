@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from tetrad_trainer.train import write_whole_lines
 
+from tests.processes import processes_mentioning
 from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_CONFIG_ERROR
@@ -41,18 +42,6 @@ def make_job(name: str, **spec: object) -> ParallelTrainingJob:
     job, problems = parse(doc)
     assert job is not None, problems
     return job
-
-
-def processes_mentioning(text: str) -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in args:
-            found.append(f"{cmdline.parent.name}: {args}")
-    return found
 
 
 def test_local_command_is_the_pods_command() -> None:
@@ -191,6 +180,13 @@ class LocalRun:
             assert time.monotonic() < deadline, "no step within 240 s"
             time.sleep(0.5)
         assert len(workers(self.work)) == 2, run_processes(self.work)
+
+    def wait_for_markers(self, directory: Path, count: int, timeout: float = 240) -> None:
+        """Until `count` files are in `directory` (a script's ranks leave one each once their SIGTERM handler is set)."""
+        deadline = time.monotonic() + timeout
+        while len(list(directory.iterdir())) < count:
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.text()
+            time.sleep(0.2)
 
     def text(self) -> str:
         logs = "".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(self.work.glob("node-*.log")))
@@ -345,10 +341,7 @@ def test_after_ctrl_c_the_progress_shows_the_last_step_and_the_stop_is_explained
     job = steps_job("late", "--report-at-sigterm", "7", "--started-dir", str(started))
     run = LocalRun(tmp_path, "late", grace=30, job=job)
     try:
-        deadline = time.monotonic() + 240
-        while len(list(started.iterdir())) < 2:
-            assert run.proc.poll() is None and time.monotonic() < deadline, run.text()
-            time.sleep(0.2)
+        run.wait_for_markers(started, 2)
         run.proc.send_signal(signal.SIGINT)
         assert run.proc.wait(timeout=60) == 130, run.text()
         wait_until_gone(run.work, 5)

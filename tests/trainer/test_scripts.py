@@ -151,10 +151,7 @@ def test_a_script_that_ignores_sigterm_is_killed_at_the_end_of_the_grace_period(
                      runPolicy={"terminationGracePeriodSeconds": 15})
     run = LocalRun(tmp_path, "deaf", grace=15, job=job)
     try:
-        deadline = time.monotonic() + 240
-        while len(list(started.iterdir())) < 2:
-            assert run.proc.poll() is None and time.monotonic() < deadline, run.text()
-            time.sleep(0.5)
+        run.wait_for_markers(started, 2)
         start = time.monotonic()
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
