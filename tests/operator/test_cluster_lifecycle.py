@@ -132,7 +132,9 @@ def test_evicted_pod_restarts_the_gang_even_with_a_retryable_list(api, operator,
     api.patch(f"/api/v1/namespaces/{ns}/pods/evicted-r0-0/status", {"status": {
         "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}})
     wait_for(lambda: api.status(ns, "evicted").get("restarts") == 1, what="restart after the eviction")
-    assert [e["reason"] for e in api.events(ns, "evicted") if e["type"] == "Warning"] == ["PodEvicted"]
+    # kopf posts events in the background: the Warning may land just after the restart's status write
+    wait_for(lambda: [e["reason"] for e in api.events(ns, "evicted") if e["type"] == "Warning"] == ["PodEvicted"],
+             timeout=30, what="one PodEvicted Warning")
     assert api.status(ns, "evicted")["disruptions"] == 1
     wait_running(api, ns, "evicted", 2, restart=1)
 

@@ -75,7 +75,7 @@ def test_a_whole_gang_restart_schedules_through_the_new_incarnations_pod_group(a
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"re-r1"}
     # The old incarnation's Workload and PodGroup are gone (the PodGroup once its pods were).
     wait_for(lambda: workload_objects(api, ns, "podgroups") == ["re-r1"], timeout=30, what="only re-r1's PodGroup")
-    assert workload_objects(api, ns, "workloads") == ["re-r1"]
+    wait_for(lambda: workload_objects(api, ns, "workloads") == ["re-r1"], timeout=30, what="only re-r1's Workload")
     assert api.status(ns, "re")["restarts"] == 1
     finish_all(api, ns, "re", 0)
     wait_phase(api, ns, "re", "Succeeded")
