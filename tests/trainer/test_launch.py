@@ -22,7 +22,7 @@ from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
 from tetrad.launch.local import EXIT_DEADLINE, EXIT_REFUSED, local_command
-from tetrad.launch.workdir import DirectoryLock
+from tetrad.launch.workdir import DirectoryLock, Refused
 from tetrad.render import render
 from tetrad.render.objects import CONFIG_PATH, LAUNCHER_PATH
 from tetrad.resolve import resolve
@@ -330,8 +330,14 @@ def test_a_second_run_on_a_work_directory_in_use_is_refused_and_the_lock_outlive
     finally:
         run.cleanup()
     wait_until_gone(run.work, 10)
-    lock = DirectoryLock(run.work, "--workdir")
-    lock.acquire()  # every process of the run is gone: so is the lock
+    lock, deadline = DirectoryLock(run.work, "--workdir"), time.monotonic() + 30
+    while True:  # every process of the run is gone: so is the lock (once the kernel has closed their files)
+        try:
+            lock.acquire()
+            break
+        except Refused:
+            assert time.monotonic() < deadline, "the lock outlived every process of the run"
+            time.sleep(0.5)
     lock.release()
 
 

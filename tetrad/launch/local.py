@@ -603,8 +603,10 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
             else:
                 stop_agents(agents, FAILED_STOP_GRACE_S)
             show(records.poll())
-            resumed.read_termination(termination_path(workdir, 0))
-            show([])
+            # rank 0 may have ended before its endpoint was asked (nothing to do): its termination message says
+            if (step := resumed.read_termination(termination_path(workdir, 0))) is not None and \
+                    (said := where_it_started(cfg, step)) is not None:
+                console.print(f"start: {said}", markup=False)
     started = where_it_started(cfg, resumed.step)
     if failed is not None:
         rc = failed.proc.returncode
