@@ -12,7 +12,8 @@
 #   hack/cluster.sh kubeconfig [--name N]   print the admin kubeconfig path
 #   hack/cluster.sh env [--name N]          print the cluster's env file path
 #   hack/cluster.sh load [--name N] ARCHIVE...  import OCI image archives into every
-#                                           real node's containerd (as `kind load`)
+#                                           real node's containerd (as `kind load`), in
+#                                           order (a thin archive after its base's)
 #   hack/cluster.sh scheduler [--name N] coscheduling|kueue
 #                                           start a gang scheduler beside the cluster
 #                                           (hack/cluster/gang-schedulers.sh); down stops it

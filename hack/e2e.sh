@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The end-to-end path on this machine, without Docker: real nodes (a kubelet and a
-# containerd each, hack/cluster.sh up --real-nodes 2), both images built with
-# buildah (hack/images.sh) and imported into the nodes' containerd, the chart
+# containerd each, hack/cluster.sh up --real-nodes 2), the images (Tetrad's two and
+# the bring-your-own examples') built with buildah (hack/images.sh) and imported
+# into the nodes' containerd, the chart
 # installed, then the quickstart applied and watched until it succeeds.
 # hack/e2e-kind.sh is the same path for machines with Docker.
 #
@@ -26,12 +27,16 @@ log() { echo "e2e[$NAME]: $*" >&2; }
 kctl() { "$BIN/kubectl" --kubeconfig "$("$HACK/cluster.sh" kubeconfig)" "$@"; }
 
 install() {
-  local t0=$SECONDS operator trainer
+  local t0=$SECONDS operator trainer script hf
   operator=$("$HACK/images.sh" operator)
   trainer=$("$HACK/images.sh" trainer)
-  log "images built or cached in $((SECONDS - t0))s: ${operator%% *} ${trainer%% *}"
+  # The bring-your-own examples' images, built from their Dockerfiles as a user would (thin archives:
+  # after the trainer's, whose layers they use).
+  script=$("$HACK/images.sh" example script)
+  hf=$("$HACK/images.sh" example hf-trainer)
+  log "images built or cached in $((SECONDS - t0))s: ${operator%% *} ${trainer%% *} ${script%% *} ${hf%% *}"
   t0=$SECONDS
-  "$HACK/cluster.sh" load "${operator#* }" "${trainer#* }"
+  "$HACK/cluster.sh" load "${operator#* }" "${trainer#* }" "${script#* }" "${hf#* }"
   log "images imported into every real node in $((SECONDS - t0))s"
   # One replica: two cores run the whole cluster (the chart's default is 2, with peering).
   if ! "$BIN/helm" upgrade --install tetrad "$REPO/charts/tetrad" --kubeconfig "$("$HACK/cluster.sh" kubeconfig)" \

@@ -10,6 +10,9 @@
 #
 #   hack/images.sh base                 the Python base image
 #   hack/images.sh operator|trainer     a Dockerfile target (builds base first)
+#   hack/images.sh example NAME         examples/bring-your-own/NAME/Dockerfile (script,
+#                                       hf-trainer) on Tetrad's image it names, as a thin
+#                                       archive: import the trainer's archive first
 # Each prints "IMAGE-NAME ARCHIVE". Root only (debootstrap, chroot).
 #
 # Environment: TETRAD_TORCH_INDEX  --build-arg TORCH_INDEX for the trainer (a CPU wheel index)
@@ -69,6 +72,14 @@ build_base() {
   echo "$BASE_IMAGE $archive"
 }
 
+# bud TARGET NAME: build a target of the Dockerfile (its layers cached in the store).
+bud() {
+  (cd "$REPO" && "${B[@]}" bud --quiet --isolation chroot --layers "${TRUST[@]}" \
+    --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+    --build-arg PYTHON="$BASE_IMAGE" --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" \
+    --target "$1" -t "$2" -f Dockerfile .) >/dev/null
+}
+
 build_target() {
   local target=$1 name key archive
   name=docker.io/tetrad/$target:$VERSION   # what the renderer and the chart write: tetrad/<target>:<version>
@@ -82,10 +93,7 @@ build_target() {
   if [[ ! -f $archive ]]; then
     local t0=$SECONDS
     log "building $name ..."
-    (cd "$REPO" && "${B[@]}" bud --quiet --isolation chroot --layers "${TRUST[@]}" \
-      --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
-      --build-arg PYTHON="$BASE_IMAGE" --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" \
-      --target "$target" -t "$name" -f Dockerfile .) >/dev/null
+    bud "$target" "$name"
     # zstd: the trainer's 5.7 GB layer compresses in a third of gzip's time (containerd 1.6 reads it).
     "${B[@]}" push --quiet --compression-format zstd "$name" "oci-archive:$archive.tmp:$name"
     mv -f "$archive.tmp" "$archive"
@@ -94,6 +102,40 @@ build_target() {
     # trainer build that changed its dependencies would otherwise keep another 6 GB.
     "${B[@]}" rmi --prune >/dev/null 2>&1 || true
     log "$target built in $((SECONDS - t0))s"
+  fi
+  echo "$name $archive"
+}
+
+# The image each example is built FROM (its Dockerfile's BASE): the Dockerfile's `torch` target (the
+# trainer's dependencies, nothing of Tetrad) or the trainer. Both are the trainer's archive's layers, or
+# a part of them, so the example's archive holds only its own layers (hack/images/thin-archive.py).
+declare -A EXAMPLE_BASE=([script]=torch [hf-trainer]=trainer)
+
+build_example() {
+  local example=$1 dir=$REPO/examples/bring-your-own/$1 trainer base name key archive
+  [[ -n ${EXAMPLE_BASE[$example]:-} ]] || { log "no example image $example (one of: ${!EXAMPLE_BASE[*]})"; exit 2; }
+  trainer=$(build_target trainer)
+  trainer=${trainer#* }
+  key=$(cat <(cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum) "$HACK/images/thin-archive.py" \
+    <(echo "$trainer ${EXAMPLE_BASE[$example]}") | sha256sum | cut -c1-16)
+  name=docker.io/tetrad/example-$example:$VERSION
+  archive=$OUT/example-$example-$key.tar
+  if [[ ! -f $archive ]]; then
+    local t0=$SECONDS layout
+    base=docker.io/tetrad/${EXAMPLE_BASE[$example]}:$VERSION
+    [[ $base == docker.io/tetrad/torch:* ]] && bud torch "$base"  # the trainer's cached layers, tagged
+    log "building $name FROM $base ..."
+    "${B[@]}" bud --quiet --isolation chroot --pull=never "${TRUST[@]}" \
+      --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+      --build-arg BASE="$base" -t "$name" "$dir" >/dev/null
+    layout=$(mktemp -d "$OUT/.layout.XXXXXX")
+    python3 "$HACK/images/thin-archive.py" placeholders "$trainer" "$layout"
+    "${B[@]}" push --quiet "$name" "oci:$layout:$name"
+    python3 "$HACK/images/thin-archive.py" pack "$trainer" "$layout" "$archive.tmp"
+    mv -f "$archive.tmp" "$archive"
+    rm -rf "$layout"
+    find "$OUT" -maxdepth 1 -name "example-$example-*.tar" ! -path "$archive" -delete
+    log "$name built in $((SECONDS - t0))s ($(du -h "$archive" | cut -f1) beside the trainer's archive)"
   fi
   echo "$name $archive"
 }
@@ -107,5 +149,6 @@ exec 9>"$OUT/.images.lock"; flock 9
 case ${1:-} in
   base) build_base ;;
   operator|trainer) build_target "$1" ;;
+  example) build_example "${2:-}" ;;
   *) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 2 ;;  # the header comment
 esac

@@ -1,15 +1,14 @@
 """What users bring, end to end on the real nodes, through the chart's operator: (a) a plain DDP script
-that cannot import Tetrad trains to Succeeded, and a SIGKILLed worker restarts the gang, which resumes
+in an image without Tetrad trains to Succeeded, and a SIGKILLed worker restarts the gang, which resumes
 from the script's own checkpoint; (b) a script using the runtime library shows live figures in
 `kubectl get ptj`, and a deleted pod makes it save, exit 75 and resume without spending maxRestarts;
-(c) a model of one's own (the GPT-2 example) trains to `tetrad run`'s losses.
+(c) a model of one's own (the GPT-2 example) trains to `tetrad run`'s losses; (d) a Hugging Face
+`Trainer` script with TetradCallback trains to Succeeded with live figures.
 
-Every job runs the stock trainer image with the user's files from a ConfigMap: an image of its own per
-example would add about 3 GB of archive and 6 GB per node for torch alone, which the CI machine's disk
-does not have. For (a) the pod hides the image's Tetrad behind PYTHONPATH (HIDDEN), so the script and
-the launcher run as in an image without it. The Hugging Face Trainer's callback speaks to the operator
-through the same metrics as (b); its own behaviour is tested with real processes in
-tests/trainer/test_scripts.py."""
+(a) and (d) run the images their examples' Dockerfiles build (hack/images.sh example, FROM the trainer's
+dependencies and the trainer: thin archives on the trainer's layers); (b) and (c) run the stock trainer
+image with the user's files from a ConfigMap, the way to try code before building an image.
+"""
 
 from __future__ import annotations
 
@@ -42,8 +41,6 @@ EXAMPLES = REPO / "examples" / "bring-your-own"
 VERSION = "0.1.0"
 POD = {"cpu": "1", "memory": "3Gi"}
 FAST = {"backoffSeconds": 2, "terminationGracePeriodSeconds": 30}
-# Packages that shadow the image's Tetrad on PYTHONPATH: in such a pod, only the launcher's zip has Tetrad.
-HIDDEN = "raise ModuleNotFoundError('this pod hides the image\\'s Tetrad, as an image without it')\n"
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +105,7 @@ def test_a_plain_ddp_script_without_tetrad_trains_and_a_killed_worker_restarts_t
         installed: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     c = installed
     store = shared_dir(tmp_path_factory, "ddp-ckpt")
-    hidden = {f"hidden/{package}/__init__.py": HIDDEN for package in ("tetrad", "tetrad_trainer")}
-    template = from_configmap(c, ns, "ddp-script", {**script_of("script"), **hidden}, "/app")
-    template["env"] = [{"name": "PYTHONPATH", "value": "/app/hidden"}]
-    c.apply(job("ddp", image=f"tetrad/trainer:{VERSION}", template=template, checkpoint=checkpoints_in(store),
+    c.apply(job("ddp", image=f"tetrad/example-script:{VERSION}", checkpoint=checkpoints_in(store),
                 script={"path": "/app/train.py", "args": ["--steps", "40", "--save-every", "5", "--step-seconds", "0.5"]},
                 runPolicy={**FAST, "maxRestarts": 1}), namespace=ns)
     logs = PodLogs(c, ns, "ddp", 2, tmp_path_factory.mktemp("ddp-logs"))
@@ -128,7 +122,7 @@ def test_a_plain_ddp_script_without_tetrad_trains_and_a_killed_worker_restarts_t
     pod1 = trainer_pods(c, ns, "ddp", 0)[1]
     no_tetrad = c.run_kubectl("exec", "-n", ns, pod1["metadata"]["name"], "-c", "trainer", "--",
                               "python3", "-c", "import tetrad")
-    assert no_tetrad.returncode != 0 and "hides the image's Tetrad" in no_tetrad.stderr, no_tetrad
+    assert no_tetrad.returncode != 0 and "No module named 'tetrad'" in no_tetrad.stderr, no_tetrad
     watch = ExitWatch(c, ns, "ddp-r0-1")
     pids = worker_pids(pod1["metadata"]["uid"])
     assert pids, "no worker process of ddp-r0-1 on the node"
@@ -210,3 +204,32 @@ def test_a_model_of_ones_own_trains_on_two_nodes_to_the_loss_of_tetrad_run(
                          tmp_path_factory.mktemp("gpt2-local"))
     assert [r["loss"] for r in records] == pytest.approx(local, rel=1e-6)
     assert status["training"]["step"] == 8 and status["training"]["loss"] == pytest.approx(local[-1], rel=1e-6)
+
+
+# ---------------------------------------------------------------- (d) level 2: a Hugging Face Trainer script
+
+
+def test_a_hugging_face_trainer_script_shows_live_figures_and_succeeds(
+        installed: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    c = installed
+    store = shared_dir(tmp_path_factory, "hf-ckpt")
+    steps = 200  # about a minute: the live figures show within seconds
+    c.apply(job("hf", image=f"tetrad/example-hf-trainer:{VERSION}", checkpoint=checkpoints_in(store),
+                script={"path": "/app/train.py", "args": ["--max-steps", str(steps)]},
+                runPolicy={**FAST, "maxRestarts": 0}), namespace=ns)
+
+    def live() -> dict[str, str] | None:
+        status = job_status(c, ns, "hf")
+        assert status.get("phase") not in ("Failed", "Succeeded"), f"no live figure before the end: {status}"
+        header, *rows = c.kubectl("get", "ptj", "hf", "-n", ns, "-o", "wide").splitlines()
+        row = table_row(header, rows[0])
+        return row if row["TOKENS/S"] and row["STEP"] and int(row["STEP"]) > 0 else None
+
+    row = wait_until(live, timeout=JOB_TIMEOUT, interval=1, what="live TOKENS/S and STEP in kubectl get ptj")
+    assert int(row["TOKENS/S"]) > 0 and float(row["LOSS"]) > 0 and 0 < float(row["MFU"]) <= 1, row
+    assert int(row["STEP"]) < steps, row
+    status = wait_for_phase(c, ns, "hf", "Succeeded")
+    assert status["restarts"] == 0 and status["training"]["step"] == steps, status
+    assert status["training"]["tokensPerSecond"] > 0, status
+    saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in store.glob("checkpoint-*"))
+    assert saved and saved[-1] == steps, saved  # the Trainer's own checkpoints, on the job's volume
