@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import socket
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tetrad.api import ResolvedConfig, parse
+from tetrad.api.contract import step_dir_name
 from tetrad.resolve import resolve
 
 PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -105,6 +107,16 @@ class Run:
 
     def logs(self) -> str:
         return "\n".join(f"--- rank {r} ---\n{self.log(r)[-3000:]}" for r in range(len(self.codes)))
+
+
+def rewind(ckpt: Path, step: int) -> Path:
+    """The checkpoint directory `ckpt` as if its run had stopped after saving `step`: the later steps gone,
+    `latest` naming `step` again."""
+    for later in ckpt.glob("step-*"):
+        if later.name > step_dir_name(step):
+            shutil.rmtree(later)
+    (ckpt / "latest").write_text(step_dir_name(step) + "\n")
+    return ckpt
 
 
 def run_trainer(cfg: ResolvedConfig, out: Path, *, args: tuple[str, ...] = (), timeout: float = 300,

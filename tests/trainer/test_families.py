@@ -15,7 +15,8 @@ Llama 3.1's rope_scaling, ...), a tokenizer and a generation config beside it. T
   config keys, tokenizer and generation config; a sharded export loads in transformers with the same logits;
 - the trainer (gloo) started from the directory logs transformers' loss on the same batch as its first
   loss, tp2, dpShard2 and pp2 log the same, and its checkpoint exports to a directory transformers loads with
-  the trained model's logits and Tetrad imports bit for bit.
+  the trained model's logits and Tetrad imports bit for bit;
+- a pipelined run's checkpoint resumed by dpShard2 ends where the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from tetrad_trainer.models.llama import Transformer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tests.hf_configs import PUBLISHED, shrunk
-from tests.trainer.harness import job, run_trainer
+from tests.trainer.harness import job, rewind, run_trainer
 from tetrad.api.contract import EXIT_CONFIG_ERROR
 from tetrad.api.families import read_hf_config
 from tetrad.api.resolved import ModelConfig
@@ -251,10 +252,10 @@ SEQ = 32
 TRAINING = {"steps": 1, "globalBatch": 4, "precision": "fp32", "lr": 1e-3, "warmupSteps": 0, "seed": 3}
 
 
-def trainer_job(d: Path, parallelism: dict[str, Any], nproc: int, **spec: Any) -> Any:
+def trainer_job(d: Path, parallelism: dict[str, Any], nproc: int, steps: int = 1, **spec: Any) -> Any:
     fields = read_hf_config(json.loads((d / "config.json").read_text())).fields
     return job({"dpShard": 1, **parallelism}, nproc=nproc, model={**fields, "hfDir": str(d), "seqLen": SEQ},
-               training=TRAINING, **spec)
+               training={**TRAINING, "steps": steps}, **spec)
 
 
 def first_loss(run: Any) -> float:
@@ -303,6 +304,34 @@ def test_the_trainer_starts_from_the_directory_with_transformers_loss_and_export
     assert (out / "tokenizer.json").read_bytes() == (d / "tokenizer.json").read_bytes()
     assert transformers.GenerationConfig.from_pretrained(out).eos_token_id == [2, 3]
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == PUBLISHED[name]["eos_token_id"] % 512
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRAINED)
+def test_a_run_resumed_in_another_layout_ends_where_the_uninterrupted_one_did(
+        name: str, hf_dir: Callable[..., Path], tmp_path: Path) -> None:
+    """Four steps pipelined (a tied embedding held by both ends' stages) with checkpoints at 2 and 4; the
+    checkpoint of step 2 resumed by dpShard2 (one parameter) trains steps 3 and 4 to the same losses and
+    parameters, within the reduction order's noise. The checkpoint, not the directory, gives the weights."""
+    d = hf_dir(name)
+    ckpt = tmp_path / "ckpt"
+    checkpoint = {"enabled": True, "path": str(ckpt), "interval": 2}
+    runs, params = {}, {}
+    for label, parallelism in (("straight", {"pp": 2}), ("resumed", {"dpShard": 2})):
+        if label == "resumed":
+            rewind(ckpt, 2)
+        runs[label] = run_trainer(trainer_job(d, parallelism, 2, steps=4, checkpoint=checkpoint), tmp_path / label,
+                                  args=("--save-full-parameters", str(tmp_path / f"{label}.pt")))
+        assert runs[label].codes == [0, 0], runs[label].logs()
+        params[label] = torch.load(tmp_path / f"{label}.pt")
+    assert "resumed step 2" in runs["resumed"].log(0)
+    assert [r["step"] for r in runs["resumed"].records] == [3, 4]
+    assert [r["loss"] for r in runs["resumed"].records] == pytest.approx(
+        [r["loss"] for r in runs["straight"].records[2:]], rel=1e-5)
+    want, got = params["straight"], params["resumed"]
+    assert got.keys() == want.keys()
+    assert max((want[k] - got[k]).abs().max().item() for k in want) < 1e-5
 
 
 @pytest.mark.distributed

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.trainer import plugin
-from tests.trainer.harness import Run, job, run_trainer
+from tests.trainer.harness import Run, job, rewind, run_trainer
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -40,9 +40,7 @@ def train(parallelism: dict[str, object], nproc: int, ckpt: Path, out: Path) -> 
 def from_step_2(ckpt: Path, to: Path) -> Path:
     """A copy of the checkpoint directory whose latest is step 2."""
     shutil.copytree(ckpt, to)
-    shutil.rmtree(to / "step-00000004")
-    (to / "latest").write_text("step-00000002\n")
-    return to
+    return rewind(to, 2)
 
 
 @pytest.fixture(scope="module")

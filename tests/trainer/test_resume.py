@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.trainer.harness import job, run_trainer
+from tests.trainer.harness import job, rewind, run_trainer
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -26,8 +25,7 @@ def test_resume_from_step_2_under_another_layout_continues_the_same_run(tmp_path
 
     # Forget the last checkpoint: the next run resumes after step 2, on a TP x PP layout with
     # checkpoint-wrapped blocks (their parameter names carry a wrapper prefix).
-    shutil.rmtree(ckpt / "step-00000004")
-    (ckpt / "latest").write_text("step-00000002\n")
+    rewind(ckpt, 2)
     second = job({"pp": 2, "tp": 2}, nproc=4, model=model, training={**TRAINING, "activationCheckpointing": "full"},
                  checkpoint=checkpoint)
     resumed = run_trainer(second, tmp_path / "resumed", args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
