@@ -39,11 +39,14 @@ from tetrad.api import ResolvedConfig, parse
 from tetrad.resolve import resolve
 
 
-def config(preset: str, seq_len: int, procs: int, path: Path, async_save: bool, batch_per_rank: int) -> ResolvedConfig:
-    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": f"bench-{preset}"},
+def config(preset: str, seq_len: int, procs: int, path: Path, async_save: bool,
+           batch_per_rank: int) -> ResolvedConfig:
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": f"bench-{preset}"},
            "spec": {"nodes": 1, "nprocPerNode": procs, "parallelism": {"dpShard": procs},
                     "model": {"preset": preset, "seqLen": seq_len},
-                    "training": {"steps": 100000, "globalBatch": batch_per_rank * procs, "microBatch": batch_per_rank,
+                    "training": {"steps": 100000, "globalBatch": batch_per_rank * procs,
+                                 "microBatch": batch_per_rank,
                                  "precision": "fp32", "warmupSteps": 2},
                     "checkpoint": {"enabled": True, "path": str(path), "interval": 100000, "keepLast": 2,
                                    "async": async_save},
@@ -143,7 +146,8 @@ def measure(preset: str, seq_len: int, args: argparse.Namespace, work: Path) -> 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads or max(1, (os.cpu_count() or 1) // args.procs))}
     # --no-python runs this file as the workers' script.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.procs}",
-           "--no-python", sys.executable, "-P", __file__, "--worker", "--config", str(path), "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+           "--no-python", sys.executable, "-P", __file__, "--worker", "--config", str(path),
+           "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -155,16 +159,19 @@ def measure(preset: str, seq_len: int, args: argparse.Namespace, work: Path) -> 
 def table(rows: list[dict[str, Any]], procs: int, threads: int) -> str:
     ranks = f"FSDP x{procs}" if procs > 1 else "1 process"
     lines = [
-        f"| model ({ranks}, {threads} thread(s) each, fp32) | checkpoint | step | sync save (stall) | stall/step | async stall | stall/step "
+        f"| model ({ranks}, {threads} thread(s) each, fp32) | checkpoint | step | sync save (stall) "
+        "| stall/step | async stall | stall/step "
         "| async commit | load |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         step = r["reference_step_s"]
         lines.append(
-            f"| {r['model']} ({r['params_m']:.0f}M, seq {r['seq_len']}) | {r['bytes'] / 1e6:,.0f} MB | {step:.2f} s "
+            f"| {r['model']} ({r['params_m']:.0f}M, seq {r['seq_len']}) | {r['bytes'] / 1e6:,.0f} MB "
+            f"| {step:.2f} s "
             f"| {r['sync_save_s']:.2f} s | {r['sync_ratio']:.2f} | {r['async_stall_s']:.2f} s "
-            f"| {r['async_ratio']:.2f} | {r['async_commit_s']:.2f} s ({r['async_overlapped_steps']:.0f} steps) "
+            f"| {r['async_ratio']:.2f} | {r['async_commit_s']:.2f} s "
+            f"({r['async_overlapped_steps']:.0f} steps) "
             f"| {r['load_s']:.2f} s |")
     return "\n".join(lines)
 
@@ -174,11 +181,12 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--models", default="debug:256,llama3-125m:64", help="comma-separated PRESET:SEQ_LEN")
     p.add_argument("--threads", type=int, default=0,
-                   help="compute threads per rank (default: all cores shared among the ranks; fewer leave a core "
-                        "to the background write, as a GPU job does)")
+                   help="compute threads per rank (default: all cores shared among the ranks; fewer leave a "
+                        "core to the background write, as a GPU job does)")
     p.add_argument("--batch-per-rank", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=3, help="steps without checkpointing before each save (its reference)")
+    p.add_argument("--steps", type=int, default=3,
+                   help="steps without checkpointing before each save (its reference)")
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)

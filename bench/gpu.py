@@ -58,7 +58,8 @@ SMOKE = {"debug-2x64-eager": Config("debug", 64, 2)}
 
 
 def job_document(cfg: Config, steps: int, precision: str, gpu: int, gpu_type: str | None) -> dict[str, Any]:
-    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "bench-gpu"},
+    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+            "metadata": {"name": "bench-gpu"},
             "spec": {"nodes": 1, "nprocPerNode": 1, "parallelism": {"dpShard": 1},
                      "model": {"preset": cfg.model, "seqLen": cfg.seq_len},
                      "resources": {"gpu": gpu, **({"gpuType": gpu_type} if gpu and gpu_type else {})},
@@ -210,8 +211,9 @@ def hf_step(cfg: Any, device: Any):
 
     m = cfg.model
     hf_config = LlamaConfig(vocab_size=m.vocab, hidden_size=m.dim, intermediate_size=m.ffn_dim,
-                            num_hidden_layers=m.layers, num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
-                            max_position_embeddings=m.seq_len, rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps,
+                            num_hidden_layers=m.layers, num_attention_heads=m.heads,
+                            num_key_value_heads=m.kv_heads, max_position_embeddings=m.seq_len,
+                            rope_theta=m.rope_theta, rms_norm_eps=m.norm_eps,
                             tie_word_embeddings=False, attn_implementation="sdpa")
     torch.manual_seed(cfg.training.seed)
     model = LlamaForCausalLM(hf_config).to(device)
@@ -237,15 +239,18 @@ def measure(name: str, cfg: Config, system: str, args: argparse.Namespace, work:
            "--worker", system, "--config", str(path), "--result", str(result), "--warmup", str(args.warmup)]
     if args.profile:
         cmd += ["--profile-to", str(args.profile / f"profile-{name}-{system}.txt")]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TETRAD_METRICS_PORT": str(args.metrics_port)})
+    done = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "TETRAD_METRICS_PORT": str(args.metrics_port)})
     if not result.exists():
         errors = [line for line in done.stderr.splitlines() if "Error" in line]
-        return {"status": f"failed: exit {done.returncode}: {errors[-1].strip() if errors else 'no error line'}"}
+        return {"status": f"failed: exit {done.returncode}: "
+                          f"{errors[-1].strip() if errors else 'no error line'}"}
     return json.loads(result.read_text())
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| configuration | system | tokens/s | MFU | peak GiB | planner tokens/s | planner peak GiB | vs hf |",
+    lines = ["| configuration | system | tokens/s | MFU | peak GiB | planner tokens/s | planner peak GiB "
+             "| vs hf |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = r["status"] == "ok"
@@ -268,10 +273,13 @@ def main() -> None:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--steps", type=int, default=30, help="timed steps after the warm-up")
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--precision", choices=["bf16", "fp32"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default=None,
+                   help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--gpu-type", default="auto",
-                   help="the accelerator the planner predicts for: auto (this GPU, else H100), a name, or none")
-    p.add_argument("--smoke", action="store_true", help="CPU check of the script: debug preset, eager, 3 steps")
+                   help="the accelerator the planner predicts for: auto (this GPU, else H100), a name, "
+                        "or none")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU check of the script: debug preset, eager, 3 steps")
     p.add_argument("--metrics-port", type=int, default=19600)
     p.add_argument("--out", type=Path, default=None, help="also write the rows as JSON, after each row")
     p.add_argument("--profile", type=Path, default=None,
@@ -307,7 +315,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tetrad-bench-gpu-") as tmp:
         for name, cfg in configs.items():
             plan = planned(cfg, args.steps + args.warmup, args.precision, gpu_type)
-            flops = ModelConfig(name=cfg.model, **PRESETS[cfg.model]).model_copy(update={"seq_len": cfg.seq_len}).flops_per_token()
+            flops = ModelConfig(name=cfg.model, **PRESETS[cfg.model]).model_copy(
+                update={"seq_len": cfg.seq_len}).flops_per_token()
             for system in args.systems.split(","):
                 r = {"config": name, "system": system, **asdict(cfg), "planned": plan,
                      **measure(name, cfg, system, args, Path(tmp))}
@@ -316,12 +325,15 @@ def main() -> None:
                 rows.append(r)
                 if args.out:  # after each row: a run stopped halfway keeps what it measured
                     args.out.write_text(json.dumps(rows, indent=2) + "\n")
-                print(f"{name} {system}: {r['status']} {r.get('tokens_per_second', 0):,.0f} tokens/s", file=sys.stderr, flush=True)
+                print(f"{name} {system}: {r['status']} {r.get('tokens_per_second', 0):,.0f} tokens/s",
+                      file=sys.stderr, flush=True)
     for r in rows:
-        hf = next((h for h in rows if h["config"] == r["config"] and h["system"] == "hf" and h["status"] == "ok"), None)
+        hf = next((h for h in rows
+                   if h["config"] == r["config"] and h["system"] == "hf" and h["status"] == "ok"), None)
         if hf and r["status"] == "ok":
             r["ratio"] = r["tokens_per_second"] / hf["tokens_per_second"]
-    print(f"\n{device.type} {torch.cuda.get_device_name() if device.type == 'cuda' else ''}, torch {torch.__version__},"
+    print(f"\n{device.type} {torch.cuda.get_device_name() if device.type == 'cuda' else ''},"
+          f" torch {torch.__version__},"
           f" {args.precision}, {args.steps} timed steps after {args.warmup} warm-up, medians; MFU against"
           f" {peak:.3g} TFLOPS ({source})\n")
     print(table(rows))

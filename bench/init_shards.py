@@ -46,8 +46,10 @@ def main() -> None:
         drawn += shards[name].numel()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     total = sum(p.numel() for p in model.parameters())
-    print(f"{args.model} ({total / 1e9:.2f}B parameters), rank {args.rank} of {args.shards} FSDP shards, torch {torch.__version__},"
-          f" 1 thread: {drawn / 1e9:.3f}B values ({drawn * 4 / 2**30:.2f} GiB fp32) in {seconds:.1f} s ({cpu:.1f} s CPU);"
+    print(f"{args.model} ({total / 1e9:.2f}B parameters), rank {args.rank} of {args.shards} FSDP shards,"
+          f" torch {torch.__version__},"
+          f" 1 thread: {drawn / 1e9:.3f}B values ({drawn * 4 / 2**30:.2f} GiB fp32) in {seconds:.1f} s"
+          f" ({cpu:.1f} s CPU);"
           f" peak RSS grew by {(rss_bytes() - before) / 2**30:.2f} GiB")
 
 

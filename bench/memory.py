@@ -6,7 +6,7 @@ exact and free of allocator noise, unlike the process RSS. For comparing FSDP wr
 variants on a CPU host; on a GPU, torch.cuda.max_memory_allocated says the same more cheaply.
 
     python bench/memory.py [--model llama3-125m] [--seq-len 256] [--procs 2] [--parallelism dpShard=2]
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -23,10 +23,12 @@ def config(args: argparse.Namespace):
     from tetrad.api import parse
     from tetrad.resolve import resolve
 
-    parallelism = {"dpShard": 1, **{k: int(v) for k, v in (kv.split("=") for kv in args.parallelism.split(","))}}
+    parallelism = {"dpShard": 1,
+                   **{k: int(v) for k, v in (kv.split("=") for kv in args.parallelism.split(","))}}
     training = {"steps": args.steps, "globalBatch": args.batch, "microBatch": args.micro_batch,
                 "precision": "fp32", "warmupSteps": 1, **json.loads(args.training)}
-    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "bench-memory"},
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": "bench-memory"},
            "spec": {"nodes": 1, "nprocPerNode": args.procs, "parallelism": parallelism,
                     "model": {"preset": args.model, "seqLen": args.seq_len}, "training": training,
                     "metrics": {"port": args.metrics_port}}}
@@ -76,7 +78,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2, help="globalBatch")
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--training", default="{}", help="further training fields as JSON, e.g. '{\"lossChunks\": 4}'")
+    p.add_argument("--training", default="{}",
+                   help="further training fields as JSON, e.g. '{\"lossChunks\": 4}'")
     p.add_argument("--metrics-port", type=int, default=19500)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -88,16 +91,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tetrad-memory-") as tmp:
         path, result = Path(tmp) / "config.json", Path(tmp) / "result.json"
         path.write_text(config(args).to_json())
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.procs}",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={args.procs}",
                __file__, "--worker", "--config", str(path), "--result", str(result)]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode:
-            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
+                     f"{done.stderr[-3000:]}")
         r = json.loads(result.read_text())
     peaks = ", ".join(f"{b / 2**20:,.1f}" for b in r["peak_bytes_per_rank"])
-    print(f"{args.model} seqLen {args.seq_len}, {args.parallelism} on {args.procs} processes, globalBatch {args.batch}"
-          f" microBatch {args.micro_batch}, fp32, {args.steps} steps, torch {r['torch']}: peak MiB per rank {peaks}")
+    print(f"{args.model} seqLen {args.seq_len}, {args.parallelism} on {args.procs} processes,"
+          f" globalBatch {args.batch}"
+          f" microBatch {args.micro_batch}, fp32, {args.steps} steps, torch {r['torch']}:"
+          f" peak MiB per rank {peaks}")
 
 
 if __name__ == "__main__":

@@ -101,14 +101,17 @@ def start_gang_scheduler(api: Api, gang: str, nodes: int) -> None:
     if up.returncode:
         raise RuntimeError(f"hack/cluster.sh scheduler {gang} failed:\n{up.stderr[-4000:]}")
     if gang == "kueue":
-        api.create(f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        api.create(f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                                "kind": "ResourceFlavor",
                                                 "metadata": {"name": "bench"}})
-        quota = [{"name": "cpu", "nominalQuota": str(96 * nodes)}, {"name": "memory", "nominalQuota": f"{1536 * nodes}Gi"},
+        quota = [{"name": "cpu", "nominalQuota": str(96 * nodes)},
+                 {"name": "memory", "nominalQuota": f"{1536 * nodes}Gi"},
                  {"name": "nvidia.com/gpu", "nominalQuota": str(8 * nodes)}]
         api.create(f"{KUEUE}/clusterqueues", {
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": "bench"},
-            "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                                                                 "flavors": [{"name": "bench", "resources": quota}]}]}})
+            "spec": {"namespaceSelector": {},
+                     "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                         "flavors": [{"name": "bench", "resources": quota}]}]}})
 
 
 def namespace_for(api: Api, name: str, gang: str) -> None:
@@ -162,7 +165,8 @@ def rendered_job(name: str, namespace: str, nodes: int) -> Rendered:
     from tetrad.api import ParallelTrainingJob
     from tetrad.render.objects import render
 
-    return render(ParallelTrainingJob.model_validate({**job(name, nodes), "metadata": {"name": name, "namespace": namespace}}))
+    return render(ParallelTrainingJob.model_validate({**job(name, nodes),
+                                                      "metadata": {"name": name, "namespace": namespace}}))
 
 
 def rendered_pods(name: str, namespace: str, nodes: int) -> list[dict[str, Any]]:
@@ -181,7 +185,8 @@ def post_until_running(api: Api, ns: str, pods: list[dict[str, Any]]) -> float:
     t0 = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda p: api.create(f"/api/v1/namespaces/{ns}/pods", p), pods))
-    while sum(p["status"].get("phase") == "Running" for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < len(pods):
+    while sum(p["status"].get("phase") == "Running"
+              for p in api.list(f"/api/v1/namespaces/{ns}/pods", resourceVersion="0")) < len(pods):
         if time.monotonic() - t0 > 1800:
             raise TimeoutError(f"{len(pods)} bare pods in {ns} not Running after 1800 s")
         time.sleep(interval)
@@ -190,7 +195,8 @@ def post_until_running(api: Api, ns: str, pods: list[dict[str, Any]]) -> float:
 
 def bare_pods(api: Api, ns: str, size: int) -> dict[str, float]:
     """Baseline: the same pods POSTed directly (16 in flight, no gate, no operator, no gang);
-    seconds until the scheduler and kwok have every one Running. The floor the operator is held to."""
+    seconds until the scheduler and kwok have every one Running. The floor the operator is held
+    to."""
     namespace(api, ns)
     pods = rendered_pods("bare", ns, size)
     for pod in pods:
@@ -200,7 +206,8 @@ def bare_pods(api: Api, ns: str, size: int) -> dict[str, float]:
     return {"pods_running": post_until_running(api, ns, pods)}
 
 
-def timeline(api: Api, ns: str, size: int, t0: float, job_running: Callable[[], bool] | None) -> dict[str, float]:
+def timeline(api: Api, ns: str, size: int, t0: float,
+             job_running: Callable[[], bool] | None) -> dict[str, float]:
     """Seconds from t0 until the namespace's `size` pods are all created, free of gates, bound and
     Running, and until the job itself says Running (where it has a way to say it)."""
     interval = 0.1 if size <= 500 else 0.5
@@ -229,7 +236,8 @@ def one_job(api: Api, ns: str, size: int, gang: str = "builtin") -> dict[str, fl
     namespace_for(api, ns, gang)
     t0 = time.monotonic()
     api.create(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs", job("big", size, gang))
-    out = timeline(api, ns, size, t0, lambda: (api.job(ns, "big") or {}).get("status", {}).get("phase") == "Running")
+    out = timeline(api, ns, size, t0,
+                   lambda: (api.job(ns, "big") or {}).get("status", {}).get("phase") == "Running")
     out["restarts"] = (api.job(ns, "big") or {}).get("status", {}).get("restarts", 0)
     return out
 
@@ -242,7 +250,8 @@ def peer_job(api: Api, ns: str, peer: Peer, size: int) -> dict[str, float]:
     return timeline(api, ns, size, t0, running and (lambda: running(api.get(f"{peer.jobs(ns)}/big") or {})))
 
 
-def apply_many(api: Api, ns: str, collection: str, body: Callable[[str, int], dict[str, Any]], n: int) -> dict[str, float]:
+def apply_many(api: Api, ns: str, collection: str, body: Callable[[str, int], dict[str, Any]],
+               n: int) -> dict[str, float]:
     """n jobs of 4 pods POSTed at once (8 in flight): the seconds until all are applied, until all
     their pods exist and until all are Running, counted from just before the first POST."""
     t0 = time.monotonic()
@@ -277,27 +286,33 @@ def many_jobs(api: Api, ns: str, n: int, metrics_port: int) -> dict[str, float]:
             "jobs_per_second": n / all_running, "_t0": t0, "_reconciles_before": reconciles}
 
 
-def many_jobs_finish(api: Api, ns: str, n: int, metrics_port: int, running: dict[str, float]) -> dict[str, float]:
+def many_jobs_finish(api: Api, ns: str, n: int, metrics_port: int,
+                     running: dict[str, float]) -> dict[str, float]:
     """After `many_jobs`, outside its CPU and request figures: the benchmark (playing the kubelet)
     marks every pod Succeeded; the seconds until every job says Succeeded, and the reconciles per
     second over the whole run."""
     t1 = time.monotonic()
     pods = api.list(f"/api/v1/namespaces/{ns}/pods")
     body = {"status": {"phase": "Succeeded", "containerStatuses": [{
-        "name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "", "ready": False, "restartCount": 0,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(), "finishedAt": now()}}}]}}
+        "name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "", "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now(),
+                                 "finishedAt": now()}}}]}}
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda p: api.patch(f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}/status", body), pods))
+        list(pool.map(lambda p: api.patch(f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}/status",
+                                          body), pods))
     wait_phases(api, ns, n, "Succeeded", t1)
     all_succeeded = time.monotonic() - t1
-    reconciles = operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count") - running["_reconciles_before"]
+    reconciles = (operator_metric(metrics_port, "tetrad_operator_reconcile_duration_seconds_count")
+                  - running["_reconciles_before"])
     return {"all_succeeded_after_finish": all_succeeded, "reconciles": reconciles,
             "reconciles_per_second": reconciles / (time.monotonic() - running["_t0"])}
 
 
 def wait_phases(api: Api, ns: str, n: int, phase: str, t0: float) -> None:
     def phases() -> list[str]:
-        return [(j.get("status") or {}).get("phase", "") for j in api.list(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs")]
+        return [(j.get("status") or {}).get("phase", "")
+                for j in api.list(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs")]
 
     while sum(p == phase for p in phases()) < n:
         if time.monotonic() - t0 > 1800:
@@ -326,7 +341,8 @@ def measured(cluster: Cluster, api: Api, ns: str, pids: list[int], run: Callable
     r = run(ns)
     r["cpu_seconds"] = sum(map(cpu_seconds, pids)) - cpu0
     r["control_plane_cpu_seconds"] = sum(map(cpu_seconds, control_plane)) - control_plane0
-    r["requests"] = {verb: int(n - requests0.get(verb, 0)) for verb, n in sorted(apiserver_requests(cluster).items())
+    r["requests"] = {verb: int(n - requests0.get(verb, 0))
+                     for verb, n in sorted(apiserver_requests(cluster).items())
                      if n > requests0.get(verb, 0)}
     if then is not None:
         r.update(then(ns, r))
@@ -338,7 +354,8 @@ def start_peer(cluster: Cluster, peer: Peer) -> list[int]:
     """`hack/cluster.sh peer NAME` (quick when it runs already); the pids of its processes."""
     up = cluster_script("peer", peer.name, name=CLUSTER)
     if up.returncode:
-        raise RuntimeError(up.stderr.strip().splitlines()[-1] if up.stderr.strip() else f"exit {up.returncode}")
+        raise RuntimeError(up.stderr.strip().splitlines()[-1] if up.stderr.strip()
+                           else f"exit {up.returncode}")
     return component_pids(cluster, peer.components)
 
 
@@ -360,13 +377,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="8,128,1024", help="pods per job, comma-separated")
     p.add_argument("--concurrent", type=int, default=100, help="jobs of 4 pods applied at once (0: skip)")
-    p.add_argument("--rounds", type=int, default=1, help="rounds of the concurrent jobs (medians are reported)")
-    p.add_argument("--nodes", type=int, help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds of the concurrent jobs (medians are reported)")
+    p.add_argument("--nodes", type=int,
+                   help="fake 8-GPU nodes (default: the largest size, at least 4 per concurrent job)")
     p.add_argument("--gangs", default="builtin", help=f"gang backends, comma-separated, of {','.join(GANGS)}")
-    p.add_argument("--peers", default="", help=f"peers to run beside Tetrad, comma-separated, of {','.join(PEERS)}")
+    p.add_argument("--peers", default="",
+                   help=f"peers to run beside Tetrad, comma-separated, of {','.join(PEERS)}")
     p.add_argument("--peer-pods", choices=("minimal", "tetrad"), default="minimal",
                    help="the peers' pods: minimal (one container, what bench/peers.py writes), or with the "
-                        "content of Tetrad's pod (env, ports, volumes, security), the same size as Tetrad's")
+                        "content of Tetrad's pod (env, ports, volumes, security), the same size as "
+                        "Tetrad's")
     p.add_argument("--keep", action="store_true", help="leave the cluster running")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args()
@@ -385,9 +406,11 @@ def main() -> int:
     t = time.monotonic()
     cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
     print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
-    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {}, "peer_pods": a.peer_pods}
+    results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {},
+                               "peer_pods": a.peer_pods}
     if peers and a.peer_pods == "tetrad":
-        print("the peers' pods carry Tetrad's pod content (a TrainJob's come from its runtime: unchanged)", flush=True)
+        print("the peers' pods carry Tetrad's pod content (a TrainJob's come from its runtime: unchanged)",
+              flush=True)
     op = None
     peer_pids: dict[str, list[int]] = {}
     try:
@@ -401,9 +424,10 @@ def main() -> int:
         # On a starved machine kwok can be late renewing a thousand node leases; a node that flaps
         # NotReady must not restart the gang being measured (restarts are reported below).
         # kwok pods have made-up IPs: rank 0's metrics are read from loopback, never from them.
-        env = {"TETRAD_OPERATOR_NODE_LOST_SECONDS": "600", **os.environ, "KUBECONFIG": str(cluster.kubeconfig),
-               "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}
-        op = subprocess.Popen([sys.executable, "-m", "tetrad_operator", "-A", "--standalone", "--metrics-port", str(port)],
+        env = {"TETRAD_OPERATOR_NODE_LOST_SECONDS": "600", **os.environ,
+               "KUBECONFIG": str(cluster.kubeconfig), "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}
+        op = subprocess.Popen([sys.executable, "-m", "tetrad_operator", "-A", "--standalone",
+                               "--metrics-port", str(port)],
                               env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -427,14 +451,16 @@ def main() -> int:
             """The peer running (some share a process and take turns), warmed up after a start."""
             pids = start_peer(cluster, peer)
             if pids != peer_pids.get(peer.name):
-                measured(cluster, api, f"bench-warm-up-{peer.name}", [], lambda ns: peer_job(api, ns, peer, 1))
+                measured(cluster, api, f"bench-warm-up-{peer.name}", [],
+                         lambda ns: peer_job(api, ns, peer, 1))
                 peer_pids[peer.name] = pids
             return pids
 
         for peer in peers:
             try:
                 ready(peer)
-            except (RuntimeError, OSError, AssertionError, TimeoutError) as exc:  # it says why, and runs the others
+            # it says why, and runs the others
+            except (RuntimeError, OSError, AssertionError, TimeoutError) as exc:
                 results["unavailable"][peer.name] = str(exc)
                 print(f"peer {peer.name} not run: {exc}", flush=True)
         running_peers = [peer for peer in peers if peer.name in peer_pids]
@@ -442,39 +468,51 @@ def main() -> int:
         measured(cluster, api, "bench-warm-up", [], lambda ns: one_job(api, ns, 1))
         results["idle_rss_kib"] = rss_kib(op.pid)["VmRSS"]
         for size in sizes:
-            bare = measured(cluster, api, f"bench-bare-{size}", [], lambda ns, size=size: bare_pods(api, ns, size))
+            bare = measured(cluster, api, f"bench-bare-{size}", [],
+                            lambda ns, size=size: bare_pods(api, ns, size))
             results[f"bare_{size}"] = bare
             print(f"{size} bare pods: all Running {bare['pods_running']:.1f}s", flush=True)
             # (system, its controller's pids once it is ready, its job)
-            runs = [(gang, lambda: [op.pid], lambda ns, size=size, gang=gang: one_job(api, ns, size, gang)) for gang in gangs]
-            runs += [(peer.name, lambda peer=peer: ready(peer), lambda ns, size=size, peer=peer: peer_job(api, ns, peer, size))
+            runs = [(gang, lambda: [op.pid], lambda ns, size=size, gang=gang: one_job(api, ns, size, gang))
+                    for gang in gangs]
+            runs += [(peer.name, lambda peer=peer: ready(peer),
+                      lambda ns, size=size, peer=peer: peer_job(api, ns, peer, size))
                      for peer in running_peers]
             for system, pids, run in runs:
                 r = measured(cluster, api, f"bench-{system}-{size}", pids(), run)
                 note_peak_rss(system)
                 results[result_key(size, system)] = r
-                print(f"{size} pods, {system}: created {r['created']:.1f}s, bound {r['bound']:.1f}s, all Running "
+                print(f"{size} pods, {system}: created {r['created']:.1f}s, bound {r['bound']:.1f}s, "
+                      "all Running "
                       f"{r['pods_running']:.1f}s (bare pods {bare['pods_running']:.1f}s, ratio "
-                      f"{r['pods_running'] / bare['pods_running']:.2f}), job Running {r.get('phase_running', float('nan')):.1f}s; "
+                      f"{r['pods_running'] / bare['pods_running']:.2f}), job Running "
+                      f"{r.get('phase_running', float('nan')):.1f}s; "
                       f"CPU {r['cpu_seconds']:.1f}s; requests {requests_text(r['requests'])}", flush=True)
         rounds: list[dict[str, Any]] = []
         for i in range(a.rounds if a.concurrent else 0):  # each round: bare pods, Tetrad, each peer
-            bare = measured(cluster, api, f"bench-many-bare-{i}", [], lambda ns: bare_pods(api, ns, 4 * a.concurrent))
+            bare = measured(cluster, api, f"bench-many-bare-{i}", [],
+                            lambda ns: bare_pods(api, ns, 4 * a.concurrent))
             rounds.append(round_ := {"bare": bare})
             round_["builtin"] = r = measured(cluster, api, f"bench-many-{i}", [op.pid],
                                              lambda ns: many_jobs(api, ns, a.concurrent, port),
                                              lambda ns, r: many_jobs_finish(api, ns, a.concurrent, port, r))
-            print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods created {r['created']:.1f}s, Running "
-                  f"{r['pods_running']:.1f}s (bare {bare['pods_running']:.1f}s), all Running {r['all_running']:.1f}s, "
+            print(f"round {i + 1}: {a.concurrent} jobs: applied in {r['applied']:.1f}s, all pods created "
+                  f"{r['created']:.1f}s, Running "
+                  f"{r['pods_running']:.1f}s (bare {bare['pods_running']:.1f}s), all Running "
+                  f"{r['all_running']:.1f}s, "
                   f"all Succeeded {r['all_succeeded_after_finish']:.1f}s after finishing; "
-                  f"{r['reconciles_per_second']:.1f} reconciles/s; CPU {r['cpu_seconds']:.1f}s, control plane "
+                  f"{r['reconciles_per_second']:.1f} reconciles/s; CPU {r['cpu_seconds']:.1f}s, "
+                  "control plane "
                   f"{r['control_plane_cpu_seconds']:.1f}s", flush=True)
             for peer in running_peers:
-                round_[peer.name] = r = measured(cluster, api, f"bench-many-{peer.name}-{i}", ready(peer),
-                                                 lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
+                round_[peer.name] = r = measured(
+                    cluster, api, f"bench-many-{peer.name}-{i}", ready(peer),
+                    lambda ns, peer=peer: many_peer_jobs(api, ns, peer, a.concurrent))
                 note_peak_rss(peer.name)
-                print(f"round {i + 1}: {a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, all pods "
-                      f"created {r['created']:.1f}s, Running {r['pods_running']:.1f}s; CPU {r['cpu_seconds']:.1f}s, "
+                print(f"round {i + 1}: {a.concurrent} jobs, {peer.name}: applied in {r['applied']:.1f}s, "
+                      f"all pods "
+                      f"created {r['created']:.1f}s, Running {r['pods_running']:.1f}s; "
+                      f"CPU {r['cpu_seconds']:.1f}s, "
                       f"control plane {r['control_plane_cpu_seconds']:.1f}s", flush=True)
         results["concurrent_rounds"] = rounds
         results.update({f"operator_{k}": v for k, v in rss_kib(op.pid).items()})
@@ -484,7 +522,8 @@ def main() -> int:
             op.wait(30)
         if not a.keep:
             stop_cluster(CLUSTER)
-    print_tables(results, sizes, gangs + [peer.name for peer in peers if peer.name in peer_pids], a.concurrent)
+    print_tables(results, sizes, gangs + [peer.name for peer in peers if peer.name in peer_pids],
+                 a.concurrent)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
     return 0
@@ -496,17 +535,22 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
         return f"Tetrad, {system} gang" if system in GANGS else system
 
     if sizes:
-        print("\n| pods | system | created | released | bound | all Running | / bare | job Running | controller CPU s "
-              "| apiserver requests (all clients, WATCH left out) |\n|---|---|---|---|---|---|---|---|---|---|")
+        print("\n| pods | system | created | released | bound | all Running | / bare | job Running "
+              "| controller CPU s "
+              "| apiserver requests (all clients, WATCH left out) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
         bare = results[f"bare_{size}"]
-        print(f"| {size} | bare pods (baseline) | | | | {bare['pods_running']:.1f} | 1.00x | | | {requests_text(bare['requests'])} |")
+        print(f"| {size} | bare pods (baseline) | | | | {bare['pods_running']:.1f} | 1.00x | | | "
+              f"{requests_text(bare['requests'])} |")
         for system in systems:
             r = results[result_key(size, system)]
             job_running = f"{r['phase_running']:.1f}" if "phase_running" in r else "(none)"
             released = f"{r['released']:.1f}" if system in GANGS else ""
-            print(f"| {size} | {name(system)} | {r['created']:.1f} | {released} | {r['bound']:.1f} | {r['pods_running']:.1f} | "
-                  f"{r['pods_running'] / bare['pods_running']:.2f}x | {job_running} | {r['cpu_seconds']:.1f} | "
+            print(f"| {size} | {name(system)} | {r['created']:.1f} | {released} | {r['bound']:.1f} | "
+                  f"{r['pods_running']:.1f} | "
+                  f"{r['pods_running'] / bare['pods_running']:.2f}x | {job_running} | "
+                  f"{r['cpu_seconds']:.1f} | "
                   f"{requests_text(r['requests'])} |")
     if rounds := results.get("concurrent_rounds"):
         # The median of each figure over the rounds; each round's ratio is against its own bare pods.
@@ -516,8 +560,10 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
         def ratios(system: str) -> list[float]:
             return [r[system]["pods_running"] / r["bare"]["pods_running"] for r in rounds]
 
-        print(f"\n| {concurrent} x 4-pod jobs at once, median of {len(rounds)} | applied | all pods created | all pods Running "
-              "(each round) | / bare (each round) | all jobs Running | controller CPU s | control plane CPU s | "
+        print(f"\n| {concurrent} x 4-pod jobs at once, median of {len(rounds)} | applied | all pods created "
+              "| all pods Running "
+              "(each round) | / bare (each round) | all jobs Running | controller CPU s "
+              "| control plane CPU s | "
               "apiserver requests (round 1) |\n|---|---|---|---|---|---|---|---|---|")
         for system in ["bare", *(s for s in systems if s in rounds[0])]:
             first = rounds[0][system]
@@ -528,13 +574,17 @@ def print_tables(results: dict[str, Any], sizes: list[int], systems: list[str], 
             each = " / ".join(f"{r[system]['pods_running']:.1f}" for r in rounds)
             each_ratio = " / ".join(f"{x:.2f}" for x in ratios(system))
             label = f"bare pods ({4 * concurrent}, baseline)" if system == "bare" else name(system)
-            print(f"| {label} | {figure('applied')} | {figure('created')} | {med(system, 'pods_running'):.1f} ({each}) | "
+            print(f"| {label} | {figure('applied')} | {figure('created')} | "
+                  f"{med(system, 'pods_running'):.1f} ({each}) | "
                   f"{statistics.median(ratios(system)):.2f}x ({each_ratio}) | {figure('all_running')} | "
-                  f"{figure('cpu_seconds')} | {med(system, 'control_plane_cpu_seconds'):.1f} | {requests_text(first['requests'])} |")
-        print(f"\nTetrad: all Succeeded {med('builtin', 'all_succeeded_after_finish'):.1f}s after the pods finished; "
+                  f"{figure('cpu_seconds')} | {med(system, 'control_plane_cpu_seconds'):.1f} | "
+                  f"{requests_text(first['requests'])} |")
+        print(f"\nTetrad: all Succeeded {med('builtin', 'all_succeeded_after_finish'):.1f}s after the pods "
+              "finished; "
               f"reconciles/s: {med('builtin', 'reconciles_per_second'):.1f}; "
               f"jobs/s to Running: {med('builtin', 'jobs_per_second'):.2f}")
-    print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB (idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
+    print(f"operator peak RSS: {results['operator_VmHWM'] / 1024:.0f} MiB "
+          f"(idle {results['idle_rss_kib'] / 1024:.0f} MiB)")
     for system in systems:
         if f"{system}_VmHWM" in results:
             print(f"{system} peak RSS: {results[f'{system}_VmHWM'] / 1024:.0f} MiB")

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 IMAGE = "tetrad/trainer:0.1.0"  # never pulled: kwok runs the pods
-RESOURCES = {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}, "limits": {"nvidia.com/gpu": "8"}}
+RESOURCES = {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"},
+             "limits": {"nvidia.com/gpu": "8"}}
 
 
 Resources = dict[str, dict[str, str]]
@@ -94,7 +95,8 @@ def _condition_running(obj: dict[str, Any]) -> bool:
 @dataclass(frozen=True)
 class Peer:
     name: str  # hack/cluster.sh peer NAME
-    components: tuple[str, ...]  # its processes (hack/cluster.sh's pid files): their CPU and memory are its cost
+    # its processes (hack/cluster.sh's pid files): their CPU and memory are its cost
+    components: tuple[str, ...]
     api: str  # group/version of its job
     plural: str
     body: Callable[..., dict[str, Any]]  # (name, pods[, resources])
@@ -105,10 +107,13 @@ class Peer:
 
 
 PEERS = {p.name: p for p in (
-    Peer("kubeflow-v1", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob, _condition_running),
-    Peer("kubeflow-v1-tuned", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob, _condition_running),
+    Peer("kubeflow-v1", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob,
+         _condition_running),
+    Peer("kubeflow-v1-tuned", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob,
+         _condition_running),
     Peer("kubeflow-v1-coscheduling", ("training-operator",), "kubeflow.org/v1", "pytorchjobs", pytorchjob,
          _condition_running),
     Peer("jobset", ("jobset",), "jobset.x-k8s.io/v1alpha2", "jobsets", jobset),
-    Peer("kubeflow-trainer", ("kubeflow-trainer", "jobset"), "trainer.kubeflow.org/v1alpha1", "trainjobs", trainjob),
+    Peer("kubeflow-trainer", ("kubeflow-trainer", "jobset"), "trainer.kubeflow.org/v1alpha1", "trainjobs",
+         trainjob),
 )}

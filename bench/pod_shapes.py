@@ -69,26 +69,32 @@ def inline_env(pods: list[Pod]) -> list[Pod]:
 
 
 def with_init(pods: list[Pod]) -> list[Pod]:
-    """The workers' former init container: `python -m tetrad.rendezvous`, three env vars, its own resources."""
+    """The workers' former init container: `python -m tetrad.rendezvous`, three env vars, its own
+    resources."""
     for p in pods:
         trainer = p["spec"]["containers"][0]
         if p["metadata"]["labels"]["tetrad.dev/node-rank"] != "0":
             p["spec"]["initContainers"] = [{
-                "name": "wait-for-master", "image": trainer["image"], "imagePullPolicy": trainer["imagePullPolicy"],
+                "name": "wait-for-master", "image": trainer["image"],
+                "imagePullPolicy": trainer["imagePullPolicy"],
                 "command": ["python", "-m", "tetrad.rendezvous"],
-                "env": [e for e in trainer["env"] if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", "TETRAD_RDZV_TIMEOUT")],
+                "env": [e for e in trainer["env"]
+                        if e["name"] in ("PET_MASTER_ADDR", "PET_NODE_RANK", "TETRAD_RDZV_TIMEOUT")],
                 "securityContext": trainer["securityContext"],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}}}]
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                              "limits": {"cpu": "100m", "memory": "128Mi"}}}]
     return pods
 
 
 def minimal(pods: list[Pod]) -> list[Pod]:
-    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "shapes"}},
+    return [{"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": p["metadata"]["name"], "labels": {"bench": "shapes"}},
              "spec": {"restartPolicy": "Never", "containers": [_container("node", RESOURCES)]}} for p in pods]
 
 
 SHAPES: dict[str, Callable[[list[Pod]], list[Pod]]] = {
-    "tetrad": lambda pods: pods, "tetrad+env": inline_env, "tetrad+init": lambda pods: with_init(inline_env(pods)),
+    "tetrad": lambda pods: pods, "tetrad+env": inline_env,
+    "tetrad+init": lambda pods: with_init(inline_env(pods)),
     "minimal": minimal}
 
 
@@ -116,15 +122,18 @@ def main() -> int:
                 worker = api.get(f"/api/v1/namespaces/{ns}/pods/{pods[1]['metadata']['name']}")
                 managed = len(json.dumps(worker["metadata"].pop("managedFields", [])))
                 sizes[shape] = (len(json.dumps(worker)), managed)
-                print(f"round {r + 1}: {shape}: all {a.pods} Running in {seconds[shape][-1]:.1f}s", flush=True)
+                print(f"round {r + 1}: {shape}: all {a.pods} Running in {seconds[shape][-1]:.1f}s",
+                      flush=True)
                 drop_namespace(api, ns)
-        print(f"\n| {a.pods} pods of each shape, median of {a.rounds} | worker pod, bytes | its managed fields, bytes "
+        print(f"\n| {a.pods} pods of each shape, median of {a.rounds} | worker pod, bytes "
+              "| its managed fields, bytes "
               "| all Running, s (each round) | / tetrad |")
         print("|---|---|---|---|---|")
         base = statistics.median(seconds["tetrad"])
         for shape, runs in seconds.items():
             each = " / ".join(f"{s:.1f}" for s in runs)
-            print(f"| {shape} | {sizes[shape][0]:,} | {sizes[shape][1]:,} | {statistics.median(runs):.1f} ({each}) "
+            print(f"| {shape} | {sizes[shape][0]:,} | {sizes[shape][1]:,} "
+                  f"| {statistics.median(runs):.1f} ({each}) "
                   f"| {statistics.median(runs) / base:.2f}x |")
     finally:
         stop_cluster(CLUSTER)

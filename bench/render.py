@@ -44,7 +44,8 @@ def manifest(nodes: int) -> dict[str, Any]:
             "template": {"env": [{"name": "HF_HOME", "value": "/data/hf"}],
                          "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
                          "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                          "effect": "NoSchedule"}],
                          "labels": {"team": "llm"}},
         },
     }
@@ -70,7 +71,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--budget", type=float, default=1.0, help="seconds render() + YAML must stay under; 0: no check")
+    ap.add_argument("--budget", type=float, default=1.0,
+                    help="seconds render() + YAML must stay under; 0: no check")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
@@ -81,18 +83,20 @@ def main() -> int:
         t_yaml, text = best(args.rounds, lambda: dump_all(objects), "yaml")
         t_pyyaml, _ = best(1, lambda: yaml.dump_all(objects, Dumper=yaml.CSafeDumper, sort_keys=False))
         t = time.perf_counter()
-        cli = subprocess.run([sys.executable, "-m", "tetrad.cli", "render", str(path)], capture_output=True, text=True,
-                             cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+        cli = subprocess.run([sys.executable, "-m", "tetrad.cli", "render", str(path)], capture_output=True,
+                             text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
         t_cli = time.perf_counter() - t
     assert cli.stdout == text, "the CLI printed other YAML than dump_all"
     pods = len(rendered.pods)
     print(f"pods                      {pods}")
     print(f"load_job (parse+validate) {t_load:.3f} s")
-    print(f"render()                  {t_render:.3f} s  ({t_render / pods * 1e6:.0f} us a pod; CPU {CPU['render']:.3f} s)")
+    print(f"render()                  {t_render:.3f} s  ({t_render / pods * 1e6:.0f} us a pod; "
+          f"CPU {CPU['render']:.3f} s)")
     print(f"YAML (yamlout)            {t_yaml:.3f} s  ({len(text) / 1e6:.1f} MB; CPU {CPU['yaml']:.3f} s)")
     print(f"YAML (PyYAML CSafeDumper) {t_pyyaml:.3f} s  (for comparison)")
     print(f"tetrad render (process)   {t_cli:.3f} s")
-    # The budget is on CPU time: on a shared machine (load 10+ on 2 cores) wall time is mostly the wait for a core.
+    # The budget is on CPU time: on a shared machine (load 10+ on 2 cores) wall time is mostly the wait
+    # for a core.
     total = CPU["render"] + CPU["yaml"]
     if args.budget and total >= args.budget:
         print(f"FAIL: render() + YAML = {total:.3f} s of CPU, budget {args.budget} s", file=sys.stderr)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "trainer-image"), os.environ.get("PYTHONPATH", "")])}
+       "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "trainer-image"),
+                                      os.environ.get("PYTHONPATH", "")])}
 
 IMPORT = """
 import time, sys
@@ -53,11 +54,12 @@ for _ in range(4):
     loss.backward()
     times.append(time.perf_counter() - t)
 print(sorted(times[1:])[1])
-"""
+"""  # noqa: E501
 
 
 def timed(code: str) -> float:
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT, check=True)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                          check=True)
     return float(done.stdout.split()[-1])
 
 
@@ -68,7 +70,8 @@ def main() -> None:
     rows = []
     pairs = [("trainer imports", "baseline: + torch.distributed.pipelining",
               IMPORT.format(extra=""), IMPORT.format(extra="import torch.distributed.pipelining")),
-             ("debug step, fp32", "baseline: bf16 autocast", STEP.format(precision="fp32"), STEP.format(precision="bf16"))]
+             ("debug step, fp32", "baseline: bf16 autocast", STEP.format(precision="fp32"),
+              STEP.format(precision="bf16"))]
     for name, baseline, code, base_code in pairs:
         ours, theirs = [], []
         for _ in range(args.repeats):
@@ -79,7 +82,8 @@ def main() -> None:
     print(json.dumps(rows, indent=1))
     print("\n| row | s | baseline | s | baseline / row |\n|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['row']} | {r['seconds']:.2f} | {r['baseline']} | {r['baseline_seconds']:.2f} | {r['ratio']:.2f}x |")
+        print(f"| {r['row']} | {r['seconds']:.2f} | {r['baseline']} | {r['baseline_seconds']:.2f} "
+              f"| {r['ratio']:.2f}x |")
 
 
 if __name__ == "__main__":

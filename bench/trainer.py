@@ -40,11 +40,13 @@ MODES = {"single": "", "ddp": "dpReplicate", "fsdp": "dpShard"}
 def config(mode: str, procs: int, args: argparse.Namespace) -> ResolvedConfig:
     n = 1 if mode == "single" else procs
     parallelism = {"dpShard": 1, **({MODES[mode]: n} if MODES[mode] else {})}
-    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": f"bench-{mode}"},
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": f"bench-{mode}"},
            "spec": {"nodes": 1, "nprocPerNode": n, "parallelism": parallelism,
                     "model": {"preset": args.model, **({"seqLen": args.seq_len} if args.seq_len else {})},
                     "training": {"steps": args.steps, "globalBatch": args.batch_per_rank * n,
-                                 "microBatch": args.batch_per_rank, "precision": args.precision, "warmupSteps": 2},
+                                 "microBatch": args.batch_per_rank, "precision": args.precision,
+                                 "warmupSteps": 2},
                     "metrics": {"port": args.metrics_port}}}
     job, problems = parse(doc)
     assert job is not None, problems
@@ -91,7 +93,8 @@ def worker(config_path: str, result: str, warmup: int) -> None:
     if cfg.layout.dp_replicate > 1:
         model = DistributedDataParallel(model)
     elif cfg.layout.dp_shard > 1:
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+              else MixedPrecisionPolicy())
         for block in model.layers.values():
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
@@ -124,7 +127,8 @@ def worker(config_path: str, result: str, warmup: int) -> None:
 
     times: dict[str, list[tuple[float, float]]] = {"tetrad": [], "baseline": []}
     tetrad.last_log = time.perf_counter()
-    with contextlib.redirect_stdout(io.StringIO()):  # Tetrad's JSON lines are part of its cost, not of the report
+    # Tetrad's JSON lines are part of its cost, not of the report
+    with contextlib.redirect_stdout(io.StringIO()):
         for step in range(cfg.training.steps):
             first = step % 2 == 0  # alternate which side goes first
             for side in ("tetrad", "baseline") if first else ("baseline", "tetrad"):
@@ -155,7 +159,8 @@ def main() -> None:
     p.add_argument("--model", default="debug")
     p.add_argument("--seq-len", type=int, default=None)
     p.add_argument("--batch-per-rank", type=int, default=4)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="default: bf16 on GPU, fp32 on CPU")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default=None,
+                   help="default: bf16 on GPU, fp32 on CPU")
     p.add_argument("--metrics-port", type=int, default=19400)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
@@ -179,9 +184,11 @@ def main() -> None:
             print(f"{mode}: tetrad {r['tetrad_tokens_per_second']:,.0f} tok/s, baseline "
                   f"{r['baseline_tokens_per_second']:,.0f} tok/s, ratio {r['ratio']:.3f}, CPU-time ratio "
                   f"{r['cpu_ratio']:.3f}", file=sys.stderr, flush=True)
-    print(f"\nmodel {args.model}, {args.batch_per_rank} sequences per rank, {args.precision}, {args.steps} steps"
+    print(f"\nmodel {args.model}, {args.batch_per_rank} sequences per rank, {args.precision},"
+          f" {args.steps} steps"
           f" per side alternating step by step, medians after {args.warmup} warm-up steps\n")
-    print("| mode | processes | Tetrad tokens/s | hand-written tokens/s | throughput ratio | CPU-time ratio |")
+    print("| mode | processes | Tetrad tokens/s | hand-written tokens/s | throughput ratio "
+          "| CPU-time ratio |")
     print("|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['mode']} | {r['processes']} | {r['tetrad_tokens_per_second']:,.0f} | "

@@ -38,13 +38,16 @@ def job(name: str, nproc: int, model: dict, batch: int, steps: int) -> dict:
 def tetrad_run(doc: dict, work: Path) -> subprocess.CompletedProcess[str]:
     path = work / f"{doc['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(doc))
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", str(path), "--workdir", str(work / path.stem),
-                           "--jsonl", str(work / f"{path.stem}.jsonl")], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", str(path),
+                           "--workdir", str(work / path.stem),
+                           "--jsonl", str(work / f"{path.stem}.jsonl")],
+                          capture_output=True, text=True, timeout=300)
 
 
 def trains_on_one_gpu(work: Path) -> str | None:
     done = tetrad_run(job("gpu-debug", 1, {"preset": "debug"}, 8, 6), work)
-    rows = [json.loads(line) for line in (work / "gpu-debug.jsonl").read_text().splitlines()] if done.returncode == 0 else []
+    rows = ([json.loads(line) for line in (work / "gpu-debug.jsonl").read_text().splitlines()]
+            if done.returncode == 0 else [])
     steps = [r for r in rows if "tokens_per_second" in r]
     if done.returncode != 0 or not steps:
         return f"exit {done.returncode}, {len(steps)} step rows: {(done.stdout + done.stderr)[-1500:]}"
@@ -68,7 +71,8 @@ def out_of_memory_exits_77(work: Path) -> str | None:
     # fp32 copy and its gradient 128 GiB more: more than any single GPU has.
     done = tetrad_run(job("gpu-oom", 1, {"preset": "llama3-125m", "seqLen": 8192}, 64, 2), work)
     log = done.stdout + done.stderr
-    print("  " + next((line for line in log.splitlines() if "out of memory" in line.lower()), "(no OOM line)")[:600])
+    print("  " + next((line for line in log.splitlines() if "out of memory" in line.lower()),
+                      "(no OOM line)")[:600])
     if done.returncode != EXIT_OOM:
         return f"exit {done.returncode}, expected {EXIT_OOM}: {log[-1500:]}"
     return None if "microBatch" in log else "the message names no knob (microBatch)"
@@ -83,7 +87,8 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("no CUDA device: these checks need one")
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {torch.cuda.device_count()} visible", flush=True)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {torch.cuda.device_count()} visible",
+          flush=True)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="tetrad-gpu-checks-"))
     work.mkdir(parents=True, exist_ok=True)
     failed = 0

@@ -336,7 +336,8 @@ def table_row(header: str, row: str) -> dict[str, str]:
 def install_tetrad_crd(cluster: Cluster) -> None:
     """Apply the generated ParallelTrainingJob CRD (taking over its fields) and wait until it is served."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/paralleltrainingjobs.tetrad.dev")
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/paralleltrainingjobs.tetrad.dev")
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ BUILT_TOOLS_FIXTURE = "k8s_tools"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast-lane", action="store_true",
-                     help=f"only tests marked none of {', '.join(SLOW_LANE_MARKERS)}: no cluster, no Go build")
+                     help=f"only tests marked none of {', '.join(SLOW_LANE_MARKERS)}: "
+                          f"no cluster, no Go build")
 
 
 def fast_lane_violations(items: list[pytest.Item]) -> list[str]:
@@ -31,5 +32,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [i for i in items if i not in slow]
     config.hook.pytest_deselected(items=slow)
     if violations := fast_lane_violations(items):
-        raise pytest.UsageError(f"these tests need the Go-built tools ({BUILT_TOOLS_FIXTURE}) but carry none of "
-                                f"the markers {SLOW_LANE_MARKERS}: {', '.join(violations)}")
+        raise pytest.UsageError(f"these tests need the Go-built tools ({BUILT_TOOLS_FIXTURE}) "
+                                f"but carry none of the markers {SLOW_LANE_MARKERS}: {', '.join(violations)}")

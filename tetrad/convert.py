@@ -64,9 +64,9 @@ EXIT_CODE_PERMANENT: Final = [c for c in range(1, 128) if c not in TETRAD_RETRYA
 
 # torchrun's options (torch.distributed.run, and the older torch.distributed.launch), with and
 # without a value. Kubeflow sets the rendezvous ones through PET_* variables; Tetrad sets its own.
-_TORCHRUN_FLAGS: Final = frozenset({"--standalone", "--module", "-m", "--no-python", "--no_python", "--run-path",
-                                    "--run_path", "--virtual-local-rank", "--virtual_local_rank", "--use-env",
-                                    "--use_env"})
+_TORCHRUN_FLAGS: Final = frozenset({"--standalone", "--module", "-m", "--no-python", "--no_python",
+                                    "--run-path", "--run_path", "--virtual-local-rank",
+                                    "--virtual_local_rank", "--use-env", "--use_env"})
 _TORCHRUN_VALUES: Final = frozenset({
     "--nnodes", "--nproc-per-node", "--nproc_per_node", "--node-rank", "--node_rank", "--master-addr",
     "--master_addr", "--master-port", "--master_port", "--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint",
@@ -98,13 +98,15 @@ _PYTHON_FLAGS: Final = frozenset("bBdEhiIOPqsSuvVx")
 _PYTHON_FLAG_ENV: Final = {"B": ("PYTHONDONTWRITEBYTECODE", "1")}
 _PYTHON_X_ENV: Final = {"faulthandler": "PYTHONFAULTHANDLER", "dev": "PYTHONDEVMODE", "utf8": "PYTHONUTF8",
                         "importtime": "PYTHONPROFILEIMPORTTIME"}
-_SERVER_SET_METADATA: Final = frozenset({"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields",
-                                         "selfLink", "deletionTimestamp", "deletionGracePeriodSeconds"})
+_SERVER_SET_METADATA: Final = frozenset({"uid", "resourceVersion", "generation", "creationTimestamp",
+                                         "managedFields", "selfLink", "deletionTimestamp",
+                                         "deletionGracePeriodSeconds"})
 _KUBECTL_ANNOTATION: Final = "kubectl.kubernetes.io/last-applied-configuration"
 # Pod and container fields whose Kubernetes defaults say nothing (`kubectl get -o yaml` writes them).
-_POD_DEFAULTS: Final = {"dnsPolicy": "ClusterFirst", "schedulerName": DEFAULT_SCHEDULER, "securityContext": {}}
-_CONTAINER_DEFAULTS: Final = {"terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
-                              "resources": {}}
+_POD_DEFAULTS: Final = {"dnsPolicy": "ClusterFirst", "schedulerName": DEFAULT_SCHEDULER,
+                        "securityContext": {}}
+_CONTAINER_DEFAULTS: Final = {"terminationMessagePath": "/dev/termination-log",
+                              "terminationMessagePolicy": "File", "resources": {}}
 _TETRAD_PATHS: Final = {path: name for name, path in POD_VOLUMES.items()}
 _GPU: Final = "nvidia.com/gpu"
 
@@ -294,27 +296,30 @@ class _Converter:
 
     # --- the entry point ---------------------------------------------------------------------------------
 
-    def entry_point(self, command: list[str], args: list[str], where: str, working_dir: str | None) -> EntryPoint:
+    def entry_point(self, command: list[str], args: list[str], where: str,
+                    working_dir: str | None) -> EntryPoint:
         if not command:
             if not args:
-                raise ConvertError(f"{where}.command: not set, so the pods run the image's ENTRYPOINT and CMD, which the"
-                                   " converter cannot read; add the command (e.g. [python, /app/train.py]) and convert"
-                                   " again")
+                raise ConvertError(f"{where}.command: not set, so the pods run the image's ENTRYPOINT and"
+                                   " CMD, which the converter cannot read; add the command (e.g. [python,"
+                                   " /app/train.py]) and convert again")
             first = posixpath.basename(args[0])
-            if not (_PYTHON.fullmatch(first) or first == "torchrun" or first in _SHELLS or args[0].startswith("/")):
-                raise ConvertError(f"{where}.command: not set, so the pods run the image's ENTRYPOINT with args"
-                                   f" {_shown(args[:3])}, which the converter cannot read; add the command (e.g."
-                                   " [python, /app/train.py]) and convert again")
-            self.note("assumed", f"{where}.command", "not set: the args were taken as the command, assuming the "
-                      "image's ENTRYPOINT is empty or runs its arguments (exec \"$@\")")
+            if not (_PYTHON.fullmatch(first) or first == "torchrun" or first in _SHELLS
+                    or args[0].startswith("/")):
+                raise ConvertError(f"{where}.command: not set, so the pods run the image's ENTRYPOINT with"
+                                   f" args {_shown(args[:3])}, which the converter cannot read; add the"
+                                   " command (e.g. [python, /app/train.py]) and convert again")
+            self.note("assumed", f"{where}.command", "not set: the args were taken as the command, assuming "
+                      "the image's ENTRYPOINT is empty or runs its arguments (exec \"$@\")")
         argv = [*command, *args]
         entry = self._parse(argv, where)
         self._check_references(entry.script, where)
         if working_dir is not None:
             normal = posixpath.normpath(working_dir) if working_dir.startswith("/") else None
             if normal is None or normal == "/" or normal.startswith("//"):
-                self.note("not carried over", f"{where}.workingDir", f"{_shown(working_dir)}: script.workingDir must "
-                          "be an absolute directory other than /; set the image's WORKDIR or cd in a script")
+                self.note("not carried over", f"{where}.workingDir", f"{_shown(working_dir)}: "
+                          "script.workingDir must be an absolute directory other than /; set the "
+                          "image's WORKDIR or cd in a script")
             else:
                 entry.script["workingDir"] = normal
         return entry
@@ -335,9 +340,9 @@ class _Converter:
 
     def _nested_launcher(self, where: str, what: str) -> None:
         self.note("not carried over", where, (
-            f"{what} starts worker processes of its own, and Tetrad already runs the entry point once per process "
-            "under torchrun (nprocPerNode per pod, RANK, LOCAL_RANK and WORLD_SIZE set): edit spec.script to run the "
-            "training script with python instead"))
+            f"{what} starts worker processes of its own, and Tetrad already runs the entry point once per "
+            "process under torchrun (nprocPerNode per pod, RANK, LOCAL_RANK and WORLD_SIZE set): edit "
+            "spec.script to run the training script with python instead"))
 
     def _shell(self, argv: list[str], where: str) -> EntryPoint:
         if len(argv) == 3 and argv[1] == "-c" and not _SHELL_SPECIAL.search(argv[2]):
@@ -348,7 +353,8 @@ class _Converter:
             if words[:1] == ["exec"]:
                 words = words[1:]
             first = posixpath.basename(words[0]) if words else ""
-            if first and (_PYTHON.fullmatch(first) or first in ("torchrun", *_OTHER_LAUNCHERS) or "/" in words[0]):
+            if first and (_PYTHON.fullmatch(first) or first in ("torchrun", *_OTHER_LAUNCHERS)
+                          or "/" in words[0]):
                 return self._parse(words, where)  # plain words running a program: the same without the shell
         entry = self._command(argv)
         if any(_LAUNCHER_IN_SHELL.search(a) for a in argv[1:]):
@@ -359,7 +365,8 @@ class _Converter:
         return entry
 
     def _python(self, argv: list[str], where: str) -> EntryPoint:
-        """`python [options] FILE|-m MODULE ARGS`; `-c CODE` and options without an equivalent stay a command."""
+        """`python [options] FILE|-m MODULE ARGS`; `-c CODE` and options without an equivalent stay a
+        command."""
         env: dict[str, str] = {}
         dropped: list[str] = []
         i, tokens = 1, argv
@@ -385,7 +392,8 @@ class _Converter:
                     if flag == "m":
                         return self._python_module(value, tokens[i + 1:], argv, env, dropped, optimize, where)
                     if flag == "W":
-                        env["PYTHONWARNINGS"] = f"{env['PYTHONWARNINGS']},{value}" if "PYTHONWARNINGS" in env else value
+                        env["PYTHONWARNINGS"] = (f"{env['PYTHONWARNINGS']},{value}" if "PYTHONWARNINGS" in env
+                                                 else value)
                     elif (name := _PYTHON_X_ENV.get(value.split("=")[0])) is not None:
                         env[name] = value.split("=", 1)[1] if "=" in value else "1"
                     else:
@@ -397,7 +405,8 @@ class _Converter:
                     optimize += 1
                 elif flag in _PYTHON_FLAG_ENV:
                     env[_PYTHON_FLAG_ENV[flag][0]] = _PYTHON_FLAG_ENV[flag][1]
-                elif flag != "u":  # unbuffered: torchrun runs its workers so, and Tetrad sets PYTHONUNBUFFERED
+                elif flag != "u":
+                    # unbuffered: torchrun runs its workers so, and Tetrad sets PYTHONUNBUFFERED
                     dropped.append(f"-{flag}")
                 j += 1
             i += 1
@@ -409,8 +418,8 @@ class _Converter:
         rest = tokens[i + 1:]
         return EntryPoint({"path": tokens[i], **({"args": rest} if rest else {})}, python=True, env=env)
 
-    def _python_module(self, module: str, rest: list[str], argv: list[str], env: dict[str, str], dropped: list[str],
-                       optimize: int, where: str) -> EntryPoint:
+    def _python_module(self, module: str, rest: list[str], argv: list[str], env: dict[str, str],
+                       dropped: list[str], optimize: int, where: str) -> EntryPoint:
         if module in _TORCH_LAUNCHERS:
             self._python_options(argv[0], env, dropped, optimize, where)
             entry = self._torchrun(rest, module, where)
@@ -427,15 +436,17 @@ class _Converter:
             env["PYTHONOPTIMIZE"] = str(optimize)
         if dropped:
             self.note("not carried over", f"{where}.command", (
-                f"python option{'s' if len(dropped) > 1 else ''} {' '.join(shorten(d, 40) for d in dropped)}: Tetrad "
-                "runs the script with the image's python3; set the equivalent environment variable in spec.template.env"))
+                f"python option{'s' if len(dropped) > 1 else ''} "
+                f"{' '.join(shorten(d, 40) for d in dropped)}: Tetrad runs the script with the image's "
+                "python3; set the equivalent environment variable in spec.template.env"))
         if env:
-            self.note("changed", f"{where}.command", "python's options became environment variables: " + ", ".join(
-                f"{k}={shorten(v, 40)}" for k, v in env.items()))
+            self.note("changed", f"{where}.command", "python's options became environment variables: "
+                      + ", ".join(f"{k}={shorten(v, 40)}" for k, v in env.items()))
         if "/" in interpreter:
             self.note("changed", f"{where}.command", (
-                f"the pods ran {shorten(interpreter, 80)}; Tetrad runs the image's python3 from PATH: if that is another "
-                f"interpreter, use script.command: [{shorten(interpreter, 80)}, FILE] instead"))
+                f"the pods ran {shorten(interpreter, 80)}; Tetrad runs the image's python3 from "
+                "PATH: if that is another interpreter, use script.command: "
+                f"[{shorten(interpreter, 80)}, FILE] instead"))
 
     @staticmethod
     def _command(argv: list[str]) -> EntryPoint:
@@ -458,7 +469,8 @@ class _Converter:
             if name in _TORCHRUN_VALUES:
                 if not eq:
                     if i + 1 >= len(tokens):
-                        raise ConvertError(f"{where}.command: {launcher} option {shorten(name, 40)} needs a value")
+                        raise ConvertError(f"{where}.command: {launcher} option"
+                                           f" {shorten(name, 40)} needs a value")
                     i += 1
                     value = tokens[i]
             elif name not in _TORCHRUN_FLAGS or eq:
@@ -478,34 +490,39 @@ class _Converter:
                 entry.nested = True
         elif "--module" in given or "-m" in given:
             if not re.fullmatch(PYTHON_MODULE, script):
-                raise ConvertError(f"{where}.command: {launcher} -m {shorten(script, 60)} is not a Python module name")
+                raise ConvertError(f"{where}.command: {launcher} -m {shorten(script, 60)}"
+                                   " is not a Python module name")
             entry = EntryPoint({"module": script, **args})
         else:
             entry = EntryPoint({"path": script, **args})
-        entry.launcher, entry.nproc, entry.nnodes = launcher, given.get("--nproc-per-node"), given.get("--nnodes")
+        entry.launcher, entry.nproc, entry.nnodes = (launcher, given.get("--nproc-per-node"),
+                                                     given.get("--nnodes"))
         kept = sorted(f"{k}={shorten(v, 30)}" if v else k for k, v in given.items()
                       if k not in {o.replace("_", "-") for o in _TORCHRUN_SET_BY_TETRAD})
         self.note("changed", f"{where}.command", (
-            f"the {launcher} launcher is stripped: Tetrad starts torchrun itself, with its own rendezvous, one agent per"
-            " pod and nprocPerNode workers"))
+            f"the {launcher} launcher is stripped: Tetrad starts torchrun itself, with its own rendezvous,"
+            " one agent per pod and nprocPerNode workers"))
         if kept:
             self.note("not carried over", f"{where}.command", (
-                f"{launcher} option{'s' if len(kept) > 1 else ''} {', '.join(kept)}: Tetrad sets torchrun's options "
-                "itself (restarts are whole-gang restarts, runPolicy.maxRestarts)"))
+                f"{launcher} option{'s' if len(kept) > 1 else ''} {', '.join(kept)}: Tetrad sets torchrun's "
+                "options itself (restarts are whole-gang restarts, runPolicy.maxRestarts)"))
         if launcher == "torch.distributed.launch" and "--use-env" not in given:
             self.note("changed", f"{where}.command", (
-                "torch.distributed.launch passed --local-rank=N to the script; torchrun passes no such argument and "
-                "sets LOCAL_RANK in the environment: read it there"))
+                "torch.distributed.launch passed --local-rank=N to the script; torchrun passes no such "
+                "argument and sets LOCAL_RANK in the environment: read it there"))
         return entry
 
     def _check_references(self, script: dict[str, Any], where: str) -> None:
-        words = [script.get("path") or script.get("module") or "", *script.get("command", []), *script.get("args", [])]
-        names = sorted({m.group(1) for w in words for m in _ENV_REFERENCE.finditer(w) if _reserved_env(m.group(1))})
+        words = [script.get("path") or script.get("module") or "", *script.get("command", []),
+                 *script.get("args", [])]
+        names = sorted({m.group(1) for w in words for m in _ENV_REFERENCE.finditer(w)
+                        if _reserved_env(m.group(1))})
         if names:
             self.note("changed", f"{where}.command", (
-                f"{', '.join('$(' + n + ')' for n in names[:8])}: Kubernetes expanded these from the variables Kubeflow"
-                " set in the pod; Tetrad's pods do not set them (torchrun sets each worker's RANK, WORLD_SIZE, "
-                "MASTER_ADDR and MASTER_PORT): read them from the environment in the script"))
+                f"{', '.join('$(' + n + ')' for n in names[:8])}: Kubernetes expanded these from "
+                "the variables Kubeflow set in the pod; Tetrad's pods do not set them (torchrun "
+                "sets each worker's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT): read them from "
+                "the environment in the script"))
 
     # --- processes per pod ---------------------------------------------------------------------------------
 
@@ -519,18 +536,21 @@ class _Converter:
         elif text in ("auto", "gpu", "cpu"):
             n = gpus or 1
             if not entry.launched:
-                pass  # it only told torchrun how many processes to start, and none starts: once per pod, as here
+                # it only told torchrun how many processes to start, and none starts: once per pod, as here
+                pass
             elif gpus and text != "cpu":
                 if given:
-                    self.note("assumed", where, f"{text}: one process per GPU, {gpus} (the container's {_GPU} limit)")
+                    self.note("assumed", where,
+                              f"{text}: one process per GPU, {gpus} (the container's {_GPU} limit)")
             else:
                 what = ("torchrun would have failed without a GPU" if text == "gpu" else
-                        f"torchrun would start one process per CPU of the node (os.cpu_count()){' on GPU pods' if gpus else ''}")
-                self.note("assumed", where, f"{text}: {what}; converted to nprocPerNode: {n}, set it to the number of"
-                          " processes each pod should run")
+                        "torchrun would start one process per CPU of the node"
+                        f" (os.cpu_count()){' on GPU pods' if gpus else ''}")
+                self.note("assumed", where, f"{text}: {what}; converted to nprocPerNode: {n}, set it to the"
+                          " number of processes each pod should run")
         else:
-            raise ConvertError(f"{where}: {_shown(value)} is not a number of processes; use an integer or auto, gpu"
-                               " or cpu")
+            raise ConvertError(f"{where}: {_shown(value)} is not a number of processes; use an"
+                               " integer or auto, gpu or cpu")
         return n
 
     # --- pod template pieces -----------------------------------------------------------------------------
@@ -551,16 +571,18 @@ class _Converter:
     def resources(self, value: Any, where: str) -> tuple[dict[str, Any], int]:
         """spec.resources (cpu, memory as Tetrad sets them: request = limit) and the GPU count."""
         r = _mapping(value, where)
-        limits, requests = _mapping(r.get("limits"), f"{where}.limits"), _mapping(r.get("requests"), f"{where}.requests")
+        limits, requests = (_mapping(r.get("limits"), f"{where}.limits"),
+                            _mapping(r.get("requests"), f"{where}.requests"))
         out: dict[str, Any] = {}
         for key in ("cpu", "memory"):
             limit, request = limits.get(key), requests.get(key)
             if limit is not None:
                 out[key] = _quantity(limit, f"{where}.limits.{key}")
-                if request is not None and not _same_quantity(_quantity(request, f"{where}.requests.{key}"), out[key]):
+                if request is not None and not _same_quantity(_quantity(request, f"{where}.requests.{key}"),
+                                                              out[key]):
                     self.note("changed", f"{where}.requests.{key}", (
-                        f"{_shown(request)} below the limit {_shown(out[key])}: Tetrad requests the limit (request = "
-                        "limit)"))
+                        f"{_shown(request)} below the limit {_shown(out[key])}: Tetrad requests "
+                        "the limit (request = limit)"))
             elif request is not None:
                 out[key] = _quantity(request, f"{where}.requests.{key}")
                 self.note("changed", f"{where}.requests.{key}", (
@@ -578,14 +600,17 @@ class _Converter:
 
     def volumes(self, volumes: list[Any], mounts: list[Any], where_v: str,
                 where_m: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The pod's volumes and the container's mounts, less what Tetrad mounts itself, renamed off its names."""
+        """The pod's volumes and the container's mounts, less what Tetrad mounts itself, renamed off its
+        names."""
         kept_mounts, dropped_from = [], {}
         for i, mount, name in _named(mounts, where_m):
             path = mount.get("mountPath")
-            normal = (posixpath.normpath(path) if path.startswith("/") else path) if isinstance(path, str) else path
+            normal = ((posixpath.normpath(path) if path.startswith("/") else path) if isinstance(path, str)
+                      else path)
             if isinstance(normal, str) and normal in _TETRAD_PATHS:
                 self.note("not carried over", f"{where_m}[{i}]", (
-                    f"{shorten(name, 40)} at {normal}: Tetrad mounts its own {_TETRAD_PATHS[normal]} volume there"
+                    f"{shorten(name, 40)} at {normal}: Tetrad mounts its own"
+                    f" {_TETRAD_PATHS[normal]} volume there"
                     + (" (memory-backed)" if normal == "/dev/shm" else "")))
                 dropped_from[name] = normal
             else:
@@ -598,13 +623,15 @@ class _Converter:
                 continue  # said with its mount
             volume = copy.deepcopy(volume)
             if name in POD_VOLUMES:
-                new = next(n for k in range(1, 1000) if (n := f"user-{name}" + (f"-{k}" if k > 1 else "")) not in taken)
+                new = next(n for k in range(1, 1000)
+                           if (n := f"user-{name}" + (f"-{k}" if k > 1 else "")) not in taken)
                 taken.add(new)
                 volume["name"] = new
                 for mount in kept_mounts:
                     if _name(mount) == name:
                         mount["name"] = new
-                self.note("changed", f"{where_v}[{i}].name", f"{name} is a volume of Tetrad's own pods: renamed {new}")
+                self.note("changed", f"{where_v}[{i}].name",
+                          f"{name} is a volume of Tetrad's own pods: renamed {new}")
             kept_volumes.append(volume)
         return kept_volumes, kept_mounts
 
@@ -613,18 +640,21 @@ class _Converter:
         out = {}
         for key, value in labels.items():
             if isinstance(key, str) and (key.startswith(GROUP + "/") or key == LABEL_MANAGED_BY):
-                self.note("not carried over", f"{where}[{shorten(key, 60)}]", "Tetrad sets this label on its pods")
+                self.note("not carried over", f"{where}[{shorten(key, 60)}]",
+                          "Tetrad sets this label on its pods")
             else:
                 out[key] = value
         return out
 
     def unknown(self, mapping: dict[Any, Any], known: set[str], where: str, why: str,
                 defaults: dict[str, Any] | None = None) -> None:
-        """A note for each field of `mapping` the conversion does not read (empty values and defaults are silent)."""
+        """A note for each field of `mapping` the conversion does not read (empty values and defaults are
+        silent)."""
         skipped = [str(k) for k, v in mapping.items()
                    if k not in known and not _empty(v) and (defaults or {}).get(str(k), object()) != v]
         if skipped:
-            shown = ", ".join(shorten(k, 40) for k in skipped[:12]) + (f" (and {len(skipped) - 12} more)" if len(skipped) > 12 else "")
+            shown = ", ".join(shorten(k, 40) for k in skipped[:12]) + (f" (and {len(skipped) - 12} more)"
+                                                                        if len(skipped) > 12 else "")
             self.note("not carried over", where, f"{shown}: {why}")
 
 
@@ -632,10 +662,10 @@ class _Converter:
 # The documents.
 
 _POD_SPEC_READ: Final = {"containers", "initContainers", "volumes", "nodeSelector", "tolerations", "affinity",
-                         "priorityClassName", "serviceAccountName", "serviceAccount", "schedulerName", "restartPolicy",
-                         "terminationGracePeriodSeconds", "imagePullSecrets"}
-_CONTAINER_READ: Final = {"name", "image", "imagePullPolicy", "command", "args", "env", "resources", "volumeMounts",
-                          "workingDir", "ports", "envFrom"}
+                         "priorityClassName", "serviceAccountName", "serviceAccount", "schedulerName",
+                         "restartPolicy", "terminationGracePeriodSeconds", "imagePullSecrets"}
+_CONTAINER_READ: Final = {"name", "image", "imagePullPolicy", "command", "args", "env", "resources",
+                          "volumeMounts", "workingDir", "ports", "envFrom"}
 
 
 def _metadata(c: _Converter, doc: dict[Any, Any]) -> tuple[dict[str, Any], dict[Any, Any], dict[Any, Any]]:
@@ -643,21 +673,22 @@ def _metadata(c: _Converter, doc: dict[Any, Any]) -> tuple[dict[str, Any], dict[
     meta = _mapping(doc.get("metadata"), "metadata", required=True)
     name = _string(meta.get("name"), "metadata.name")
     if not name:
-        hint = " (metadata.generateName is not enough: a ParallelTrainingJob needs its name)" if meta.get("generateName") else ""
+        hint = (" (metadata.generateName is not enough: a ParallelTrainingJob needs its name)"
+                if meta.get("generateName") else "")
         raise ConvertError(f"metadata.name: required, but missing{hint}; set metadata.name and convert again")
     if len(name) > JOB_NAME_MAX:
         raise ConvertError(
-            f"metadata.name: {shorten(name, 80)} is {len(name)} characters; a ParallelTrainingJob's name is at most "
-            f"{JOB_NAME_MAX}, to leave room for its pods' -<rank> suffix in a 63-character DNS label: rename the "
-            f"{c.kind} (e.g. to {name[:JOB_NAME_MAX].rstrip('-')}) and convert again")
+            f"metadata.name: {shorten(name, 80)} is {len(name)} characters; a ParallelTrainingJob's name is "
+            f"at most {JOB_NAME_MAX}, to leave room for its pods' -<rank> suffix in a 63-character DNS "
+            f"label: rename the {c.kind} (e.g. to {name[:JOB_NAME_MAX].rstrip('-')}) and convert again")
     out: dict[str, Any] = {"name": name}
     if (namespace := _string(meta.get("namespace"), "metadata.namespace")) is not None:
         out["namespace"] = namespace
     labels = dict(_mapping(meta.get("labels"), "metadata.labels"))
     annotations = {k: v for k, v in _mapping(meta.get("annotations"), "metadata.annotations").items()
                    if k != _KUBECTL_ANNOTATION}
-    c.unknown(meta, {"name", "namespace", "labels", "annotations", "generateName", *_SERVER_SET_METADATA}, "metadata",
-              "Tetrad does not carry these to the ParallelTrainingJob")
+    c.unknown(meta, {"name", "namespace", "labels", "annotations", "generateName", *_SERVER_SET_METADATA},
+              "metadata", "Tetrad does not carry these to the ParallelTrainingJob")
     return out, labels, annotations
 
 
@@ -688,11 +719,13 @@ class _Pod:
 
 
 def _template_fields(c: _Converter, pod_spec: dict[Any, Any], paths: _Paths, env: list[dict[str, Any]],
-                     mounts: list[Any], pod_labels: dict[Any, Any], pod_annotations: dict[Any, Any]) -> dict[str, Any]:
-    """spec.template from the pod spec's pass-through fields, the container's env and mounts, the pod metadata."""
+                     mounts: list[Any], pod_labels: dict[Any, Any],
+                     pod_annotations: dict[Any, Any]) -> dict[str, Any]:
+    """spec.template from the pod spec's pass-through fields, the container's env and mounts, the pod
+    metadata."""
     where = paths.pod
-    volumes, volume_mounts = c.volumes(_list(pod_spec.get("volumes"), f"{where}.volumes"), mounts, f"{where}.volumes",
-                                       f"{paths.container}.volumeMounts")
+    volumes, volume_mounts = c.volumes(_list(pod_spec.get("volumes"), f"{where}.volumes"), mounts,
+                                       f"{where}.volumes", f"{paths.container}.volumeMounts")
     template: dict[str, Any] = {}
     for key, value in (("env", env), ("volumes", volumes), ("volumeMounts", volume_mounts)):
         if value:
@@ -721,8 +754,8 @@ def _template_fields(c: _Converter, pod_spec: dict[Any, Any], paths: _Paths, env
         items = _list(pod_spec.get("initContainers"), f"{where}.initContainers")
         names = [n or f"[{i}]" for i, _, n in _named(items, f"{where}.initContainers")]
         c.note("not carried over", f"{where}.initContainers", (
-            f"{', '.join(shorten(n, 40) for n in names)}: Tetrad's pods run no init containers; do their work in the "
-            "script, or in a Job before this one"))
+            f"{', '.join(shorten(n, 40) for n in names)}: Tetrad's pods run no init containers; do their "
+            "work in the script, or in a Job before this one"))
     c.unknown(pod_spec, _POD_SPEC_READ, where, "Tetrad's pods have no such field", _POD_DEFAULTS)
     return template
 
@@ -731,19 +764,19 @@ def _container(c: _Converter, pod_spec: dict[Any, Any], name: str, where: str) -
     containers = _list(pod_spec.get("containers"), f"{where}.containers")
     found = [(i, item) for i, item, n in _named(containers, f"{where}.containers") if n == name]
     if not found:
-        raise ConvertError(f"{where}.containers: no container named {name}, the one a {c.kind} trains in; name the"
-                           f" training container {name}")
+        raise ConvertError(f"{where}.containers: no container named {name}, the one a {c.kind} trains in;"
+                           f" name the training container {name}")
     others = [n or f"[{i}]" for i, _, n in _named(containers, f"{where}.containers") if n != name]
     if others:
         c.note("not carried over", f"{where}.containers", (
-            f"{', '.join(shorten(n, 40) for n in others)}: Tetrad's pods run one container, the training one; run "
-            "sidecars some other way (a DaemonSet, or the script)"))
+            f"{', '.join(shorten(n, 40) for n in others)}: Tetrad's pods run one container, the training "
+            "one; run sidecars some other way (a DaemonSet, or the script)"))
     return found[0]
 
 
-def _pod(c: _Converter, pod_spec: dict[Any, Any], pod_meta: dict[Any, Any], paths: _Paths, container: dict[Any, Any],
-         *, command: list[str], args: list[str], env: list[Any], resources: Any, image: str | None,
-         mounts: list[Any]) -> _Pod:
+def _pod(c: _Converter, pod_spec: dict[Any, Any], pod_meta: dict[Any, Any], paths: _Paths,
+         container: dict[Any, Any], *, command: list[str], args: list[str], env: list[Any], resources: Any,
+         image: str | None, mounts: list[Any]) -> _Pod:
     """A Kubeflow pod as Tetrad pod fields: the container's settings are given (a PyTorchJob's container, a
     TrainJob's trainer), the pod's fields come from `pod_spec` and `pod_meta`."""
     cw = paths.container
@@ -762,8 +795,10 @@ def _pod(c: _Converter, pod_spec: dict[Any, Any], pod_meta: dict[Any, Any], path
     ports = [p for p in _list(container.get("ports"), f"{cw}.ports")
              if not (isinstance(p, dict) and p.get("name") == PYTORCH_PORT)]
     if ports:
-        c.note("not carried over", f"{cw}.ports", "Tetrad's pods declare their own ports (rendezvous, metrics)")
-    c.unknown(container, _CONTAINER_READ, cw, "Tetrad's trainer container has no such field", _CONTAINER_DEFAULTS)
+        c.note("not carried over", f"{cw}.ports",
+               "Tetrad's pods declare their own ports (rendezvous, metrics)")
+    c.unknown(container, _CONTAINER_READ, cw,
+              "Tetrad's trainer container has no such field", _CONTAINER_DEFAULTS)
     template = _template_fields(c, pod_spec, paths, env_items, mounts,
                                 dict(_mapping(pod_meta.get("labels"), f"{paths.metadata}.labels")),
                                 dict(_mapping(pod_meta.get("annotations"), f"{paths.metadata}.annotations")))
@@ -772,40 +807,41 @@ def _pod(c: _Converter, pod_spec: dict[Any, Any], pod_meta: dict[Any, Any], path
     return _Pod(paths, image, pull, entry, res, gpus, template, scheduler, grace)
 
 
-def _world(c: _Converter, pod: _Pod, nodes: int, nproc_value: Any, nproc_where: str, *, given: bool) -> tuple[int, int]:
-    """(nprocPerNode, gpu): the launcher's --nproc-per-node wins over the job's setting, as torchrun reads them."""
+def _world(c: _Converter, pod: _Pod, nodes: int, nproc_value: Any, nproc_where: str, *,
+           given: bool) -> tuple[int, int]:
+    """(nprocPerNode, gpu): the launcher's --nproc-per-node wins over the job's setting, as torchrun reads
+    them."""
     entry, command = pod.entry, f"{pod.paths.container}.command"
     if entry.nproc is not None:
         n = c.nproc(entry.nproc, f"{command} --nproc-per-node", pod.gpus, entry, given=True)
         if given and str(nproc_value) != entry.nproc:
             c.note("changed", nproc_where, (
-                f"{_shown(nproc_value)} conflicts with the command's --nproc-per-node={shorten(entry.nproc, 20)}, "
-                f"which torchrun obeyed: nprocPerNode: {n}"))
+                f"{_shown(nproc_value)} conflicts with the command's "
+                f"--nproc-per-node={shorten(entry.nproc, 20)}, which torchrun obeyed: nprocPerNode: {n}"))
     else:
         n = c.nproc(nproc_value, nproc_where, pod.gpus, entry, given=given)
     if entry.nnodes is not None and entry.nnodes != str(nodes):
         elastic = ":" in entry.nnodes
         c.note("changed", f"{command} --nnodes", (
-            f"{shorten(entry.nnodes, 20)} {'is an elastic range' if elastic else 'disagrees with the job'}: Tetrad runs"
-            f" a fixed gang of nodes: {nodes}, the job's pods"))
+            f"{shorten(entry.nnodes, 20)} {'is an elastic range' if elastic else 'disagrees with the job'}:"
+            f" Tetrad runs a fixed gang of nodes: {nodes}, the job's pods"))
     gpu = pod.gpus
     if gpu and gpu != n:
         c.note("changed", f"{pod.paths.resources}.limits[{_GPU}]", (
-            f"{gpu} GPUs for {n} process{'es' if n > 1 else ''} per pod: Tetrad gives each process one GPU, gpu: {n}"
-            " (a process that drives several GPUs cannot be carried over)"))
+            f"{gpu} GPUs for {n} process{'es' if n > 1 else ''} per pod: Tetrad gives each process one GPU,"
+            f" gpu: {n} (a process that drives several GPUs cannot be carried over)"))
         gpu = n
     if not entry.launched and n > 1:
         c.note("changed", command, (
-            f"{'python' if entry.python else 'the command'} ran once per pod; Tetrad runs it under torchrun {n} times"
-            f" per pod (one per "
-            f"{'GPU' if gpu else 'process'}) with RANK, LOCAL_RANK and WORLD_SIZE set for each: a script that spawned "
-            "its own processes must use these instead"))
+            f"{'python' if entry.python else 'the command'} ran once per pod; Tetrad runs it under torchrun "
+            f"{n} times per pod (one per {'GPU' if gpu else 'process'}) with RANK, LOCAL_RANK and WORLD_SIZE "
+            "set for each: a script that spawned its own processes must use these instead"))
     return n, gpu
 
 
 def _spec(nodes: int, nproc: int, gpu: int, pod: _Pod) -> dict[str, Any]:
-    spec: dict[str, Any] = {"nodes": nodes, "nprocPerNode": nproc, "script": pod.entry.script, "image": pod.image,
-                            "imagePullPolicy": pod.pull_policy}
+    spec: dict[str, Any] = {"nodes": nodes, "nprocPerNode": nproc, "script": pod.entry.script,
+                            "image": pod.image, "imagePullPolicy": pod.pull_policy}
     resources = dict(pod.resources)
     if gpu:
         resources["gpu"] = gpu
@@ -828,11 +864,12 @@ def _gang(c: _Converter, spec: dict[str, Any], pod: _Pod, job_labels: dict[Any, 
         c.note("changed", f"{pod.paths.metadata}.labels[{KUEUE_QUEUE_LABEL}]", (
             f"{_shown(pod_queue)} differs from the job's {_shown(queue)}: the job's queue is used"))
     queue = queue if queue is not None else pod_queue
-    if (priority := job_labels.pop(KUEUE_PRIORITY_LABEL, None)) is not None and KUEUE_PRIORITY_LABEL not in pod_labels:
+    if ((priority := job_labels.pop(KUEUE_PRIORITY_LABEL, None)) is not None
+            and KUEUE_PRIORITY_LABEL not in pod_labels):
         pod_labels[KUEUE_PRIORITY_LABEL] = priority
         template["labels"] = pod_labels
-        c.note("changed", f"metadata.labels[{KUEUE_PRIORITY_LABEL}]", "moved to the pods' labels, where Kueue's pod "
-               "integration reads the WorkloadPriorityClass")
+        c.note("changed", f"metadata.labels[{KUEUE_PRIORITY_LABEL}]", "moved to the pods' labels, where "
+               "Kueue's pod integration reads the WorkloadPriorityClass")
     policy = scheduling or {}
     sw = "spec.runPolicy.schedulingPolicy"
     gang: dict[str, Any] = {}
@@ -841,8 +878,8 @@ def _gang(c: _Converter, spec: dict[str, Any], pod: _Pod, job_labels: dict[Any, 
     if queue is not None:
         gang = {"scheduler": "kueue", "queue": queue}
         if name:
-            c.note("not carried over", f"{pod.paths.pod}.schedulerName", f"{_shown(name)}: Kueue admits the job (its "
-                   f"{KUEUE_QUEUE_LABEL} label) and the pods use the default scheduler")
+            c.note("not carried over", f"{pod.paths.pod}.schedulerName", f"{_shown(name)}: Kueue admits the "
+                   f"job (its {KUEUE_QUEUE_LABEL} label) and the pods use the default scheduler")
     elif name == "volcano" or volcano_queue:
         gang = {"scheduler": "volcano", **({"queue": policy_queue} if policy_queue else {})}
     elif name == COSCHEDULING_SCHEDULER:
@@ -850,23 +887,25 @@ def _gang(c: _Converter, spec: dict[str, Any], pod: _Pod, job_labels: dict[Any, 
     elif name:
         gang = {"schedulerName": name}
     if policy_queue and gang.get("scheduler") != "volcano":
-        c.note("not carried over", f"{sw}.queue", f"{_shown(policy_queue)}: a queue is carried for Volcano (schedulerName:"
-               " volcano) or Kueue (the queue-name label) only")
-    if (minimum := _int(policy.get("minAvailable"), f"{sw}.minAvailable")) is not None and minimum != spec["nodes"]:
+        c.note("not carried over", f"{sw}.queue", f"{_shown(policy_queue)}: a queue is carried for Volcano"
+               " (schedulerName: volcano) or Kueue (the queue-name label) only")
+    if ((minimum := _int(policy.get("minAvailable"), f"{sw}.minAvailable")) is not None
+            and minimum != spec["nodes"]):
         c.note("changed", f"{sw}.minAvailable", f"{minimum}: Tetrad's gang is every pod, {spec['nodes']}")
     if not _empty(policy.get("minResources")):
         c.note("not carried over", f"{sw}.minResources", "Tetrad sums the gang's requests itself")
-    if (timeout := _int(policy.get("scheduleTimeoutSeconds"), f"{sw}.scheduleTimeoutSeconds")) is not None and timeout >= 1:
+    if ((timeout := _int(policy.get("scheduleTimeoutSeconds"), f"{sw}.scheduleTimeoutSeconds")) is not None
+            and timeout >= 1):
         gang["timeoutSeconds"] = timeout
     if (priority_class := _string(policy.get("priorityClass"), f"{sw}.priorityClass")) is not None:
         if template.get("priorityClassName") in (None, priority_class):
             template["priorityClassName"] = priority_class
         else:
             c.note("not carried over", f"{sw}.priorityClass", (
-                f"{_shown(priority_class)}: the pods' priorityClassName {_shown(template['priorityClassName'])} is "
-                "used (Tetrad's Volcano PodGroup takes it too)"))
-    c.unknown(policy, {"minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds"}, sw,
-              "unknown to the converter")
+                f"{_shown(priority_class)}: the pods' priorityClassName "
+                f"{_shown(template['priorityClassName'])} is used (Tetrad's Volcano PodGroup takes it too)"))
+    c.unknown(policy, {"minAvailable", "queue", "minResources", "priorityClass", "scheduleTimeoutSeconds"},
+              sw, "unknown to the converter")
     if not pod_labels:
         template.pop("labels", None)
     if not template:
@@ -876,11 +915,13 @@ def _gang(c: _Converter, spec: dict[str, Any], pod: _Pod, job_labels: dict[Any, 
 
 
 def _kueue_suspend(c: _Converter, spec: dict[str, Any], run_policy: dict[str, Any], where: str) -> None:
-    """Kueue admits a PyTorchJob or TrainJob by unsuspending it; Tetrad's pods wait in Kueue's queue themselves."""
+    """Kueue admits a PyTorchJob or TrainJob by unsuspending it; Tetrad's pods wait in Kueue's queue
+    themselves."""
     if spec.get("gang", {}).get("scheduler") == "kueue" and run_policy.pop("suspend", False):
         c.note("changed", where, (
-            "true: Kueue holds a Kubeflow job suspended until it admits it; Tetrad's pods wait behind Kueue's "
-            "scheduling gate instead, so the job is not suspended (set runPolicy.suspend: true to hold it yourself)"))
+            "true: Kueue holds a Kubeflow job suspended until it admits it; Tetrad's pods wait "
+            "behind Kueue's scheduling gate instead, so the job is not suspended (set "
+            "runPolicy.suspend: true to hold it yourself)"))
 
 
 def _job(c: _Converter, meta: dict[str, Any], labels: dict[Any, Any], annotations: dict[Any, Any],
@@ -910,8 +951,8 @@ def _differences(master: dict[Any, Any], worker: dict[Any, Any]) -> list[str]:
         return found[0] if found else {}
 
     mc, wc = container(master), container(worker)
-    out = [k for k in ("image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources", "volumeMounts",
-                       "workingDir") if mc.get(k) != wc.get(k)]
+    out = [k for k in ("image", "imagePullPolicy", "command", "args", "env", "envFrom", "resources",
+                       "volumeMounts", "workingDir") if mc.get(k) != wc.get(k)]
     ms, ws = _dict(master.get("spec")), _dict(worker.get("spec"))
     out += [k for k in sorted({*ms, *ws} - {"containers"}, key=str) if ms.get(k) != ws.get(k)]
     out += [f"metadata.{k}" for k in ("labels", "annotations")
@@ -919,10 +960,12 @@ def _differences(master: dict[Any, Any], worker: dict[Any, Any]) -> list[str]:
     return [str(k) for k in out]
 
 
-def _restart_policy(c: _Converter, policies: dict[str, str], backoff: int | None, run_policy: dict[str, Any]) -> None:
+def _restart_policy(c: _Converter, policies: dict[str, str], backoff: int | None,
+                    run_policy: dict[str, Any]) -> None:
     where = "spec.pytorchReplicaSpecs"
     if len(set(policies.values())) > 1:
-        c.note("changed", where, "the restart policies differ (" + ", ".join(f"{k}: {v}" for k, v in policies.items())
+        c.note("changed", where, "the restart policies differ ("
+               + ", ".join(f"{k}: {v}" for k, v in policies.items())
                + f"): Tetrad has one for the whole gang, the {next(iter(policies))}'s")
     kind, policy = next(iter(policies.items()))
     pw = f"{where}.{kind}.restartPolicy"
@@ -930,8 +973,9 @@ def _restart_policy(c: _Converter, policies: dict[str, str], backoff: int | None
         raise ConvertError(f"{pw}: {_shown(policy)} is not Always, OnFailure, Never or ExitCode")
     if policy == "Never":
         run_policy["maxRestarts"] = 0
-        c.note("changed", pw, "Never: a failure fails the job (maxRestarts: 0); Tetrad still restarts the gang after a "
-               "disruption (a preemption, an eviction, a lost node), up to runPolicy.maxDisruptions")
+        c.note("changed", pw, "Never: a failure fails the job (maxRestarts: 0); Tetrad still "
+               "restarts the gang after a disruption (a preemption, an eviction, a lost node), up "
+               "to runPolicy.maxDisruptions")
         return
     if backoff is not None:
         run_policy["maxRestarts"] = backoff
@@ -940,16 +984,17 @@ def _restart_policy(c: _Converter, policies: dict[str, str], backoff: int | None
     if policy == "ExitCode":
         run_policy["permanentExitCodes"] = EXIT_CODE_PERMANENT
         c.note("changed", pw, (
-            f"ExitCode: exit codes 1-127 fail the job at once (runPolicy.permanentExitCodes) and 128-255 restart the "
-            f"whole gang, {limit}; {', '.join(map(str, TETRAD_RETRYABLE))} stay retryable, Tetrad's own codes for a node"
-            " that failed the preflight gate, a preemption and a collective timeout"))
+            "ExitCode: exit codes 1-127 fail the job at once (runPolicy.permanentExitCodes) and "
+            f"128-255 restart the whole gang, {limit}; {', '.join(map(str, TETRAD_RETRYABLE))} "
+            "stay retryable, Tetrad's own codes for a node that failed the preflight gate, a "
+            "preemption and a collective timeout"))
         return
     extra = "; Always restarted a container that exited 0 too, Tetrad's job succeeds when every pod exits 0" \
         if policy == "Always" else ""
     c.note("changed", pw, (
-        f"{policy}: Kubeflow restarted the failed container in its pod; Tetrad restarts the whole gang, every pod, "
-        f"{limit}; exit codes {EXIT_OOM} and {EXIT_CONFIG_ERROR} fail the job at once (runPolicy.permanentExitCodes)"
-        f"{extra}"))
+        f"{policy}: Kubeflow restarted the failed container in its pod; Tetrad restarts the whole gang, "
+        f"every pod, {limit}; exit codes {EXIT_OOM} and {EXIT_CONFIG_ERROR} fail the job at once "
+        f"(runPolicy.permanentExitCodes){extra}"))
 
 
 def _run_policy(c: _Converter, value: Any, run_policy: dict[str, Any]) -> dict[Any, Any]:
@@ -960,7 +1005,8 @@ def _run_policy(c: _Converter, value: Any, run_policy: dict[str, Any]) -> dict[A
         if deadline >= 1:
             run_policy["activeDeadlineSeconds"] = deadline
         else:
-            c.note("not carried over", f"{w}.activeDeadlineSeconds", f"{deadline}: a deadline must be at least 1 s")
+            c.note("not carried over", f"{w}.activeDeadlineSeconds",
+                   f"{deadline}: a deadline must be at least 1 s")
     if (ttl := _int(rp.get("ttlSecondsAfterFinished"), f"{w}.ttlSecondsAfterFinished")) is not None:
         if ttl >= 0:
             run_policy["ttlSecondsAfterFinished"] = ttl
@@ -971,14 +1017,15 @@ def _run_policy(c: _Converter, value: Any, run_policy: dict[str, Any]) -> dict[A
         raise ConvertError(f"{w}.cleanPodPolicy: {_shown(clean)} is not All, Running or None")
     run_policy["cleanPodPolicy"] = clean or "None"  # a PyTorchJob's default: keep the pods
     if clean is None:
-        c.note("assumed", f"{w}.cleanPodPolicy", "not set: Kubeflow's default for a PyTorchJob, None (finished pods are"
-               " kept), written out; Tetrad's own default is Running")
+        c.note("assumed", f"{w}.cleanPodPolicy", "not set: Kubeflow's default for a PyTorchJob, None"
+               " (finished pods are kept), written out; Tetrad's own default is Running")
     if _bool(rp.get("suspend"), f"{w}.suspend"):
         run_policy["suspend"] = True
     if not _empty(rp.get("managedBy")):
-        c.note("not carried over", f"{w}.managedBy", f"{_shown(rp.get('managedBy'))}: Tetrad's operator manages the job")
-    c.unknown(rp, {"activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend", "managedBy",
-                   "backoffLimit", "schedulingPolicy"}, w, "unknown to the converter")
+        c.note("not carried over", f"{w}.managedBy",
+               f"{_shown(rp.get('managedBy'))}: Tetrad's operator manages the job")
+    c.unknown(rp, {"activeDeadlineSeconds", "ttlSecondsAfterFinished", "cleanPodPolicy", "suspend",
+                   "managedBy", "backoffLimit", "schedulingPolicy"}, w, "unknown to the converter")
     return _mapping(rp.get("schedulingPolicy"), f"{w}.schedulingPolicy")
 
 
@@ -991,7 +1038,8 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
         kind = next((t for t in _REPLICA_TYPES if str(key).lower() == t.lower()), None)
         where = f"spec.pytorchReplicaSpecs.{shorten(str(key), 40)}"
         if kind is None:
-            raise ConvertError(f"{where}: a PyTorchJob has Master and Worker replicas, not {shorten(str(key), 40)}")
+            raise ConvertError(f"{where}: a PyTorchJob has Master and Worker replicas,"
+                               f" not {shorten(str(key), 40)}")
         if kind in replicas:
             raise ConvertError(f"{where}: {kind} is given twice")
         replicas[kind] = (where, _mapping(value, where, required=True))
@@ -1005,10 +1053,12 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
             raise ConvertError(f"{where}.replicas: {n} is negative")
         c.unknown(rs, {"replicas", "template", "restartPolicy"}, where, "unknown to the converter")
     if counts.get("Master", 1) != 1:
-        raise ConvertError(f"{replicas['Master'][0]}.replicas: a PyTorchJob's Master has 1 replica, not {counts['Master']}")
+        raise ConvertError(f"{replicas['Master'][0]}.replicas: a PyTorchJob's Master has 1"
+                           f" replica, not {counts['Master']}")
     nodes = sum(counts.values())
     if nodes < 1:
-        raise ConvertError("spec.pytorchReplicaSpecs: no replicas at all; give the Master or at least one Worker")
+        raise ConvertError("spec.pytorchReplicaSpecs: no replicas at all; give the"
+                           " Master or at least one Worker")
     primary = "Master" if "Master" in replicas else "Worker"
     where, rs = replicas[primary]
     template = _mapping(rs.get("template"), f"{where}.template", required=True)
@@ -1016,10 +1066,12 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
         worker = _mapping(replicas["Worker"][1].get("template"), f"{replicas['Worker'][0]}.template")
         if differ := _differences(template, worker):
             c.note("changed", replicas["Worker"][0], (
-                f"its template differs from the Master's in {', '.join(shorten(d, 30) for d in differ[:10])}: Tetrad "
-                "runs one template for every pod, converted from the Master's"))
+                "its template differs from the Master's in "
+                f"{', '.join(shorten(d, 30) for d in differ[:10])}: Tetrad runs one template for every pod, "
+                "converted from the Master's"))
     pod_meta = _mapping(template.get("metadata"), f"{where}.template.metadata")
-    c.unknown(pod_meta, {"labels", "annotations"}, f"{where}.template.metadata", "Tetrad does not carry these to its pods")
+    c.unknown(pod_meta, {"labels", "annotations"}, f"{where}.template.metadata",
+              "Tetrad does not carry these to its pods")
     pod_where = f"{where}.template.spec"
     pod_spec = _mapping(template.get("spec"), pod_where, required=True)
     index, ctr = _container(c, pod_spec, PYTORCH_CONTAINER, pod_where)
@@ -1038,17 +1090,19 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
     nproc, gpu = _world(c, pod, nodes, nproc_value, nproc_where, given=given)
     spec = _spec(nodes, nproc, gpu, pod)
     if elastic:
-        shown = ", ".join(f"{k}: {shorten(str(v), 20)}" for k, v in elastic.items() if k not in ("metrics", "nProcPerNode")
-                          and not _empty(v))
+        shown = ", ".join(f"{k}: {shorten(str(v), 20)}" for k, v in elastic.items()
+                          if k not in ("metrics", "nProcPerNode") and not _empty(v))
         c.note("not carried over", "spec.elasticPolicy", (
-            f"{shown or 'elastic training'}{', metrics (an autoscaler)' if not _empty(elastic.get('metrics')) else ''}: "
+            f"{shown or 'elastic training'}"
+            f"{', metrics (an autoscaler)' if not _empty(elastic.get('metrics')) else ''}: "
             f"Tetrad runs a fixed gang of nodes: {nodes} pods and restarts it whole after a failure"))
     run_policy: dict[str, Any] = {}
     rp = _mapping(spec_in.get("runPolicy"), "spec.runPolicy")
     backoff = _int(rp.get("backoffLimit"), "spec.runPolicy.backoffLimit")
     if backoff is not None and backoff < 0:
         raise ConvertError(f"spec.runPolicy.backoffLimit: {backoff} is negative")
-    policies = {k: _string(replicas[k][1].get("restartPolicy"), f"{replicas[k][0]}.restartPolicy") or "OnFailure"
+    policies = {k: (_string(replicas[k][1].get("restartPolicy"), f"{replicas[k][0]}.restartPolicy")
+                    or "OnFailure")
                 for k in sorted(replicas, key=lambda k: k != primary)}
     _restart_policy(c, policies, backoff, run_policy)
     scheduling = _run_policy(c, rp, run_policy)
@@ -1066,7 +1120,8 @@ def _pytorchjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
 # --- TrainJob ----------------------------------------------------------------------------------------------
 
 _NOT_TORCH: Final = {"deepspeed": "DeepSpeed (launched by mpirun)", "mpi": "MPI", "mlx": "MLX", "jax": "JAX",
-                     "xgboost": "XGBoost", "tensorflow": "TensorFlow", "flux": "Flux", "paddle": "PaddlePaddle"}
+                     "xgboost": "XGBoost", "tensorflow": "TensorFlow", "flux": "Flux",
+                     "paddle": "PaddlePaddle"}
 
 
 def _runtime(c: _Converter, spec: dict[Any, Any]) -> str:
@@ -1077,27 +1132,30 @@ def _runtime(c: _Converter, spec: dict[Any, Any]) -> str:
     kind = _string(ref.get("kind"), "spec.runtimeRef.kind") or "ClusterTrainingRuntime"
     group = _string(ref.get("apiGroup"), "spec.runtimeRef.apiGroup") or "trainer.kubeflow.org"
     if group != "trainer.kubeflow.org" or kind not in ("ClusterTrainingRuntime", "TrainingRuntime"):
-        raise ConvertError(f"spec.runtimeRef: {shorten(group, 60)}/{shorten(kind, 60)} is not a Trainer runtime")
+        raise ConvertError(f"spec.runtimeRef: {shorten(group, 60)}/{shorten(kind, 60)}"
+                           " is not a Trainer runtime")
     lowered = name.lower()
     for word, framework in _NOT_TORCH.items():
         if word in lowered and "torch" not in lowered.replace("deepspeed", ""):
             raise ConvertError(
-                f"spec.runtimeRef.name: {shorten(name, 80)} is a {framework} runtime; Tetrad runs PyTorch jobs under "
-                "torchrun, so only a TrainJob of a torch runtime (e.g. torch-distributed) converts")
+                f"spec.runtimeRef.name: {shorten(name, 80)} is a {framework} runtime; Tetrad runs "
+                "PyTorch jobs under torchrun, so only a TrainJob of a torch runtime (e.g. "
+                "torch-distributed) converts")
     known = "torch" in lowered
     c.note("assumed", "spec.runtimeRef", (
-        f"the {kind} {shorten(name, 80)} was not read{'' if known else ', and taken for a torch runtime'}: assumed its "
-        f"torch policy (numProcPerNode auto, numNodes 1), a trainer container {TRAINJOB_CONTAINER} with no volumes, "
-        "no sidecars, no gang policy and no failure policy (a failed node failed the TrainJob; Tetrad restarts the "
-        "whole gang, at most runPolicy.maxRestarts times, 3 by default); carry what it adds by hand"))
+        f"the {kind} {shorten(name, 80)} was not read{'' if known else ', and taken for a torch runtime'}: "
+        "assumed its torch policy (numProcPerNode auto, numNodes 1), a trainer container "
+        f"{TRAINJOB_CONTAINER} with no volumes, no sidecars, no gang policy and no failure policy (a failed "
+        "node failed the TrainJob; Tetrad restarts the whole gang, at most runPolicy.maxRestarts times, 3 by "
+        "default); carry what it adds by hand"))
     return name
 
 
 def _overrides(c: _Converter, spec: dict[Any, Any], pod_spec: dict[str, Any], pod_meta: dict[str, Any],
                container: dict[str, Any]) -> str:
-    """podSpecOverrides (Trainer v2.0), podTemplateOverrides (v2.1) and runtimePatches, applied in order to the
-    trainer's pod (the replicated job `node`); what they aim at elsewhere is noted. Returns where the pod's
-    fields came from, for the notes."""
+    """podSpecOverrides (Trainer v2.0), podTemplateOverrides (v2.1) and runtimePatches, applied in order to
+    the trainer's pod (the replicated job `node`); what they aim at elsewhere is noted. Returns where the
+    pod's fields came from, for the notes."""
     items: list[tuple[str, dict[Any, Any] | None, dict[Any, Any]]] = []  # (where, metadata, pod spec)
     for i, o in enumerate(_list(spec.get("podSpecOverrides"), "spec.podSpecOverrides")):
         w = f"spec.podSpecOverrides[{i}]"
@@ -1109,15 +1167,18 @@ def _overrides(c: _Converter, spec: dict[Any, Any], pod_spec: dict[str, Any], po
         o = _mapping(o, w)
         c.unknown(o, {"targetJobs", "metadata", "spec"}, w, "unknown to the converter")
         if _targets(c, o, w):
-            items.append((w, _mapping(o.get("metadata"), f"{w}.metadata"), _mapping(o.get("spec"), f"{w}.spec")))
+            items.append((w, _mapping(o.get("metadata"), f"{w}.metadata"),
+                          _mapping(o.get("spec"), f"{w}.spec")))
     for i, patch in enumerate(_list(spec.get("runtimePatches"), "spec.runtimePatches")):
         w = f"spec.runtimePatches[{i}]"
         patch = _mapping(patch, w)
         runtime = _mapping(patch.get("trainingRuntimeSpec"), f"{w}.trainingRuntimeSpec")
         template = _mapping(runtime.get("template"), f"{w}.trainingRuntimeSpec.template")
         if not _empty(template.get("metadata")):
-            c.note("not carried over", f"{w}.trainingRuntimeSpec.template.metadata", "Tetrad creates no JobSet")
-        jobs = _list(_mapping(template.get("spec"), f"{w}.trainingRuntimeSpec.template.spec").get("replicatedJobs"),
+            c.note("not carried over", f"{w}.trainingRuntimeSpec.template.metadata",
+                   "Tetrad creates no JobSet")
+        jobs = _list(_mapping(template.get("spec"),
+                              f"{w}.trainingRuntimeSpec.template.spec").get("replicatedJobs"),
                      f"{w}.trainingRuntimeSpec.template.spec.replicatedJobs")
         for j, job, name in _named(jobs, f"{w}.trainingRuntimeSpec.template.spec.replicatedJobs"):
             jw = f"{w}.trainingRuntimeSpec.template.spec.replicatedJobs[{j}]"
@@ -1141,35 +1202,43 @@ def _overrides(c: _Converter, spec: dict[Any, Any], pod_spec: dict[str, Any], po
                 for i, ctr, name in _named(_list(value, f"{w}.spec.containers"), f"{w}.spec.containers"):
                     cw = f"{w}.spec.containers[{i}]"
                     if name != TRAINJOB_CONTAINER:
-                        c.note("not carried over", cw, f"{shorten(name, 40)}: a container of the runtime's; Tetrad's "
-                               "pods run the trainer's container only")
+                        c.note("not carried over", cw, f"{shorten(name, 40)}: a container of the runtime's; "
+                               "Tetrad's pods run the trainer's container only")
                         continue
                     for field_name in ("env", "volumeMounts"):
                         merged = {_name(m): m for m in container.get(field_name, [])}
-                        merged.update({n: m for _, m, n in _named(_list(ctr.get(field_name), f"{cw}.{field_name}"), f"{cw}.{field_name}")})
+                        merged.update({n: m for _, m, n in _named(
+                            _list(ctr.get(field_name), f"{cw}.{field_name}"), f"{cw}.{field_name}")})
                         if merged:
                             container[field_name] = list(merged.values())
                     c.unknown(ctr, {"name", "env", "volumeMounts"}, cw, "not read by the converter")
             elif key == "volumes":
                 merged = {_name(v): v for v in pod_spec.get("volumes", [])}
-                merged.update({n: v for _, v, n in _named(_list(value, f"{w}.spec.volumes"), f"{w}.spec.volumes")})
+                merged.update({n: v for _, v, n in _named(_list(value, f"{w}.spec.volumes"),
+                                                          f"{w}.spec.volumes")})
                 pod_spec["volumes"] = list(merged.values())
             elif key == "nodeSelector":
-                pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **_mapping(value, f"{w}.spec.nodeSelector")}
+                pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}),
+                                            **_mapping(value, f"{w}.spec.nodeSelector")}
             elif key == "schedulingGates" and not _empty(value):
-                c.note("not carried over", f"{w}.spec.schedulingGates", "Tetrad gates its pods itself (the gang)")
+                c.note("not carried over", f"{w}.spec.schedulingGates",
+                       "Tetrad gates its pods itself (the gang)")
             else:
-                pod_spec[key] = value  # serviceAccountName, affinity, tolerations; the rest is noted with the pod
-    return "spec.podTemplateOverrides[*]" if len({w.split("[")[0] for w, _, _ in items}) != 1 else f"{items[0][0].split('[')[0]}[*]"
+                # serviceAccountName, affinity, tolerations; the rest is noted with the pod
+                pod_spec[key] = value
+    return ("spec.podTemplateOverrides[*]" if len({w.split("[")[0] for w, _, _ in items}) != 1
+            else f"{items[0][0].split('[')[0]}[*]")
 
 
 def _targets(c: _Converter, override: dict[Any, Any], where: str) -> bool:
     """Whether an override aims at the trainer's pods; a note for what it aims at besides."""
-    names = [n for _, _, n in _named(_list(override.get("targetJobs"), f"{where}.targetJobs"), f"{where}.targetJobs")]
+    names = [n for _, _, n in _named(_list(override.get("targetJobs"), f"{where}.targetJobs"),
+                                     f"{where}.targetJobs")]
     others = [n for n in names if n != TRAINJOB_CONTAINER]
     if others:
         c.note("not carried over", f"{where}.targetJobs", (
-            f"{', '.join(shorten(n or '?', 40) for n in others)}: Tetrad runs the trainer's pods only (no initializer)"))
+            f"{', '.join(shorten(n or '?', 40) for n in others)}: Tetrad runs the trainer's"
+            " pods only (no initializer)"))
     return TRAINJOB_CONTAINER in names
 
 
@@ -1181,13 +1250,15 @@ def _trainjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
     trainer = _mapping(spec_in.get("trainer"), w)
     image = _string(trainer.get("image"), f"{w}.image")
     if not image:
-        raise ConvertError(f"{w}.image: not set, so the pods run the image of the runtime {shorten(runtime, 80)}, which"
-                           " the converter cannot read; set spec.trainer.image (the runtime's is in `kubectl get "
-                           "clustertrainingruntime NAME -o yaml`) and convert again")
+        raise ConvertError(f"{w}.image: not set, so the pods run the image of the runtime "
+                           f"{shorten(runtime, 80)}, which the converter cannot read; set "
+                           "spec.trainer.image (the runtime's is in `kubectl get clustertrainingruntime "
+                           "NAME -o yaml`) and convert again")
     command = _strings(trainer.get("command"), f"{w}.command")
     if not command:
-        raise ConvertError(f"{w}.command: not set, so the pods run the command of the runtime {shorten(runtime, 80)}, "
-                           "which the converter cannot read; set spec.trainer.command and convert again")
+        raise ConvertError(f"{w}.command: not set, so the pods run the command of the runtime "
+                           f"{shorten(runtime, 80)}, which the converter cannot read; set "
+                           "spec.trainer.command and convert again")
     pod_spec: dict[str, Any] = {}
     pod_meta: dict[str, Any] = {}
     container: dict[str, Any] = {}
@@ -1197,8 +1268,8 @@ def _trainjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
     env += [e for e in container.get("env", []) if _name(e) not in names]
     paths = _Paths(f"{overrides}.spec", w, f"{w}.env", f"{w}.resourcesPerNode", f"{overrides}.metadata")
     pod = _pod(c, pod_spec, pod_meta, paths, {}, image=image, command=command,
-               args=_strings(trainer.get("args"), f"{w}.args"), env=env, resources=trainer.get("resourcesPerNode"),
-               mounts=container.get("volumeMounts", []))
+               args=_strings(trainer.get("args"), f"{w}.args"), env=env,
+               resources=trainer.get("resourcesPerNode"), mounts=container.get("volumeMounts", []))
     nodes = _int(trainer.get("numNodes"), f"{w}.numNodes")
     if nodes is None:
         nodes = 1
@@ -1210,37 +1281,43 @@ def _trainjob(c: _Converter, doc: dict[Any, Any]) -> dict[str, Any]:
         nproc_value, given = "auto", False
     nproc, gpu = _world(c, pod, nodes, nproc_value, f"{w}.numProcPerNode", given=given)
     spec = _spec(nodes, nproc, gpu, pod)
-    c.unknown(trainer, {"image", "command", "args", "env", "numNodes", "numProcPerNode", "resourcesPerNode"}, w,
-              "unknown to the converter")
+    c.unknown(trainer, {"image", "command", "args", "env", "numNodes", "numProcPerNode", "resourcesPerNode"},
+              w, "unknown to the converter")
     initializer = _mapping(spec_in.get("initializer"), "spec.initializer")
     for part in ("dataset", "model"):
         if not _empty(initializer.get(part)):
             uri = _mapping(initializer[part], f"spec.initializer.{part}").get("storageUri")
             c.note("not carried over", f"spec.initializer.{part}", (
-                f"{shorten(str(uri), 80) + ': ' if uri else ''}Tetrad runs no initializer: download the {part} in the "
-                "script, or mount a volume that holds it (spec.template.volumes)"))
-    # spec.labels and spec.annotations (Trainer v2.0, v2.1) went on the JobSet and its Jobs: the job object here.
+                f"{shorten(str(uri), 80) + ': ' if uri else ''}Tetrad runs no initializer: download the "
+                f"{part} in the script, or mount a volume that holds it (spec.template.volumes)"))
+    # spec.labels and spec.annotations (Trainer v2.0, v2.1) went on the JobSet and its Jobs: the job object
+    # here.
     for key, target in (("labels", labels), ("annotations", annotations)):
         if extra := _mapping(spec_in.get(key), f"spec.{key}"):
             target.update(extra)
-            c.note("changed", f"spec.{key}", "put on the ParallelTrainingJob (Tetrad creates no JobSet or Jobs)")
+            c.note("changed", f"spec.{key}",
+                   "put on the ParallelTrainingJob (Tetrad creates no JobSet or Jobs)")
     volcano_queue = annotations.pop(VOLCANO_QUEUE_ANNOTATION, None)
     if volcano_queue is not None:
         c.note("assumed", f"metadata.annotations[{VOLCANO_QUEUE_ANNOTATION}]", (
             "the runtime gang-schedules with Volcano (podGroupPolicy.volcano): gang.scheduler volcano"))
     _gang(c, spec, pod, labels, None, volcano_queue if isinstance(volcano_queue, str) else None)
     run_policy: dict[str, Any] = {}
-    if (deadline := _int(spec_in.get("activeDeadlineSeconds"), "spec.activeDeadlineSeconds")) is not None and deadline >= 1:
+    if ((deadline := _int(spec_in.get("activeDeadlineSeconds"), "spec.activeDeadlineSeconds")) is not None
+            and deadline >= 1):
         run_policy["activeDeadlineSeconds"] = deadline
     if _bool(spec_in.get("suspend"), "spec.suspend"):
         run_policy["suspend"] = True
     if pod.grace is not None:
         run_policy["terminationGracePeriodSeconds"] = pod.grace
     _kueue_suspend(c, spec, run_policy, "spec.suspend")
-    if not _empty(spec_in.get("managedBy")) and spec_in.get("managedBy") != "trainer.kubeflow.org/trainjob-controller":
-        c.note("not carried over", "spec.managedBy", f"{_shown(spec_in.get('managedBy'))}: Tetrad's operator manages the job")
+    if (not _empty(spec_in.get("managedBy"))
+            and spec_in.get("managedBy") != "trainer.kubeflow.org/trainjob-controller"):
+        c.note("not carried over", "spec.managedBy",
+               f"{_shown(spec_in.get('managedBy'))}: Tetrad's operator manages the job")
     c.unknown(spec_in, {"runtimeRef", "trainer", "initializer", "labels", "annotations", "podSpecOverrides",
-                        "podTemplateOverrides", "runtimePatches", "suspend", "activeDeadlineSeconds", "managedBy"},
+                        "podTemplateOverrides", "runtimePatches", "suspend", "activeDeadlineSeconds",
+                        "managedBy"},
               "spec", "unknown to the converter")
     if run_policy:
         spec["runPolicy"] = run_policy
@@ -1258,24 +1335,29 @@ def describe(document: Any) -> str:
     name, namespace = meta.get("name"), meta.get("namespace")
     shown_kind = shorten(kind, 40) if isinstance(kind, str) and kind else "a document without a kind"
     if isinstance(name, str) and name:
-        return f"{shown_kind} {shorten(namespace, 63) + '/' if isinstance(namespace, str) and namespace else ''}{shorten(name, 80)}"
+        return (f"{shown_kind} "
+                f"{shorten(namespace, 63) + '/' if isinstance(namespace, str) and namespace else ''}"
+                f"{shorten(name, 80)}")
     return shown_kind
 
 
 def convert(document: Any) -> Conversion:
-    """The ParallelTrainingJob equivalent to a PyTorchJob or a torch TrainJob; ConvertError when there is none."""
+    """The ParallelTrainingJob equivalent to a PyTorchJob or a torch TrainJob; ConvertError when there is
+    none."""
     if not isinstance(document, dict):
         raise ConvertError(f"expected a YAML mapping (a PyTorchJob or TrainJob), got {_type_name(document)}")
     api_version, kind = document.get("apiVersion"), document.get("kind")
     if (api_version, kind) not in (PYTORCHJOB, TRAINJOB):
-        expected = "tetrad convert reads a PyTorchJob (kubeflow.org/v1) or a TrainJob (trainer.kubeflow.org/v1alpha1)"
+        expected = ("tetrad convert reads a PyTorchJob (kubeflow.org/v1) or a TrainJob"
+                    " (trainer.kubeflow.org/v1alpha1)")
         if kind == KIND:
             raise ConvertError(f"kind: already a {KIND}; nothing to convert")
         if kind in (PYTORCHJOB[1], TRAINJOB[1]):
             raise ConvertError(f"apiVersion: {_shown(api_version)} is not the supported version; {expected}")
         if kind in OTHER_KUBEFLOW_KINDS:
             raise ConvertError(f"kind: {kind} is not a PyTorch job; {expected}")
-        raise ConvertError(f"kind: {_shown(kind)} is not a job to convert; {expected}; apply other objects as they are")
+        raise ConvertError(f"kind: {_shown(kind)} is not a job to convert; {expected};"
+                           " apply other objects as they are")
     c = _Converter(str(kind), str(api_version), describe(document))
     job = _pytorchjob(c, document) if kind == PYTORCHJOB[1] else _trainjob(c, document)
     problems = validate_document(job)

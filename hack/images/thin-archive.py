@@ -54,7 +54,8 @@ def pack(base: Path, layout: Path, out: Path) -> None:
     index = json.loads((layout / "index.json").read_text())
     (entry,) = index["manifests"]
     manifest = json.loads((layout / digest_path(entry["digest"])).read_text())
-    diff_ids = json.loads((layout / digest_path(manifest["config"]["digest"])).read_text())["rootfs"]["diff_ids"]
+    diff_ids = json.loads(
+        (layout / digest_path(manifest["config"]["digest"])).read_text())["rootfs"]["diff_ids"]
     shared = 0
     while shared < min(len(diff_ids), len(base_diff_ids)) and diff_ids[shared] == base_diff_ids[shared]:
         shared += 1

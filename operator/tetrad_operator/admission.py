@@ -55,12 +55,14 @@ def created_released(pod: dict[str, Any], now: datetime) -> dict[str, Any]:
     """A rendered pod as the release would leave it: without the tetrad gate, stamped released."""
     meta, spec = pod["metadata"], pod["spec"]
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != contract.GANG_GATE]
-    spec = {k: v for k, v in spec.items() if k != "schedulingGates"} | ({"schedulingGates": gates} if gates else {})
+    spec = ({k: v for k, v in spec.items() if k != "schedulingGates"}
+            | ({"schedulingGates": gates} if gates else {}))
     annotations = {**(meta.get("annotations") or {}), RELEASED_ANNOTATION: format_time(now)}
     return {**pod, "metadata": {**meta, "annotations": annotations}, "spec": spec}
 
 
-async def ungate(kube: KubeApi, namespace: str, pods: Sequence[tuple[str, str]], limit: asyncio.Semaphore) -> None:
+async def ungate(kube: KubeApi, namespace: str, pods: Sequence[tuple[str, str]],
+                 limit: asyncio.Semaphore) -> None:
     patch = ungate_patch(datetime.now(UTC))
 
     async def one(name: str, uid: str) -> None:
@@ -76,7 +78,8 @@ class GangAdmitter:
     def __init__(self, kube: KubeApi, nodes: Callable[[], list[NodeState]], wake: Callable[[Key], None],
                  metrics: OperatorMetrics, limit: asyncio.Semaphore, namespaces: list[str] | None,
                  retry_seconds: float = OperatorSettings.admission_retry_seconds,
-                 batch_seconds: float = OperatorSettings.batch_seconds, monotonic: Callable[[], float] = time.monotonic):
+                 batch_seconds: float = OperatorSettings.batch_seconds,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.kube = kube
         self.nodes = nodes
         self.wake = wake
@@ -120,7 +123,8 @@ class GangAdmitter:
     async def run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=self.retry_seconds if self.waiting else None)
+                await asyncio.wait_for(self._kick.wait(),
+                                       timeout=self.retry_seconds if self.waiting else None)
             self._kick.clear()
             if not self.waiting and not self.asks:
                 continue
@@ -137,15 +141,17 @@ class GangAdmitter:
         it may not list and watch pods there."""
         if not await self.may_watch_pods(None):
             if not self.namespaces:
-                raise PermissionError("the gang admission must list and watch pods in every namespace: grant the "
-                                      "operator's ServiceAccount a ClusterRole with pods [list, watch] (the chart's "
-                                      "<release>-cluster) or set watchNamespaces")
+                raise PermissionError("the gang admission must list and watch pods in every namespace: "
+                                      "grant the operator's ServiceAccount a ClusterRole with pods "
+                                      "[list, watch] (the chart's <release>-cluster) or set watchNamespaces")
             refused = [ns for ns in self.namespaces if not await self.may_watch_pods(ns)]
             if refused:
-                raise PermissionError(f"the gang admission must list and watch pods in {', '.join(refused)}: grant the "
-                                      f"operator's ServiceAccount pods [list, watch] there (the chart's Role)")
-            log.warning("may not list and watch pods in every namespace: the gang admission counts only the pods of "
-                        "%s; other namespaces' pods on the same nodes are invisible to it", ", ".join(self.namespaces))
+                raise PermissionError(f"the gang admission must list and watch pods in {', '.join(refused)}: "
+                                      f"grant the operator's ServiceAccount pods [list, watch] there "
+                                      f"(the chart's Role)")
+            log.warning("may not list and watch pods in every namespace: the gang admission counts only the "
+                        "pods of %s; other namespaces' pods on the same nodes are invisible to it",
+                        ", ".join(self.namespaces))
             return list(self.namespaces)
         return [None]
 
@@ -195,7 +201,8 @@ class GangAdmitter:
             if (req.key, req.restart) in self.released:
                 continue  # released a moment ago; the watch still shows its gates
             fresh = [by_name.get((req.namespace, p.name)) for p in req.pods]
-            if all(f is not None and f.gated and f.uid == p.uid for f, p in zip(fresh, req.pods, strict=True)):
+            if all(f is not None and f.gated and f.uid == p.uid
+                   for f, p in zip(fresh, req.pods, strict=True)):
                 waiting.append(packing.GangRequest(req.namespace, req.name, req.created, req.restart,
                                                 tuple(f for f in fresh if f is not None)))
         return bound, in_flight, waiting
@@ -206,7 +213,8 @@ class GangAdmitter:
         unseen = []
         for k, (at, pods) in list(self.released.items()):
             shown = [by_name.get((p.namespace, p.name)) for p in pods]
-            if all(s is not None and not s.gated for s in shown) or self.monotonic() - at > RELEASE_SEEN_SECONDS:
+            if (all(s is not None and not s.gated for s in shown)
+                    or self.monotonic() - at > RELEASE_SEEN_SECONDS):
                 del self.released[k]
             else:
                 unseen.append(pods)
@@ -228,7 +236,8 @@ class GangAdmitter:
                 del self.reserved[req.key]  # answered yes just as it stopped: none of its pods exists
             raise
 
-    def _answer(self, asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]], fits: set[Key]) -> None:
+    def _answer(self, asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]],
+                fits: set[Key]) -> None:
         """Tell each asking gang whether it fits; one that fits counts as released from now on."""
         for key, (req, answer) in asks.items():
             if answer.done():  # its loop stopped meanwhile
@@ -255,16 +264,19 @@ class GangAdmitter:
             fits: set[Key] = set()
             try:  # a round that fails answers no: those gangs are created gated, and wait
                 bound, in_flight, waiting = self._snapshot()
-                plan = packing.plan_admission(self.nodes(), bound, in_flight, [*waiting, *(r for r, _ in asks.values())])
+                plan = packing.plan_admission(self.nodes(), bound, in_flight,
+                                              [*waiting, *(r for r, _ in asks.values())])
                 fits = {a.request.key for a in plan if id(a.request) in asking}
             finally:
                 self._answer(asks, fits)
             planned = time.monotonic()
-            plan = [a for a in plan if id(a.request) not in asking]  # the new gangs that fit are created released
+            # the new gangs that fit are created released
+            plan = [a for a in plan if id(a.request) not in asking]
             for a in plan:
                 req = a.request
                 t = time.monotonic()
-                self.released[(req.key, req.restart)] = (self.monotonic(), req.pods)  # before the first write lands
+                # before the first write lands
+                self.released[(req.key, req.restart)] = (self.monotonic(), req.pods)
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
@@ -273,6 +285,7 @@ class GangAdmitter:
                     self.metrics.gang_wait.observe(self.monotonic() - asked)
                 self.metrics.gangs_admitted.inc()
                 log.info("released the gang of %s/%s (restart %d, %d pods; plan %.2fs, ungate %.2fs)",
-                         req.namespace, req.name, req.restart, len(req.pods), planned - started, time.monotonic() - t)
+                         req.namespace, req.name, req.restart, len(req.pods), planned - started,
+                         time.monotonic() - t)
                 self.wake(req.key)
             return plan

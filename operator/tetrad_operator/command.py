@@ -19,5 +19,5 @@ def operator(
         raise typer.Exit(1)
     from tetrad_operator.main import run_operator  # kopf and kubernetes: only when the operator runs
 
-    raise typer.Exit(run_operator(namespaces=namespace, all_namespaces=all_namespaces, metrics_port=metrics_port,
-                                  peering=peering, standalone=standalone))
+    raise typer.Exit(run_operator(namespaces=namespace, all_namespaces=all_namespaces,
+                                  metrics_port=metrics_port, peering=peering, standalone=standalone))

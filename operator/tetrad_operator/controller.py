@@ -97,7 +97,8 @@ class JobLoop:
     spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
     queue_read: tuple[int, float, str | None] | None = None  # (restart, clock.monotonic(), Kueue's reason)
-    body: dict[str, Any] | None = None  # the job's newest body seen: a GET, a status write's answer, the watch
+    # the job's newest body seen: a GET, a status write's answer, the watch
+    body: dict[str, Any] | None = None
     body_read: float = -1e9  # clock.monotonic() of the last GET of the job
     awaiting_kopf: bool = False  # the last pass waited for kopf's finalizer on this new job
     started: float = field(init=False)
@@ -220,7 +221,8 @@ class Controller:
         return Informer(self.kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
 
     async def stop(self) -> None:
-        tasks, self._tasks = [*self._tasks, *(j.scrape for j in self.jobs.values() if j.scrape is not None)], []
+        tasks, self._tasks = [*self._tasks,
+                              *(j.scrape for j in self.jobs.values() if j.scrape is not None)], []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -287,7 +289,8 @@ class Controller:
 
     # ------------------------------------------------------------------ the per-job loop
 
-    async def run_job(self, namespace: str, name: str, stopped: Any, body: dict[str, Any] | None = None) -> None:
+    async def run_job(self, namespace: str, name: str, stopped: Any,
+                      body: dict[str, Any] | None = None) -> None:
         """The body of the job's kopf daemon: reconcile until the job is gone or kopf stops us.
         `body` is the job as kopf's watch last showed it."""
         key = (namespace, name)
@@ -311,11 +314,13 @@ class Controller:
                     failures += 1
                     delay = min(0.5 * 2 ** failures, 30.0)
                     self.metrics.reconcile_errors.inc()
-                    log.warning("reconcile of %s/%s failed (%s); retrying in %.1fs", namespace, name, e, delay,
-                                exc_info=not isinstance(e, ApiError))
+                    log.warning("reconcile of %s/%s failed (%s); retrying in %.1fs", namespace, name, e,
+                                delay, exc_info=not isinstance(e, ApiError))
                 if delay is None:
                     break
-            else:  # kopf stopped the loop; a job being deleted still tells Kueue that no pod will replace its pods
+            else:
+                # kopf stopped the loop; a job being deleted still tells Kueue that no pod will replace
+                # its pods
                 try:
                     await self.close_deleted(loop)
                 except ApiError as e:
@@ -351,7 +356,8 @@ class Controller:
             loop.body, loop.body_read = await self.kube.get(job_path), self.clock.monotonic()
         if (body := loop.body) is None:
             return None
-        if body["metadata"].get("deletionTimestamp"):  # ownerReferences let the garbage collector remove the rest
+        if body["metadata"].get("deletionTimestamp"):
+            # ownerReferences let the garbage collector remove the rest
             await self._close(loop, body)
             return None
         wait = loop.finalizer_wait(body)
@@ -366,8 +372,8 @@ class Controller:
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)
-        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec, rejection=loop.rejection,
-                                    queued=queued)
+        decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
+                                    rejection=loop.rejection, queued=queued)
         if decision.verify and not stale:
             pods = await self.listed_pods(loop)
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
@@ -384,7 +390,8 @@ class Controller:
             self.admission.request(decision.gang)
         else:
             self.admission.withdraw(key)
-        delay = min(decision.requeue_after if decision.requeue_after is not None else self.settings.resync_seconds,
+        delay = min(decision.requeue_after if decision.requeue_after is not None
+                    else self.settings.resync_seconds,
                     self.settings.resync_seconds)
         delay = max(delay, 0.1)
         if decision.status.phase == Phase.RUNNING:
@@ -401,11 +408,13 @@ class Controller:
     async def _close(self, loop: JobLoop, body: dict[str, Any]) -> None:
         """The job goes: its pods' annotations say so (Kueue then lets them go)."""
         if (job := loop.resolved(body).job) is not None:
-            await asyncio.gather(*(self._annotate_pod(loop.key[0], a) for a in closing.close_group(job.spec, self.pods(loop))))
+            await asyncio.gather(*(self._annotate_pod(loop.key[0], a)
+                                   for a in closing.close_group(job.spec, self.pods(loop))))
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any], new: ParallelTrainingJobStatus,
+    async def _write_status(self, loop: JobLoop, job_path: str, body: dict[str, Any],
+                            new: ParallelTrainingJobStatus,
                             merged: dict[str, dict[str, Any]] | None = None) -> bool:
         """Write the pass's status over the body it read, guarded by that body's resourceVersion;
         False when the job changed or went meanwhile."""
@@ -413,8 +422,8 @@ class Controller:
         if patch is None:
             return True
         rv = body["metadata"]["resourceVersion"]
-        rsp = await self.kube.patch(f"{job_path}/status", {"metadata": {"resourceVersion": rv}, "status": patch},
-                                    ok=(404, 409))
+        rsp = await self.kube.patch(f"{job_path}/status",
+                                    {"metadata": {"resourceVersion": rv}, "status": patch}, ok=(404, 409))
         if rsp is None:
             loop.body = None  # changed or gone: the next pass reads it
             return False
@@ -469,7 +478,8 @@ class Controller:
         if not expected:  # objects of an incarnation whose creation is under way are ensured already
             # PodGroups last: the Workload API admits a PodGroup only once its Workload exists.
             ensures = [a.obj for a in actions if isinstance(a, Ensure)]
-            for group in ([o for o in ensures if o["kind"] != "PodGroup"], [o for o in ensures if o["kind"] == "PodGroup"]):
+            for group in ([o for o in ensures if o["kind"] != "PodGroup"],
+                          [o for o in ensures if o["kind"] == "PodGroup"]):
                 await asyncio.gather(*(self._ensure(job, o) for o in group))
         creates = [a for a in actions if isinstance(a, CreatePod) and a.name not in expected]
         # A whole new built-in gang that fits now goes without its gates (none of it created yet).
@@ -483,7 +493,8 @@ class Controller:
             if isinstance(a, DeletePod):
                 expected.pop(a.name, None)
                 calls.append(self._delete_pod(loop, a))
-        calls += [self._delete_stale_gang(namespace, job, a) for a in actions if isinstance(a, DeleteStaleGang)]
+        calls += [self._delete_stale_gang(namespace, job, a)
+                  for a in actions if isinstance(a, DeleteStaleGang)]
         calls += [self._annotate_pod(namespace, a) for a in actions if isinstance(a, AnnotatePod)]
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
@@ -517,7 +528,8 @@ class Controller:
             return None
         restart = max(p.restart for p in waiting)
         group = backend.group_name(loop.key[1], restart)
-        if loop.queue_read and loop.queue_read[0] == restart and self.clock.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS:
+        if (loop.queue_read and loop.queue_read[0] == restart
+                and self.clock.monotonic() - loop.queue_read[1] < QUEUE_READ_SECONDS):
             return loop.queue_read[2]
         reason = backend.queued_reason(await self.kube.get(path(*backend.queue_object, loop.key[0], group)))
         loop.queue_read = (restart, self.clock.monotonic(), reason)
@@ -601,7 +613,8 @@ class Controller:
             return
         patch = scrape.status_patch(read, checkpoint_path, restart, self.clock.now())
         try:
-            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"), {"status": patch})
+            written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"),
+                                            {"status": patch})
             if written is not None and (loop := self.jobs.get(key)) is not None:
                 loop.keep(written, read=True)
             self.metrics.scrapes.labels("ok").inc()

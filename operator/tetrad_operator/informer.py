@@ -59,7 +59,8 @@ class Informer(Generic[V]):
             except Exception as e:  # a failed LIST, a refused or broken watch, a garbled event: go on
                 delay = RETRY_SECONDS[min(failures, len(RETRY_SECONDS) - 1)]
                 failures += 1
-                log.warning("watch of %s failed (%s); listing again in %.1fs", self.url_path, e or repr(e), delay)
+                log.warning("watch of %s failed (%s); listing again in %.1fs", self.url_path, e or repr(e),
+                            delay)
                 await asyncio.sleep(delay)
 
     async def _relist(self) -> str:

@@ -35,8 +35,8 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        config.load_kube_config(config_file=kubeconfig or os.environ.get("KUBECONFIG"),  # type: ignore[no-untyped-call]
-                                client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig or os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return configuration
 
 
@@ -66,7 +66,8 @@ class Kube:
         if self._session is None:
             c = self.configuration
             tls = tls_context(c) if c.host.startswith("https:") else None
-            self._session = aiohttp.ClientSession(c.host, connector=aiohttp.TCPConnector(ssl=tls or False, limit=0))
+            self._session = aiohttp.ClientSession(c.host,
+                                                  connector=aiohttp.TCPConnector(ssl=tls or False, limit=0))
         return self._session
 
     async def close(self) -> None:
@@ -77,7 +78,8 @@ class Kube:
         headers = {"Accept": "application/json"}
         if content_type:
             headers["Content-Type"] = content_type
-        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")  # refreshed when due
+        # refreshed when due
+        token = self.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         return headers
@@ -132,11 +134,12 @@ class Kube:
             delay *= 2.5
         raise AssertionError("unreachable")
 
-    async def watch(self, url_path: str, resource_version: str, **query: Any) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, url_path: str, resource_version: str,
+                    **query: Any) -> AsyncIterator[dict[str, Any]]:
         """The watch events after `resource_version` (bookmarks included) until the server ends the
         stream; Gone when that version is too old, ApiError for any other refusal."""
-        params = {**query, "watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                  "timeoutSeconds": str(WATCH_SECONDS)}
+        params = {**query, "watch": "true", "resourceVersion": resource_version,
+                  "allowWatchBookmarks": "true", "timeoutSeconds": str(WATCH_SECONDS)}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=WATCH_SECONDS + 30)
         async with self.session.get(url_path, params=params, headers=self._headers(None), timeout=timeout,
                                     **self._route()) as rsp:
@@ -188,12 +191,14 @@ class Kube:
 
     async def patch(self, url_path: str, body: Mapping[str, Any], content_type: str = MERGE,
                     ok: tuple[int, ...] = (404,)) -> dict[str, Any] | None:
-        return await self.request("PATCH", url_path, body=body, content_type=content_type, ok=ok)  # type: ignore[no-any-return]
+        return await self.request("PATCH", url_path, body=body,  # type: ignore[no-any-return]
+                                  content_type=content_type, ok=ok)
 
     async def apply(self, url_path: str, obj: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply of the whole object, forced: `field_manager` owns every field it sets, and
         fields it set before but leaves out now are removed."""
-        return await self.request("PATCH", url_path, query={"fieldManager": field_manager, "force": "true"},  # type: ignore[no-any-return]
+        return await self.request("PATCH", url_path,  # type: ignore[no-any-return]
+                                  query={"fieldManager": field_manager, "force": "true"},
                                   body=orjson.dumps(obj), content_type=APPLY)
 
     async def delete(self, url_path: str, *, uid: str | None = None, grace_seconds: int | None = None,

@@ -26,7 +26,8 @@ class ApiError(Exception):
     def __init__(self, status: int, verb: str, path: str, body: Any):
         self.status = status
         self.reason = body.get("reason", "") if isinstance(body, dict) else ""
-        self.message = body.get("message", "") if isinstance(body, dict) else str(body)[:300]  # the server's words
+        # the server's words
+        self.message = body.get("message", "") if isinstance(body, dict) else str(body)[:300]
         super().__init__(f"{verb} {path}: {status} {self.reason}: {self.message}")
 
 

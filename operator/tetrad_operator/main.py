@@ -42,7 +42,8 @@ def kopf_settings(config: OperatorSettings) -> kopf.OperatorSettings:
 async def serve(namespaces: list[str], all_namespaces: bool, metrics_port: int, peering: str | None,
                 standalone: bool, *, config: OperatorSettings | None = None, priority: int | None = None,
                 stop_flag: threading.Event | asyncio.Event | None = None,
-                ready_flag: threading.Event | asyncio.Event | None = None, memo: kopf.Memo | None = None) -> None:
+                ready_flag: threading.Event | asyncio.Event | None = None,
+                memo: kopf.Memo | None = None) -> None:
     from tetrad_operator import handlers  # noqa: F401  (registers the handlers)
 
     memo = memo if memo is not None else kopf.Memo()

@@ -59,7 +59,8 @@ class PodState:
     ended: str | None = None  # why the runtime says that container ended, e.g. Error, OOMKilled, StartError
     reason: str | None = None  # pod.status.reason, e.g. Evicted
     checkpoint_request: str | None = None  # the checkpoint-now token the operator copied onto this pod
-    group_closed: bool = False  # its gang scheduler was told no pod will replace the group's (backend.closing_annotation)
+    # its gang scheduler was told no pod will replace the group's (backend.closing_annotation)
+    group_closed: bool = False
     disrupted: str | None = None  # reason of a DisruptionTarget=True condition
     requests: Resources = field(default_factory=Resources)
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -99,7 +100,8 @@ class PodState:
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
-            job=labels.get(contract.LABEL_JOB, "") if labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY else "",
+            job=(labels.get(contract.LABEL_JOB, "")
+                 if labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY else ""),
             namespace=meta.get("namespace", ""),
             restart=_int(labels.get(contract.LABEL_RESTART)),
             rank=_int(labels.get(contract.LABEL_RANK)),
@@ -119,7 +121,8 @@ class PodState:
             ended=ended,
             reason=status.get("reason") or None,
             checkpoint_request=(meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW),
-            group_closed=any((meta.get("annotations") or {}).get(k) == v for k, v in gangs.CLOSING_ANNOTATIONS),
+            group_closed=any((meta.get("annotations") or {}).get(k) == v
+                             for k, v in gangs.CLOSING_ANNOTATIONS),
             disrupted=disrupted,
             requests=pod_requests(spec),
             node_selector=tuple(sorted((spec.get("nodeSelector") or {}).items())),
@@ -132,14 +135,16 @@ class PodState:
 def _disruption(condition: Mapping[str, Any]) -> str:
     reason = condition.get("reason") or "Disrupted"
     if condition.get("type") != DISRUPTION_CONDITION and condition.get("message"):
-        return f"{reason}: {condition['message']}"  # a scheduler's reason alone says little (Kueue's WorkloadEvicted)
+        # a scheduler's reason alone says little (Kueue's WorkloadEvicted)
+        return f"{reason}: {condition['message']}"
     return str(reason)
 
 
 def _colocation(labels: Mapping[str, str], spec: Mapping[str, Any]) -> tuple[str, str] | None:
     """(topologyKey, selector) of the first required pod-affinity term the pod itself matches by
     matchLabels: the pods sharing it must land in one domain of the key (a pipeline stage in one rack)."""
-    terms = ((spec.get("affinity") or {}).get("podAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = ((spec.get("affinity") or {}).get("podAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution")
     for term in terms or ():
         selector = term.get("labelSelector") or {}
         match = selector.get("matchLabels") or {}

@@ -21,8 +21,8 @@ class _JobsByPhase(Collector):
         self.phases = phases
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        g = GaugeMetricFamily("tetrad_operator_jobs", "ParallelTrainingJobs handled by this operator, by phase.",
-                              labels=["phase"])
+        g = GaugeMetricFamily("tetrad_operator_jobs",
+                              "ParallelTrainingJobs handled by this operator, by phase.", labels=["phase"])
         counts = Tally(self.phases().values())
         for phase in Phase:
             g.add_metric([phase.value], counts.get(phase.value, 0))
@@ -34,21 +34,30 @@ class OperatorMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_JobsByPhase(phases))
-        self.jobs_created = Counter("tetrad_operator_jobs_created", "Jobs seen for the first time.", registry=r)
+        self.jobs_created = Counter("tetrad_operator_jobs_created", "Jobs seen for the first time.",
+                                    registry=r)
         self.jobs_succeeded = Counter("tetrad_operator_jobs_succeeded", "Jobs that succeeded.", registry=r)
-        self.jobs_failed = Counter("tetrad_operator_jobs_failed", "Jobs that failed, by reason.", ["reason"], registry=r)
-        self.restarts = Counter("tetrad_operator_gang_restarts", "Whole-gang restarts, by reason.", ["reason"], registry=r)
+        self.jobs_failed = Counter("tetrad_operator_jobs_failed", "Jobs that failed, by reason.", ["reason"],
+                                   registry=r)
+        self.restarts = Counter("tetrad_operator_gang_restarts", "Whole-gang restarts, by reason.",
+                                ["reason"], registry=r)
         self.pods_created = Counter("tetrad_operator_pods_created", "Pods created.", registry=r)
-        self.pods_deleted = Counter("tetrad_operator_pods_deleted", "Pod deletions requested.", ["force"], registry=r)
-        self.gangs_admitted = Counter("tetrad_operator_gangs_admitted", "Built-in gangs released.", registry=r)
+        self.pods_deleted = Counter("tetrad_operator_pods_deleted", "Pod deletions requested.", ["force"],
+                                    registry=r)
+        self.gangs_admitted = Counter("tetrad_operator_gangs_admitted", "Built-in gangs released.",
+                                      registry=r)
         self.gang_wait = Histogram(
-            "tetrad_operator_gang_wait_seconds", "Time a complete built-in gang waited for capacity before release.",
+            "tetrad_operator_gang_wait_seconds",
+            "Time a complete built-in gang waited for capacity before release.",
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600), registry=r)
         self.reconcile_duration = Histogram(
-            "tetrad_operator_reconcile_duration_seconds", "Duration of one job reconcile (read, decide, write).",
+            "tetrad_operator_reconcile_duration_seconds",
+            "Duration of one job reconcile (read, decide, write).",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
-        self.reconcile_errors = Counter("tetrad_operator_reconcile_errors", "Reconciles that raised.", registry=r)
-        self.api_errors = Counter("tetrad_operator_api_errors", "Failed Kubernetes API calls, by verb and HTTP status "
+        self.reconcile_errors = Counter("tetrad_operator_reconcile_errors", "Reconciles that raised.",
+                                        registry=r)
+        self.api_errors = Counter("tetrad_operator_api_errors",
+                                  "Failed Kubernetes API calls, by verb and HTTP status "
                                   "(0: connection error).", ["verb", "code"], registry=r)
         self.scrapes = Counter("tetrad_operator_scrapes", "Reads of rank 0's metrics endpoint, by result.",
                                ["result"], registry=r)

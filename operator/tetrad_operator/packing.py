@@ -65,14 +65,16 @@ def _term_matches(term: Mapping[str, Any], node: NodeState, labels: Mapping[str,
     if not exprs and not fields:
         return False  # an empty term matches nothing
     return (all(_expression_matches(e, labels.get(e.get("key", ""))) for e in exprs)
-            and all(_expression_matches(f, node.name if f.get("key") == "metadata.name" else None) for f in fields))
+            and all(_expression_matches(f, node.name if f.get("key") == "metadata.name" else None)
+                    for f in fields))
 
 
 def node_matches(pod: PodState, node: NodeState) -> bool:
     """Whether the scheduler may place the pod on the node at all (ignoring free resources)."""
     if not node.ready or node.unschedulable:
         return False
-    if node.taints and any(t.get("effect") in BLOCKING_EFFECTS and not tolerates(pod.tolerations, t) for t in node.taints):
+    if node.taints and any(t.get("effect") in BLOCKING_EFFECTS and not tolerates(pod.tolerations, t)
+                           for t in node.taints):
         return False
     labels = node.label_map
     if any(labels.get(k) != v for k, v in pod.node_selector):
@@ -119,7 +121,8 @@ def _place(pods: Sequence[PodState], order: Sequence[NodeState], free: dict[str,
             groups.setdefault(pod.colocated, []).append(pod)
     for (key, _), members in sorted(groups.items()):
         domains = sorted({n.label_map.get(key) for n in order} - {None}, key=str)
-        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], free, dict(taken)) for d in domains)
+        fits = (_first_fit(members, [n for n in order if n.label_map.get(key) == d], free, dict(taken))
+                for d in domains)
         got = next((f for f in fits if f is not None), None)
         if got is None:
             return None
@@ -193,7 +196,8 @@ class GangRelease:
     placement: dict[str, str]
 
 
-def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState], in_flight: Iterable[Sequence[PodState]],
+def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState],
+                   in_flight: Iterable[Sequence[PodState]],
                    waiting: Iterable[GangRequest]) -> list[GangRelease]:
     """Which waiting gangs to release now, oldest first (best-effort FIFO).
 

@@ -80,8 +80,8 @@ def preflight(samples: list[Sample]) -> dict[str, Any]:
     for sample in samples:
         rank = sample.labels.get("node_rank", "")
         if sample.name == METRIC_PREFLIGHT_BUS_BANDWIDTH and rank.isdigit() and math.isfinite(sample.value):
-            nodes[int(rank)] = PreflightNode(node=sample.labels.get("node") or f"node-rank-{rank}", node_rank=int(rank),
-                                             bus_bandwidth_g_bps=sample.value / 1e9)
+            nodes[int(rank)] = PreflightNode(node=sample.labels.get("node") or f"node-rank-{rank}",
+                                             node_rank=int(rank), bus_bandwidth_g_bps=sample.value / 1e9)
     if not nodes:
         return {}
     listed = [nodes[r] for r in sorted(nodes)]
@@ -126,7 +126,8 @@ def checkpoint(figures: Mapping[str, Any], checkpoint_path: str | None, restart:
     return status.wire(read)
 
 
-def status_patch(figures: Figures, checkpoint_path: str | None, restart: int, now: datetime) -> dict[str, Any]:
+def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
+                 now: datetime) -> dict[str, Any]:
     """The merge patch of status that writes what a scrape of incarnation `restart` read (`fetch`)
     into status.training, .checkpoint and .preflight, stamped `now`: a field not read stays."""
     training, saved, request, measured = figures

@@ -31,14 +31,17 @@ class OperatorSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
-        """TETRAD_OPERATOR_RESYNC_SECONDS=5, TETRAD_OPERATOR_NODE_LOST_SECONDS=20 etc.; malformed values raise ValueError."""
+        """TETRAD_OPERATOR_RESYNC_SECONDS=5, TETRAD_OPERATOR_NODE_LOST_SECONDS=20 etc.; malformed values
+        raise ValueError."""
         env = dict(os.environ if env is None else env)
         own = _read(cls(), env, exclude={"lifecycle"})
         return cls(**own, lifecycle=LifecycleSettings(**_read(LifecycleSettings(), env)))
 
 
-def _read(defaults: Any, env: dict[str, str], exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
-    """The fields of the dataclass instance `defaults` that the environment sets, typed like their defaults."""
+def _read(defaults: Any, env: dict[str, str],
+          exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """The fields of the dataclass instance `defaults` that the environment sets, typed like their
+    defaults."""
     values: dict[str, Any] = {}
     for f in fields(defaults):
         raw = env.get(PREFIX + f.name.upper())

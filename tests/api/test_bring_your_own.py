@@ -42,7 +42,8 @@ def test_a_script_names_one_entry_point() -> None:
         assert problem.startswith("spec.script: give exactly one entry point of path, module or command")
     assert errors(script_doc({"module": "my-pkg.train"})) == [
         "spec.script.module: must be a dotted Python module name, e.g. mypkg.train (got 'my-pkg.train')"]
-    assert errors(script_doc({"command": []}))[0].startswith("spec.script.command: script.command must be a non-empty")
+    assert errors(script_doc({"command": []}))[0].startswith(
+        "spec.script.command: script.command must be a non-empty")
     assert errors(script_doc({"path": "t.py", "workingDir": "app"}))[0].startswith(
         "spec.script.workingDir: script.workingDir must be an absolute")
 
@@ -52,7 +53,8 @@ def test_a_script_job_gives_none_of_the_trainers_settings() -> None:
                      data={"source": "synthetic"}, checkpoint={"enabled": True, "volume": {"emptyDir": {}}},
                      parallelism={"ppMicrobatches": 4})
     assert [e.split(":")[0] for e in errors(doc)] == [
-        "spec.model", "spec.training", "spec.data", "spec.checkpoint.enabled", "spec.parallelism.ppMicrobatches"]
+        "spec.model", "spec.training", "spec.data", "spec.checkpoint.enabled",
+        "spec.parallelism.ppMicrobatches"]
     assert "pass your settings in spec.script.args" in errors(doc)[0]
 
 
@@ -62,8 +64,10 @@ def test_a_script_job_solves_auto_without_a_model() -> None:
     assert job is not None
     cfg = resolve(job)
     assert cfg.layout == Layout(pp=1, dp_shard=4, tp=2) and cfg.model is None and cfg.script is not None
-    (problem,) = errors(script_doc({"path": "/a.py"}, nodes=1, nprocPerNode=6, parallelism={"pp": 1, "dpShard": "auto", "tp": 4}))
-    assert problem.startswith("spec.parallelism: dpShard: auto takes what the other degrees leave of nodes*nprocPerNode = 6")
+    (problem,) = errors(script_doc({"path": "/a.py"}, nodes=1, nprocPerNode=6,
+                                   parallelism={"pp": 1, "dpShard": "auto", "tp": 4}))
+    assert problem.startswith(
+        "spec.parallelism: dpShard: auto takes what the other degrees leave of nodes*nprocPerNode = 6")
 
 
 @pytest.mark.parametrize(("script", "worker"), [
@@ -79,8 +83,8 @@ def test_a_script_pod_runs_the_launcher_around_torchrun_around_the_entry_point(s
     r = render(job)
     (container,) = r.pods[1]["spec"]["containers"]
     assert container["image"] == "me/train:1"
-    assert container["command"] == ["python3", PYZ, "supervise", "--", "python3", "-m", "torch.distributed.run",
-                                    PYZ, "worker", *worker]
+    assert container["command"] == ["python3", PYZ, "supervise", "--", "python3", "-m",
+                                    "torch.distributed.run", PYZ, "worker", *worker]
     env = rendered_env(r, 1)
     assert env["TETRAD_MESH"] == "pp=2,dp_replicate=1,dp_shard=2,cp=1,tp=2" and env["TETRAD_CONTRACT"] == "1"
     assert env["TETRAD_CHECKPOINT_DIR"] == "/checkpoints" and env["TETRAD_GPUS"] == "0"
@@ -96,12 +100,13 @@ def test_a_model_of_ones_own_gives_its_dims_not_a_preset() -> None:
     assert model is not None and (model.name, model.module, model.kv_heads, model.ffn_dim) == (
         "gpt2_model:definition", "gpt2_model:definition", 4, 256)
     assert errors(manifest(model={"module": "gpt2_model:definition", "preset": "debug", **dims})) == [
-        "spec.model.preset: a model definition of your own (module) takes its dims from spec.model, not a preset;"
-        " remove preset"]
+        "spec.model.preset: a model definition of your own (module) takes its dims from spec.model, not a "
+        "preset; remove preset"]
     assert errors(manifest(model={"module": "gpt2_model:definition", "dim": 64})) == [
-        "spec.model: module needs its dims in spec.model: layers, heads, vocab, seqLen missing (kvHeads defaults to"
-        " heads, ffnDim to 4 x dim)"]
-    assert errors(manifest(model={"module": "gpt2_model", **dims}))[0].startswith("spec.model.module: must be MODULE:NAME")
+        "spec.model: module needs its dims in spec.model: layers, heads, vocab, seqLen missing (kvHeads "
+        "defaults to heads, ffnDim to 4 x dim)"]
+    assert errors(manifest(model={"module": "gpt2_model", **dims}))[0].startswith(
+        "spec.model.module: must be MODULE:NAME")
     plan = plan_job(job)
     assert plan["fits"] and "a Llama decoder of the same dims" in plan["note"]
 
@@ -112,7 +117,8 @@ def test_the_plan_of_a_script_job_states_the_layout_and_placement_and_no_predict
     plan = plan_job(job)
     assert plan["fits"] and plan["mesh"] == "pp2.dpr1.dps2.cp1.tp2" and "estimate" not in plan
     assert plan["placement"] == {"pp": ACROSS, "dp_shard": INSIDE, "tp": INSIDE}
-    assert plan["note"].startswith("spec.script runs your own code: Tetrad cannot predict its memory or step time")
+    assert plan["note"].startswith(
+        "spec.script runs your own code: Tetrad cannot predict its memory or step time")
 
 
 def test_placement_says_which_dims_cross_nodes() -> None:

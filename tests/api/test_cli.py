@@ -16,7 +16,8 @@ ROOT = Path(__file__).parents[2]
 
 
 def tetrad(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
 
 
 def write(tmp_path: Path, name: str, doc) -> str:
@@ -86,7 +87,8 @@ def test_plan_json_and_table():
     assert est["peak_bytes"] <= report["usable_bytes"]
     assert set(est["comm_bytes"]) >= {"dp_shard*cp (FSDP)"}
     t = report["time"]
-    assert t["accelerator"] == "H100" and t["total_s"] >= t["compute_s"] > 0 and 0 < t["mfu"] < MATMUL_EFFICIENCY
+    assert (t["accelerator"] == "H100" and t["total_s"] >= t["compute_s"] > 0
+            and 0 < t["mfu"] < MATMUL_EFFICIENCY)
     table = tetrad("plan", "examples/llama3-70b-8x8.yaml")
     assert table.returncode == 0 and "activations" in table.stdout and "chosen layout" in table.stdout
     assert "Predicted step on H100" in table.stdout and "tokens/s/device" in table.stdout
@@ -94,7 +96,8 @@ def test_plan_json_and_table():
 
 def test_plan_says_when_nothing_fits(tmp_path):
     doc = manifest(nodes=1, nprocPerNode=2, parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
-                   model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40}, training={"globalBatch": 2})
+                   model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40},
+                   training={"globalBatch": 2})
     r = tetrad("plan", write(tmp_path, "j.yaml", doc))
     assert r.returncode == 1
     assert "no layout fits 40 GiB" in r.stdout and "the closest is" in r.stdout
@@ -102,7 +105,8 @@ def test_plan_says_when_nothing_fits(tmp_path):
 
 def test_crd_command_matches_file():
     r = tetrad("crd")
-    assert r.returncode == 0 and r.stdout == (ROOT / "crds" / "tetrad.dev_paralleltrainingjobs.yaml").read_text()
+    assert r.returncode == 0 and r.stdout == (
+        ROOT / "crds" / "tetrad.dev_paralleltrainingjobs.yaml").read_text()
 
 
 def test_every_single_job_command_rejects_a_multi_document_file(tmp_path):
@@ -112,13 +116,15 @@ def test_every_single_job_command_rejects_a_multi_document_file(tmp_path):
     for command in ("plan", "render", "run"):
         r = tetrad(command, str(path))
         assert r.returncode == 1, (command, r.stdout)
-        assert "expected one ParallelTrainingJob, found 2 documents" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+        assert ("expected one ParallelTrainingJob, found 2 documents" in r.stderr
+                and "Traceback" not in r.stderr), (command, r.stderr)
 
 
 def test_every_command_reports_unreadable_files_alike(tmp_path):
     for command in ("validate", "plan", "render", "run"):
         r = tetrad(command, write(tmp_path, "syntax.yaml", "spec: [unclosed\n"))
-        assert r.returncode == 1 and "invalid YAML at line" in r.stderr and "Traceback" not in r.stderr, (command, r.stderr)
+        assert r.returncode == 1 and "invalid YAML at line" in r.stderr and "Traceback" not in r.stderr, (
+            command, r.stderr)
 
 
 def test_operator_command_comes_from_the_entry_point_group():
@@ -127,7 +133,8 @@ def test_operator_command_comes_from_the_entry_point_group():
 
     from tetrad.cli import COMMANDS_GROUP
 
-    assert [e.value for e in entry_points(group=COMMANDS_GROUP, name="operator")] == ["tetrad_operator.command:operator"]
+    assert [e.value for e in entry_points(group=COMMANDS_GROUP, name="operator")] == [
+        "tetrad_operator.command:operator"]
     r = tetrad("operator", "--help")
     assert r.returncode == 0 and "--all-namespaces" in r.stdout, r.stderr
     r = tetrad("operator")

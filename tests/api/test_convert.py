@@ -44,7 +44,8 @@ def message(conversion: Conversion, field: str) -> str:
 
 
 def assert_sound(job: dict[str, Any]) -> None:
-    """Valid without a warning, the same after a trip through the model, and renders pods that run the script."""
+    """Valid without a warning, the same after a trip through the model, and renders pods that run the
+    script."""
     assert validate_document(job) == []
     model = ParallelTrainingJob.model_validate(job)
     assert model.model_dump(mode="json", by_alias=True, exclude_unset=True) == job
@@ -54,7 +55,8 @@ def assert_sound(job: dict[str, Any]) -> None:
     script = job["spec"]["script"]
     args = script.get("args", [])
     if "command" in script:
-        assert command[len(command) - len(args) - len(script["command"]) - 1:] == ["--", *script["command"], *args]
+        assert command[len(command) - len(args) - len(script["command"]) - 1:] == [
+            "--", *script["command"], *args]
     else:
         assert command[len(command) - len(args) - 1:] == ["--", *args]
         assert script.get("path", script.get("module")) in command
@@ -70,9 +72,10 @@ def test_pytorch_simple():
     assert c.job == {
         "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
         "metadata": {"name": "pytorch-simple", "namespace": "kubeflow"},
-        "spec": {"nodes": 2, "nprocPerNode": 1, "script": {"path": "/opt/pytorch-mnist/mnist.py", "args": ["--epochs=1"]},
-                 "image": "docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727", "imagePullPolicy": "Always",
-                 "runPolicy": {"cleanPodPolicy": "None"}},
+        "spec": {"nodes": 2, "nprocPerNode": 1,
+                 "script": {"path": "/opt/pytorch-mnist/mnist.py", "args": ["--epochs=1"]},
+                 "image": "docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727",
+                 "imagePullPolicy": "Always", "runPolicy": {"cleanPodPolicy": "None"}},
     }
     assert notes(c) == [RESTART_ON_FAILURE, CLEAN_POD_DEFAULT]
     assert "Tetrad restarts the whole gang" in message(c, f"{MASTER}.restartPolicy")
@@ -85,7 +88,8 @@ def test_torchrun_with_nproc_per_node_gpus_env_and_volumes():
     assert c.job["metadata"] == {"name": "llama-finetune", "namespace": "team-a", "labels": {"team": "nlp"}}
     assert c.job["spec"] == {
         "nodes": 2, "nprocPerNode": 8,
-        "script": {"path": "train.py", "args": ["--config", "configs/llama3-8b.yaml", "--output-dir", "/data/out"],
+        "script": {"path": "train.py",
+                   "args": ["--config", "configs/llama3-8b.yaml", "--output-dir", "/data/out"],
                    "workingDir": "/workspace"},
         "image": "ghcr.io/example/llama-finetune:1.4.0", "imagePullPolicy": "IfNotPresent",
         "resources": {"cpu": "96", "memory": "1000Gi", "gpu": 8},
@@ -104,7 +108,8 @@ def test_torchrun_with_nproc_per_node_gpus_env_and_volumes():
     }
     assert notes(c) == [("changed", f"{MASTER_CTR}.command"), ("not carried over", f"{MASTER_CTR}.env"),
                         ("not carried over", f"{MASTER_CTR}.volumeMounts[1]"), RESTART_ON_FAILURE]
-    assert message(c, f"{MASTER_CTR}.env").startswith("PYTHONUNBUFFERED, MASTER_PORT: Tetrad or torchrun sets these")
+    assert message(c, f"{MASTER_CTR}.env").startswith(
+        "PYTHONUNBUFFERED, MASTER_PORT: Tetrad or torchrun sets these")
     assert "Tetrad mounts its own dshm volume there" in message(c, f"{MASTER_CTR}.volumeMounts[1]")
     assert "at most runPolicy.maxRestarts: 5 times (backoffLimit)" in message(c, f"{MASTER}.restartPolicy")
     assert_sound(c.job)
@@ -118,8 +123,8 @@ def test_elastic_job_reports_the_elastic_policy():
         "script": {"path": "/workspace/examples/imagenet.py",
                    "args": ["--arch=resnet18", "--epochs=1", "--batch-size=32", "--workers=0",
                             "/workspace/data/tiny-imagenet-200"]},
-        "image": "quay.io/johnugeorge/pytorch-elastic-example-imagenet:0.1", "imagePullPolicy": "IfNotPresent",
-        "resources": {"cpu": "4"},
+        "image": "quay.io/johnugeorge/pytorch-elastic-example-imagenet:0.1",
+        "imagePullPolicy": "IfNotPresent", "resources": {"cpu": "4"},
         "template": {"env": [{"name": "LOGLEVEL", "value": "DEBUG"}]},
         "runPolicy": {"cleanPodPolicy": "None"},
     }
@@ -129,8 +134,8 @@ def test_elastic_job_reports_the_elastic_policy():
                         ("changed", f"{worker}.restartPolicy"), CLEAN_POD_DEFAULT]
     assert "the torch.distributed.run launcher is stripped" in message(c, f"{ctr}.command")
     assert message(c, "spec.elasticPolicy") == (
-        "rdzvBackend: c10d, minReplicas: 1, maxReplicas: 3, maxRestarts: 100, metrics (an autoscaler): Tetrad runs a "
-        "fixed gang of nodes: 2 pods and restarts it whole after a failure")
+        "rdzvBackend: c10d, minReplicas: 1, maxReplicas: 3, maxRestarts: 100, metrics (an autoscaler): "
+        "Tetrad runs a fixed gang of nodes: 2 pods and restarts it whole after a failure")
     assert "os.cpu_count()" in message(c, "spec.nprocPerNode")
     assert_sound(c.job)
 
@@ -147,7 +152,8 @@ def test_volcano_scheduling_policy_and_the_exit_code_policy():
         "runPolicy": {"maxRestarts": 10, "permanentExitCodes": EXIT_CODE_PERMANENT, "cleanPodPolicy": "None"},
     }
     assert [c for c in range(1, 128) if c not in (69, 75, 79)] == EXIT_CODE_PERMANENT
-    assert notes(c) == [("changed", f"{MASTER_CTR}.resources.requests.cpu"), RESTART_ON_FAILURE, CLEAN_POD_DEFAULT]
+    assert notes(c) == [("changed", f"{MASTER_CTR}.resources.requests.cpu"), RESTART_ON_FAILURE,
+                        CLEAN_POD_DEFAULT]
     assert message(c, f"{MASTER}.restartPolicy").startswith("ExitCode: exit codes 1-127 fail the job at once")
     assert_sound(c.job)
 
@@ -158,18 +164,21 @@ def test_bash_c_keeps_the_shell_and_reports_what_it_cannot_carry():
     assert c.job["spec"] == {
         "nodes": 3, "nprocPerNode": 1,
         "script": {"command": ["bash"],
-                   "args": ["-c", "pip install -r /work/requirements.txt && python /work/train.py --epochs 3"]},
+                   "args": ["-c",
+                            "pip install -r /work/requirements.txt && python /work/train.py --epochs 3"]},
         "image": "pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime", "imagePullPolicy": "IfNotPresent",
-        "template": {"volumes": [{"name": "work", "emptyDir": {}}], "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+        "template": {"volumes": [{"name": "work", "emptyDir": {}}],
+                     "volumeMounts": [{"name": "work", "mountPath": "/work"}],
                      "labels": {"app": "bash-train"}},
         "gang": {"scheduler": "kueue", "queue": "user-queue"},
         "runPolicy": {"maxRestarts": 0, "cleanPodPolicy": "None"},
     }
     pod = f"{MASTER}.template.spec"
-    assert notes(c) == [("changed", "spec.pytorchReplicaSpecs.Worker"), ("not carried over", f"{pod}.containers"),
+    assert notes(c) == [("changed", "spec.pytorchReplicaSpecs.Worker"),
+                        ("not carried over", f"{pod}.containers"),
                         ("not carried over", f"{pod}.initContainers"), RESTART_ON_FAILURE, CLEAN_POD_DEFAULT]
-    assert message(c, "spec.pytorchReplicaSpecs.Worker").startswith("its template differs from the Master's in args, "
-                                                                    "initContainers")
+    assert message(c, "spec.pytorchReplicaSpecs.Worker").startswith("its template differs from the Master's "
+                                                                    "in args, initContainers")
     assert message(c, f"{pod}.containers").startswith("log-shipper: Tetrad's pods run one container")
     assert message(c, f"{pod}.initContainers").startswith("fetch: ")
     assert message(c, f"{MASTER}.restartPolicy").startswith("Never: a failure fails the job (maxRestarts: 0)")
@@ -185,12 +194,13 @@ def test_trainjob_of_the_torch_distributed_runtime():
         "spec": {
             "nodes": 2, "nprocPerNode": 2,
             "script": {"path": "/opt/pytorch-mnist/mnist.py", "args": ["--epochs=1", "--batch-size=64"]},
-            "image": "docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727", "imagePullPolicy": "IfNotPresent",
-            "resources": {"cpu": "8", "memory": "16Gi", "gpu": 2},
+            "image": "docker.io/kubeflowkatib/pytorch-mnist:v1beta1-45c5727",
+            "imagePullPolicy": "IfNotPresent", "resources": {"cpu": "8", "memory": "16Gi", "gpu": 2},
             "template": {
                 "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
                 "nodeSelector": {"node-type": "gpu"},
-                "tolerations": [{"key": "training-workload", "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+                "tolerations": [{"key": "training-workload", "operator": "Equal", "value": "true",
+                                 "effect": "NoSchedule"}],
                 "serviceAccountName": "training-sa",
                 "labels": {"team": "ml-platform"},
             },
@@ -200,7 +210,8 @@ def test_trainjob_of_the_torch_distributed_runtime():
                         ("changed", "spec.trainer.resourcesPerNode.requests.cpu"),
                         ("not carried over", "spec.initializer.model")]
     assert "torch-distributed was not read" in message(c, "spec.runtimeRef")
-    assert message(c, "spec.initializer.model").startswith("hf://meta-llama/Llama-3.2-1B: Tetrad runs no initializer")
+    assert message(c, "spec.initializer.model").startswith(
+        "hf://meta-llama/Llama-3.2-1B: Tetrad runs no initializer")
     assert_sound(c.job)
 
 
@@ -208,8 +219,9 @@ def test_trainjob_of_a_deepspeed_runtime_is_refused():
     with pytest.raises(ConvertError) as e:
         convert(fixture("trainjob-deepspeed.yaml"))
     assert e.value.lines == [
-        "spec.runtimeRef.name: deepspeed-distributed is a DeepSpeed (launched by mpirun) runtime; Tetrad runs PyTorch "
-        "jobs under torchrun, so only a TrainJob of a torch runtime (e.g. torch-distributed) converts"]
+        "spec.runtimeRef.name: deepspeed-distributed is a DeepSpeed (launched by mpirun) runtime; Tetrad "
+        "runs PyTorch jobs under torchrun, so only a TrainJob of a torch runtime (e.g. torch-distributed) "
+        "converts"]
 
 
 @pytest.mark.parametrize("runtime", ["mpi-distributed", "mlx-distributed", "jax-distributed"])
@@ -233,15 +245,18 @@ def pytorchjob(command: list[str] | None, args: list[str] | None = None, *, npro
         ctr["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     template = {"spec": {"containers": [ctr]}}
     spec: dict[str, Any] = {"pytorchReplicaSpecs": {"Master": {"template": template},
-                                                    "Worker": {"replicas": workers, "template": copy.deepcopy(template)}}}
+                                                    "Worker": {"replicas": workers,
+                                                               "template": copy.deepcopy(template)}}}
     if nproc is not None:
         spec["nprocPerNode"] = nproc
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "job"}, "spec": spec}
 
 
 def entry_notes(c: Conversion) -> list[tuple[str, str]]:
-    """The notes about the entry point and processes (the restart and cleanup ones are in every conversion)."""
-    return [(n.kind, n.field) for n in c.notes if n.field not in (f"{MASTER}.restartPolicy", "spec.runPolicy.cleanPodPolicy")]
+    """The notes about the entry point and processes (the restart and cleanup ones are in every
+    conversion)."""
+    return [(n.kind, n.field) for n in c.notes
+            if n.field not in (f"{MASTER}.restartPolicy", "spec.runPolicy.cleanPodPolicy")]
 
 
 COMMAND = ("changed", f"{MASTER_CTR}.command")
@@ -252,25 +267,27 @@ NPROC_AUTO_CPU = ("assumed", "spec.nprocPerNode")
 @pytest.mark.parametrize("command, args, script, nproc, expected_notes", [
     (["python", "train.py"], None, {"path": "train.py"}, 1, []),
     (["python3", "-u", "train.py"], ["--lr", "3e-4"], {"path": "train.py", "args": ["--lr", "3e-4"]}, 1, []),
-    (["python", "-m", "mypkg.train", "--steps=10"], None, {"module": "mypkg.train", "args": ["--steps=10"]}, 1, []),
+    (["python", "-m", "mypkg.train", "--steps=10"], None, {"module": "mypkg.train", "args": ["--steps=10"]},
+     1, []),
     (["python", "-c", "import train; train.main()"], None,
      {"command": ["python"], "args": ["-c", "import train; train.main()"]}, 1, []),
     (["torchrun", "--nproc_per_node", "4", "--nnodes", "2", "train.py", "a"], None,
      {"path": "train.py", "args": ["a"]}, 4, [STRIPPED]),
-    (["torchrun", "--standalone", "-m", "pkg.mod"], None, {"module": "pkg.mod"}, 1, [STRIPPED, NPROC_AUTO_CPU]),
+    (["torchrun", "--standalone", "-m", "pkg.mod"], None, {"module": "pkg.mod"}, 1,
+     [STRIPPED, NPROC_AUTO_CPU]),
     (["/usr/local/bin/torchrun", "--no-python", "--nproc-per-node=2", "/app/run.sh", "x"], None,
      {"command": ["/app/run.sh"], "args": ["x"]}, 2, [STRIPPED]),
-    (["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"], None, {"path": "train.py"}, 2,
-     [STRIPPED]),
-    (["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "train.py"], None, {"path": "train.py"}, 2,
-     [STRIPPED, COMMAND]),
+    (["python", "-m", "torch.distributed.run", "--nproc-per-node=2", "train.py"], None, {"path": "train.py"},
+     2, [STRIPPED]),
+    (["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "train.py"], None,
+     {"path": "train.py"}, 2, [STRIPPED, COMMAND]),
     (["bash", "-c", "python train.py --epochs=3"], None, {"path": "train.py", "args": ["--epochs=3"]}, 1, []),
     (["sh", "-c"], ["torchrun --nproc-per-node=2 train.py"], {"path": "train.py"}, 2, [STRIPPED]),
     (["bash", "-c", "cd /app && torchrun train.py"], None,
      {"command": ["bash"], "args": ["-c", "cd /app && torchrun train.py"]}, 1,
      [("not carried over", f"{MASTER_CTR}.command"), NPROC_AUTO_CPU]),
-    (["accelerate", "launch", "train.py"], None, {"command": ["accelerate"], "args": ["launch", "train.py"]}, 1,
-     [("not carried over", f"{MASTER_CTR}.command"), NPROC_AUTO_CPU]),
+    (["accelerate", "launch", "train.py"], None, {"command": ["accelerate"], "args": ["launch", "train.py"]},
+     1, [("not carried over", f"{MASTER_CTR}.command"), NPROC_AUTO_CPU]),
     (["/app/train.sh", "--fast"], None, {"command": ["/app/train.sh"], "args": ["--fast"]}, 1, []),
     (["sh", "-c", "exec ./train.sh --fast"], None, {"command": ["./train.sh"], "args": ["--fast"]}, 1, []),
     (["sh", "-c", "make train"], None, {"command": ["sh"], "args": ["-c", "make train"]}, 1, []),
@@ -295,19 +312,21 @@ def test_python_options_become_environment_variables():
 
 
 def test_torchrun_options_it_cannot_carry_and_conflicts_are_reported():
-    c = convert(pytorchjob(["torchrun", "--nproc-per-node=2", "--nnodes=1:4", "--max-restarts=3", "--tee", "3",
-                            "train.py"], nproc="4"))
+    c = convert(pytorchjob(["torchrun", "--nproc-per-node=2", "--nnodes=1:4", "--max-restarts=3", "--tee",
+                            "3", "train.py"], nproc="4"))
     assert c.job["spec"]["nprocPerNode"] == 2
-    assert entry_notes(c) == [STRIPPED, ("not carried over", f"{MASTER_CTR}.command"), ("changed", "spec.nprocPerNode"),
-                              ("changed", f"{MASTER_CTR}.command --nnodes")]
-    assert c.notes[1].message.startswith("torchrun options --max-restarts=3, --tee=3: Tetrad sets torchrun's options")
+    assert entry_notes(c) == [STRIPPED, ("not carried over", f"{MASTER_CTR}.command"),
+                              ("changed", "spec.nprocPerNode"), ("changed", f"{MASTER_CTR}.command --nnodes")]
+    assert c.notes[1].message.startswith(
+        "torchrun options --max-restarts=3, --tee=3: Tetrad sets torchrun's options")
     assert message(c, "spec.nprocPerNode") == (
         "'4' conflicts with the command's --nproc-per-node=2, which torchrun obeyed: nprocPerNode: 2")
     assert message(c, f"{MASTER_CTR}.command --nnodes").startswith("1:4 is an elastic range")
 
 
 def test_an_unknown_torchrun_option_is_refused_with_the_fix():
-    with pytest.raises(ConvertError, match="torchrun option --fancy is not one the converter knows; remove it"):
+    with pytest.raises(ConvertError,
+                       match="torchrun option --fancy is not one the converter knows; remove it"):
         convert(pytorchjob(["torchrun", "--fancy", "train.py"]))
 
 
@@ -321,38 +340,44 @@ def test_nproc_per_node_from_gpus_and_the_once_per_pod_python():
     assert "4 GPUs for 2 processes per pod: Tetrad gives each process one GPU, gpu: 2" in c.notes[1].message
     c = convert(pytorchjob(["torchrun", "train.py"], nproc="gpu", gpus=8))
     assert c.job["spec"]["nprocPerNode"] == 8
-    assert message(c, "spec.nprocPerNode") == "gpu: one process per GPU, 8 (the container's nvidia.com/gpu limit)"
+    assert message(c, "spec.nprocPerNode") == (
+        "gpu: one process per GPU, 8 (the container's nvidia.com/gpu limit)")
     c = convert(pytorchjob(["torchrun", "train.py"], nproc=3))  # an int, as the brief allows
     assert c.job["spec"]["nprocPerNode"] == 3
 
 
 def test_the_kubeflow_sdks_shell_that_runs_torchrun_is_noted():
-    script = 'read -r -d \'\' SCRIPT << EOM\ntrain()\nEOM\nprintf "%s" "$SCRIPT" > "train.py"\ntorchrun "train.py"'
+    script = ('read -r -d \'\' SCRIPT << EOM\ntrain()\nEOM\nprintf "%s" "$SCRIPT" > "train.py"\n'
+              'torchrun "train.py"')
     c = convert(pytorchjob(["bash", "-c", script], gpus=1))
     assert c.job["spec"]["script"] == {"command": ["bash"], "args": ["-c", script]}
-    assert c.notes[0].message.startswith("the shell command runs torchrun, which starts worker processes of its own")
+    assert c.notes[0].message.startswith(
+        "the shell command runs torchrun, which starts worker processes of its own")
 
 
 def test_references_to_kubeflow_variables_and_another_interpreter_are_noted():
     c = convert(pytorchjob(["/opt/conda/bin/python", "train.py", "--rank=$(RANK)"]))
     assert c.job["spec"]["script"] == {"path": "train.py", "args": ["--rank=$(RANK)"]}
-    assert c.notes[0].message.startswith("the pods ran /opt/conda/bin/python; Tetrad runs the image's python3")
+    assert c.notes[0].message.startswith(
+        "the pods ran /opt/conda/bin/python; Tetrad runs the image's python3")
     assert c.notes[1].message.startswith("$(RANK): Kubernetes expanded these from the variables Kubeflow set")
 
 
 def test_a_container_without_a_command_runs_the_images_entrypoint_and_is_refused():
     # Kubeflow's pytorch_job_mnist_nccl.yaml: args only, for the image's ENTRYPOINT.
-    with pytest.raises(ConvertError, match=r"command: not set, so the pods run the image's ENTRYPOINT with args "
-                                           r"\['--backend', 'nccl'\].*add the command"):
+    with pytest.raises(ConvertError, match=r"command: not set, so the pods run the image's ENTRYPOINT with "
+                                           r"args \['--backend', 'nccl'\].*add the command"):
         convert(pytorchjob(None, ["--backend", "nccl"]))
 
 
 # --- pod fields --------------------------------------------------------------------------------------------
 
 def test_kubectl_get_output_converts_without_noise():
-    """What `kubectl get pytorchjob -o yaml` adds (server fields, status, Kubeflow's defaults) says nothing."""
+    """What `kubectl get pytorchjob -o yaml` adds (server fields, status, Kubeflow's defaults) says
+    nothing."""
     doc = pytorchjob(["python", "train.py"])
-    doc["metadata"].update({"uid": "1234", "resourceVersion": "99", "generation": 1, "creationTimestamp": "2025-01-01T00:00:00Z",
+    doc["metadata"].update({"uid": "1234", "resourceVersion": "99", "generation": 1,
+                            "creationTimestamp": "2025-01-01T00:00:00Z",
                             "managedFields": [{"manager": "kubectl"}],
                             "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}})
     doc["status"] = {"conditions": [{"type": "Created", "status": "True"}]}
@@ -361,7 +386,8 @@ def test_kubectl_get_output_converts_without_noise():
         rs.update({"replicas": rs.get("replicas", 1), "restartPolicy": "OnFailure"})
         rs["template"]["metadata"] = {"creationTimestamp": None}
         ctr = rs["template"]["spec"]["containers"][0]
-        ctr.update({"ports": [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}], "resources": {},
+        ctr.update({"ports": [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}],
+                    "resources": {},
                     "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"})
     c = convert(doc)
     assert c.job["metadata"] == {"name": "job"}
@@ -372,7 +398,8 @@ def test_kubectl_get_output_converts_without_noise():
 def test_pod_fields_tetrad_has_no_place_for_are_reported():
     doc = pytorchjob(["python", "train.py"], envFrom=[{"configMapRef": {"name": "cfg"}}],
                      securityContext={"runAsUser": 0}, ports=[{"name": "tb", "containerPort": 6006}],
-                     volumeMounts=[{"name": "cache", "mountPath": "/data/cache"}, {"name": "scratch", "mountPath": "/tmp"}])
+                     volumeMounts=[{"name": "cache", "mountPath": "/data/cache"},
+                                   {"name": "scratch", "mountPath": "/tmp"}])
     pod = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     pod["metadata"] = {"labels": {"tetrad.dev/rank": "0", "app.kubernetes.io/managed-by": "me", "team": "a"}}
     pod["spec"].update({"hostNetwork": True, "imagePullSecrets": [{"name": "regcred"}],
@@ -413,7 +440,8 @@ def test_trainjob_overrides_patches_queues_and_assumptions():
             "podTemplateOverrides": [
                 {"targetJobs": [{"name": "node"}, {"name": "dataset-initializer"}],
                  "spec": {"volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}],
-                          "containers": [{"name": "node", "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}],
+                          "containers": [
+                              {"name": "node", "volumeMounts": [{"name": "ckpt", "mountPath": "/ckpt"}]}],
                           "imagePullSecrets": [{"name": "regcred"}]}}],
             "suspend": True,
         },
@@ -430,10 +458,12 @@ def test_trainjob_overrides_patches_queues_and_assumptions():
     }
     assert notes(c) == [
         ("assumed", "spec.runtimeRef"), ("not carried over", "spec.podTemplateOverrides[0].targetJobs"),
-        ("changed", "spec.trainer.command"), ("not carried over", "spec.podTemplateOverrides[*].spec.imagePullSecrets"),
+        ("changed", "spec.trainer.command"),
+        ("not carried over", "spec.podTemplateOverrides[*].spec.imagePullSecrets"),
         ("assumed", "spec.trainer.numNodes"), ("not carried over", "spec.initializer.dataset"),
         ("changed", "spec.suspend")]
-    assert message(c, "spec.suspend").startswith("true: Kueue holds a Kubeflow job suspended until it admits it")
+    assert message(c, "spec.suspend").startswith(
+        "true: Kueue holds a Kubeflow job suspended until it admits it")
     assert message(c, "spec.podTemplateOverrides[0].targetJobs").startswith("dataset-initializer: ")
     assert_sound(c.job)
 
@@ -472,9 +502,10 @@ spec:
     c = convert(doc)
     assert c.job["metadata"] == {"name": "patched"}
     assert c.job["spec"] == {
-        "nodes": 2, "nprocPerNode": 1, "script": {"module": "example.train"}, "image": "ghcr.io/example/train:1",
-        "imagePullPolicy": "IfNotPresent",
-        "template": {"env": [{"name": "WANDB_PROJECT", "value": "p"}], "nodeSelector": {"node-type": "training"},
+        "nodes": 2, "nprocPerNode": 1, "script": {"module": "example.train"},
+        "image": "ghcr.io/example/train:1", "imagePullPolicy": "IfNotPresent",
+        "template": {"env": [{"name": "WANDB_PROJECT", "value": "p"}],
+                     "nodeSelector": {"node-type": "training"},
                      "serviceAccountName": "training-sa", "labels": {"team": "ml-platform"}},
         "gang": {"scheduler": "volcano", "queue": "research"},
         "runPolicy": {"activeDeadlineSeconds": 7200, "suspend": True},
@@ -492,9 +523,10 @@ def test_a_name_too_long_is_refused_with_the_fix_not_cut():
     with pytest.raises(ConvertError) as e:
         convert(doc)
     (line,) = e.value.lines
-    assert line.startswith(f"metadata.name: {'a' * 50}-mnist-training is 65 characters; a ParallelTrainingJob's name is"
-                           " at most 57")
-    assert line.endswith(f"rename the PyTorchJob (e.g. to {'a' * 50}-mnist-) and convert again".replace("-mnist-)", "-mnist)"))
+    assert line.startswith(f"metadata.name: {'a' * 50}-mnist-training is 65 characters; a "
+                           "ParallelTrainingJob's name is at most 57")
+    assert line.endswith(
+        f"rename the PyTorchJob (e.g. to {'a' * 50}-mnist-) and convert again".replace("-mnist-)", "-mnist)"))
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -502,12 +534,15 @@ def test_a_name_too_long_is_refused_with_the_fix_not_cut():
     (lambda d: d.update(kind="ConfigMap", apiVersion="v1"), "kind: 'ConfigMap' is not a job to convert"),
     (lambda d: d.update(kind="ParallelTrainingJob", apiVersion="tetrad.dev/v1alpha1"),
      "kind: already a ParallelTrainingJob"),
-    (lambda d: d.update(apiVersion="kubeflow.org/v1beta1"), "apiVersion: 'kubeflow.org/v1beta1' is not the supported"),
+    (lambda d: d.update(apiVersion="kubeflow.org/v1beta1"),
+     "apiVersion: 'kubeflow.org/v1beta1' is not the supported"),
     (lambda d: d["metadata"].pop("name"), "metadata.name: required, but missing; set metadata.name"),
     (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2),
      "Master.replicas: a PyTorchJob's Master has 1 replica, not 2"),
-    (lambda d: d["spec"]["pytorchReplicaSpecs"].update(Chief={}), "a PyTorchJob has Master and Worker replicas, not Chief"),
-    (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].update(name="main"),
+    (lambda d: d["spec"]["pytorchReplicaSpecs"].update(Chief={}),
+     "a PyTorchJob has Master and Worker replicas, not Chief"),
+    (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0].update(
+        name="main"),
      "containers: no container named pytorch, the one a PyTorchJob trains in"),
     (lambda d: d["spec"]["pytorchReplicaSpecs"]["Master"].update(restartPolicy="Sometimes"),
      "Master.restartPolicy: 'Sometimes' is not Always, OnFailure, Never or ExitCode"),
@@ -525,8 +560,9 @@ def test_refusals_name_the_field(change, expected):
 def test_a_trainjob_without_image_or_command_is_refused_with_the_fix():
     doc = fixture("trainjob-torch.yaml")
     del doc["spec"]["trainer"]["image"]
-    with pytest.raises(ConvertError, match="spec.trainer.image: not set, so the pods run the image of the runtime "
-                                           "torch-distributed, which the converter cannot read; set spec.trainer.image"):
+    with pytest.raises(ConvertError, match="spec.trainer.image: not set, so the pods run the image of the "
+                                           "runtime torch-distributed, which the converter cannot read; set "
+                                           "spec.trainer.image"):
         convert(doc)
     doc = fixture("trainjob-torch.yaml")
     del doc["spec"]["trainer"]["command"]
@@ -548,9 +584,11 @@ def test_a_document_that_is_not_a_mapping(document, expected):
 
 @pytest.mark.parametrize("change, expected", [
     (lambda c: c.update(command="python train.py"), "containers[0].command: expected a list, got a string"),
-    (lambda c: c.update(command=["python", 3]), "containers[0].command[1]: expected a string, got an integer"),
+    (lambda c: c.update(command=["python", 3]),
+     "containers[0].command[1]: expected a string, got an integer"),
     (lambda c: c.update(env={"A": "1"}), "containers[0].env: expected a list, got a mapping"),
-    (lambda c: c.update(resources={"limits": {"nvidia.com/gpu": "1.5"}}), "'1.5' is not a whole number of GPUs"),
+    (lambda c: c.update(resources={"limits": {"nvidia.com/gpu": "1.5"}}),
+     "'1.5' is not a whole number of GPUs"),
     (lambda c: c.update(resources={"limits": {"cpu": [4]}}), "limits.cpu: expected a quantity"),
     (lambda c: c.update(env=[{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]),
      "the converted job is not valid: spec.template.env[0]: set value or valueFrom, not both"),
@@ -566,7 +604,8 @@ def test_wrong_types_name_the_field(change, expected):
 def test_a_huge_args_list_and_awkward_strings_round_trip():
     from tetrad.cli.convert import render as render_yaml
 
-    awkward = ["y", "no", "on", "1", "1.5", "- x", "a: b", "#c", "x\ny", "\u2028", "", "null", "~", "$(HOME)", "'", '"']
+    awkward = ["y", "no", "on", "1", "1.5", "- x", "a: b", "#c", "x\ny", "\u2028", "", "null", "~", "$(HOME)",
+               "'", '"']
     args = [f"--shard={i}" for i in range(20_000)] + awkward
     c = convert(pytorchjob(["python", "train.py"], args))
     assert c.job["spec"]["script"]["args"] == args
@@ -592,12 +631,12 @@ def test_names_with_line_breaks_stay_on_one_line():
 # --- the CLI -----------------------------------------------------------------------------------------------
 
 def tetrad(*args: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, input=stdin)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120, input=stdin)
 
 
-CONVERTIBLE = ["pytorch-simple.yaml", "torchrun-gpu.yaml", "elastic-imagenet.yaml", "volcano.yaml", "bash-c.yaml",
-               "trainjob-torch.yaml"]
+CONVERTIBLE = ["pytorch-simple.yaml", "torchrun-gpu.yaml", "elastic-imagenet.yaml", "volcano.yaml",
+               "bash-c.yaml", "trainjob-torch.yaml"]
 
 
 def test_cli_converts_every_fixture_and_tetrad_validate_passes_the_output(tmp_path):
@@ -608,14 +647,17 @@ def test_cli_converts_every_fixture_and_tetrad_validate_passes_the_output(tmp_pa
     assert r.returncode == 0, r.stderr
     jobs = [d for d in yaml.safe_load_all(r.stdout) if d]
     assert jobs == [convert(fixture(name)).job for name in CONVERTIBLE]
-    assert r.stdout.startswith("# Converted by `tetrad convert` from PyTorchJob kubeflow/pytorch-simple (kubeflow.org/v1).\n")
+    assert r.stdout.startswith(
+        "# Converted by `tetrad convert` from PyTorchJob kubeflow/pytorch-simple (kubeflow.org/v1).\n")
     assert "# not carried over:\n#   spec.elasticPolicy: rdzvBackend: c10d" in r.stdout
-    expected = [f"{n.kind}: {c.source}: {n}" for c in map(convert, map(fixture, CONVERTIBLE)) for n in c.notes]
+    expected = [
+        f"{n.kind}: {c.source}: {n}" for c in map(convert, map(fixture, CONVERTIBLE)) for n in c.notes]
     assert r.stderr.splitlines() == expected
     out = tmp_path / "tetrad.yaml"
     out.write_text(r.stdout)
     v = tetrad("validate", str(out))
-    assert v.returncode == 0 and v.stderr == "" and v.stdout.count("ok: ") == len(CONVERTIBLE), v.stdout + v.stderr
+    assert v.returncode == 0 and v.stderr == "" and v.stdout.count("ok: ") == len(CONVERTIBLE), (
+        v.stdout + v.stderr)
 
 
 def test_cli_output_file_stdin_and_refusals(tmp_path):
@@ -624,7 +666,8 @@ def test_cli_output_file_stdin_and_refusals(tmp_path):
     r = tetrad("convert", "-", "-o", str(out), stdin=simple)
     assert r.returncode == 0 and r.stdout == "", r.stderr
     assert r.stderr.splitlines()[-1] == f"wrote {out}: 1 ParallelTrainingJob"
-    assert [d for d in yaml.safe_load_all(out.read_text()) if d] == [convert(fixture("pytorch-simple.yaml")).job]
+    assert [d for d in yaml.safe_load_all(out.read_text()) if d] == [
+        convert(fixture("pytorch-simple.yaml")).job]
     out.write_text("keep me\n")
     r = tetrad("convert", str(FIXTURES / "pytorch-simple.yaml"), "-o", str(out))
     assert r.returncode == 1 and "already exists; choose a new file, or add --force" in r.stderr
@@ -636,13 +679,16 @@ def test_cli_output_file_stdin_and_refusals(tmp_path):
     r = tetrad("convert", str(src), "-o", str(src), "--force")
     assert r.returncode == 1 and "is the input file" in r.stderr and src.read_text() == simple
     # A file with something else in it: nothing is written, every refusal said.
-    r = tetrad("convert", "-", stdin=simple + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n[1]\n")
+    r = tetrad("convert", "-",
+               stdin=simple + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n[1]\n")
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.splitlines() == [
-        "error: <stdin>[1]: ConfigMap c: kind: 'ConfigMap' is not a job to convert; tetrad convert reads a PyTorchJob "
-        "(kubeflow.org/v1) or a TrainJob (trainer.kubeflow.org/v1alpha1); apply other objects as they are",
+        "error: <stdin>[1]: ConfigMap c: kind: 'ConfigMap' is not a job to convert; tetrad convert reads a "
+        "PyTorchJob (kubeflow.org/v1) or a TrainJob (trainer.kubeflow.org/v1alpha1); apply other objects as "
+        "they are",
         "error: <stdin>[2]: a list: expected a YAML mapping (a PyTorchJob or TrainJob), got a list"]
-    for text, expected in (("", "empty file, expected a PyTorchJob or TrainJob"), ("a: [\n", "invalid YAML at line")):
+    for text, expected in (("", "empty file, expected a PyTorchJob or TrainJob"),
+                           ("a: [\n", "invalid YAML at line")):
         r = tetrad("convert", "-", stdin=text)
         assert r.returncode == 1 and expected in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = tetrad("convert", str(FIXTURES / "trainjob-deepspeed.yaml"))

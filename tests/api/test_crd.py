@@ -55,7 +55,8 @@ def test_every_field_is_described():
 def test_schema_is_structural():
     for path, node in _walk(schema(), ""):
         assert not any(k in node for k in ("$ref", "oneOf", "allOf", "title")), path
-        if node.get("x-kubernetes-int-or-string"):  # the one anyOf structural schemas allow, as the apiserver publishes it
+        # the one anyOf structural schemas allow, as the apiserver publishes it
+        if node.get("x-kubernetes-int-or-string"):
             assert "type" not in node and node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
         else:
             assert "anyOf" not in node, path
@@ -69,9 +70,10 @@ def test_crd_metadata():
     v = c["versions"][0]
     assert v["subresources"] == {"status": {}}
     columns = v["additionalPrinterColumns"]
-    assert [col["name"] for col in columns if not col.get("priority")] == ["Phase", "Nodes", "Mesh", "Restarts", "Tokens/s",
-                                                                            "Last-Ckpt", "Age"]
-    assert [col["name"] for col in columns if col.get("priority") == 1] == ["Step", "Steps", "Loss", "MFU"]  # -o wide
+    assert [col["name"] for col in columns if not col.get("priority")] == [
+        "Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Last-Ckpt", "Age"]
+    assert [col["name"] for col in columns if col.get("priority") == 1] == [  # -o wide
+        "Step", "Steps", "Loss", "MFU"]
 
 
 def test_printer_columns_name_schema_fields():
@@ -80,7 +82,8 @@ def test_printer_columns_name_schema_fields():
             continue
         node = schema()
         for name in col["jsonPath"].lstrip(".").split("."):
-            assert name in node.get("properties", {}), f"{col['name']}: {col['jsonPath']} is not in the schema"
+            assert name in node.get("properties", {}), (
+                f"{col['name']}: {col['jsonPath']} is not in the schema")
             node = node["properties"][name]
         # a number may be shown whole (the apiserver truncates it for an integer column)
         assert col["type"] in (node["type"], "integer" if node["type"] == "number" else node["type"]), col
@@ -89,7 +92,8 @@ def test_printer_columns_name_schema_fields():
 def _defaulted(doc: dict[str, Any]) -> Any:
     """The spec as the apiserver stores it: CRD defaults applied (the model's defaults are the same), the
     sections whose presence counts left out when the manifest leaves them out."""
-    spec = ParallelTrainingJobSpec.model_validate(doc["spec"]).model_dump(by_alias=True, exclude_none=True, mode="json")
+    spec = ParallelTrainingJobSpec.model_validate(doc["spec"]).model_dump(by_alias=True, exclude_none=True,
+                                                                          mode="json")
     for name in PRESENCE_SIGNIFICANT:
         if name not in doc["spec"]:
             spec.pop(name, None)
@@ -122,7 +126,8 @@ def _evaluate(rule: dict[str, str], activation: dict[str, Any]) -> tuple[bool, s
 
 def spec_rules() -> list[dict[str, str]]:
     """The spec-level CEL rules of one object (not the transition rules, which compare with oldSelf)."""
-    return [r for r in schema()["properties"]["spec"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    return [
+        r for r in schema()["properties"]["spec"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
 
 
 def spec_rule_results(doc: dict[str, Any]) -> list[tuple[dict[str, str], bool, str]]:
@@ -146,46 +151,59 @@ def script_job(**spec: Any) -> dict[str, Any]:
 
 CASES = [
     (manifest(), []),
-    (manifest(parallelism={"tp": 4}), ["product of the degrees dpReplicate*dpShard*tp*cp*pp = 1*2*4*1*2 = 16"]),
-    (manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 1, "tp": 3, "dpShard": 2}), ["tp=3 must divide heads=8 and kvHeads=4", "tp*2*cp = 6"]),
+    (manifest(parallelism={"tp": 4}),
+     ["product of the degrees dpReplicate*dpShard*tp*cp*pp = 1*2*4*1*2 = 16"]),
+    (manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 1, "tp": 3, "dpShard": 2}),
+     ["tp=3 must divide heads=8 and kvHeads=4", "tp*2*cp = 6"]),
     (manifest(model={"seqLen": 102}), ["seqLen=102 must be divisible by tp*2*cp = 4"]),
-    (manifest(model={"preset": "llama3-8b", "heads": 6, "kvHeads": 6, "dim": 4092}, parallelism={"tp": 4, "pp": 1}),
+    (manifest(model={"preset": "llama3-8b", "heads": 6, "kvHeads": 6, "dim": 4092},
+              parallelism={"tp": 4, "pp": 1}),
      ["tp=4 must divide heads=6 and kvHeads=6"]),
     (manifest(nodes=1, nprocPerNode=8, parallelism={"pp": 8, "dpShard": 1, "tp": 1}),
      ["pp*ppStagesPerRank = 8*1 = 8 stages exceed layers=4 + 2"]),
     (manifest(nodes=1, nprocPerNode=6, parallelism={"pp": 6, "dpShard": 1, "tp": 1}), []),
-    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 4}), ["2*4 = 8 stages exceed layers=4 + 2"]),
-    (manifest(parallelism={"ppMicrobatches": 1}), ["ppMicrobatches=1 is below the 2 pipeline stages (pp=2 x 1 per rank)"]),
-    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppMicrobatches": 2}), ["ppMicrobatches=2 is below the 4 pipeline stages"]),
+    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppStagesPerRank": 4}),
+     ["2*4 = 8 stages exceed layers=4 + 2"]),
+    (manifest(parallelism={"ppMicrobatches": 1}),
+     ["ppMicrobatches=1 is below the 2 pipeline stages (pp=2 x 1 per rank)"]),
+    (manifest(parallelism={"ppSchedule": "Interleaved1F1B", "ppMicrobatches": 2}),
+     ["ppMicrobatches=2 is below the 4 pipeline stages"]),
     (manifest(resources={"gpu": 2}), ["gpu=2 must equal nprocPerNode=4"]),
     (manifest(gang={"scheduler": "kueue"}), ["needs gang.queue"]),
     (manifest(parallelism={"dpShard": "auto", "tp": "auto"}), []),
     (manifest(parallelism={"pp": 4, "dpShard": 1}, training={"fsdp": {"offload": "cpu"}}),
      ["offload=cpu needs FSDP, but dpShard*cp = 1*1 = 1"]),
-    (manifest(parallelism={"pp": 4, "dpShard": 1, "cp": 2, "tp": 1}, training={"fsdp": {"offload": "cpu"}}), []),
+    (manifest(parallelism={"pp": 4, "dpShard": 1, "cp": 2, "tp": 1},
+              training={"fsdp": {"offload": "cpu"}}), []),
     # A script job: the model-dependent rules do not apply (tp=8 divides no debug head count), the trainer's
     # sections and settings are refused.
     (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}), []),
-    (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}, model={"preset": "debug"}, training={"steps": 3},
-                data={"source": "synthetic"}),
-     ["spec.model: spec.script runs your own training code", "spec.training: spec.script", "spec.data: spec.script"]),
+    (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}, model={"preset": "debug"},
+                training={"steps": 3}, data={"source": "synthetic"}),
+     ["spec.model: spec.script runs your own training code", "spec.training: spec.script",
+      "spec.data: spec.script"]),
     (script_job(checkpoint={"enabled": True}, parallelism={"ppMicrobatches": 4}),
-     ["spec.checkpoint.enabled: spec.script saves its own", "spec.parallelism.ppMicrobatches: ppMicrobatches configures"]),
+     ["spec.checkpoint.enabled: spec.script saves its own",
+      "spec.parallelism.ppMicrobatches: ppMicrobatches configures"]),
     # Data: a file source needs its path, jsonl a Hugging Face tokenizer.
     (manifest(data={"source": "jsonl"}), ["spec.data.path: data.source=jsonl needs data.path",
-                                          "spec.data.tokenizer: data.source=jsonl needs a Hugging Face tokenizer"]),
+                                          "spec.data.tokenizer: data.source=jsonl needs a Hugging Face "
+                                          "tokenizer"]),
     (manifest(data={"source": "tokens"}), ["spec.data.path: data.source=tokens needs data.path"]),
     (manifest(data={"source": "jsonl", "path": "/data/train.jsonl", "tokenizer": "/data/tokenizer"}), []),
     (manifest(data={"source": "text", "path": "/data/corpus.txt"}), []),
     (manifest(model={"vocab": 200}, data={"source": "text", "path": "/data/corpus.txt"}),
      ["spec.model.vocab: vocab=200 is below the 256 ids of the byte tokenizer"]),
-    (manifest(model={"vocab": 200}, data={"source": "text", "path": "/data/corpus.txt", "tokenizer": "/data/tok"}), []),
+    (manifest(model={"vocab": 200},
+              data={"source": "text", "path": "/data/corpus.txt", "tokenizer": "/data/tok"}), []),
     (manifest(model={"vocab": 200}, data={"source": "tokens", "path": "/data/t.bin"}), []),
     # A model of one's own: kvHeads defaults to its heads.
     (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "vocab": 64, "seqLen": 48},
               nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), []),
-    (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "kvHeads": 2, "vocab": 64, "seqLen": 48},
-              nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}), ["tp=3 must divide heads=6 and kvHeads=2"]),
+    (manifest(model={"module": "m:d", "dim": 64, "layers": 2, "heads": 6, "kvHeads": 2, "vocab": 64,
+                     "seqLen": 48},
+              nodes=1, nprocPerNode=3, parallelism={"tp": 3, "dpShard": 1, "pp": 1}),
+     ["tp=3 must divide heads=6 and kvHeads=2"]),
     # runPolicy: no always-retried code made permanent, no code in both lists (the permanent default counts),
     # a backoff cap at least the first delay.
     (manifest(runPolicy={"permanentExitCodes": [78, 75]}), ["exit codes 69 and 75 are always retried"]),
@@ -204,24 +222,29 @@ def test_cel_spec_rules(doc, expected):
         assert words in msg
 
 
-# The spec-level rules CEL and Python both express: CEL's (fieldPath, reason) -> whether a Python problem is that rule.
+# The spec-level rules CEL and Python both express: CEL's (fieldPath, reason) -> whether a Python problem is
+# that rule.
 SHARED_RULES: dict[tuple[str, str], Any] = {
-    (".parallelism", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism" and "product of the degrees" in p.message,
+    (".parallelism", "FieldValueInvalid"):
+        lambda p: p.field == "spec.parallelism" and "product of the degrees" in p.message,
     (".parallelism.tp", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism.tp",
     (".model", "FieldValueInvalid"): lambda p: p.field == "spec.model.seqLen",
     (".parallelism.pp", "FieldValueInvalid"): lambda p: "stages exceed layers" in p.message,
-    (".parallelism.ppMicrobatches", "FieldValueInvalid"): lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
+    (".parallelism.ppMicrobatches", "FieldValueInvalid"):
+        lambda p: p.field == "spec.parallelism.ppMicrobatches" and "is below" in p.message,
     (".resources.gpu", "FieldValueInvalid"): lambda p: p.field == "spec.resources.gpu",
     (".gang.queue", "FieldValueRequired"): lambda p: p.field == "spec.gang.queue",
     (".training.fsdp.offload", "FieldValueInvalid"): lambda p: p.field == "spec.training.fsdp.offload",
-    **{(f".{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.{name}" and "spec.script runs" in p.message)
+    **{(f".{name}", "FieldValueForbidden"): (
+        lambda p, name=name: p.field == f"spec.{name}" and "spec.script runs" in p.message)
        for name in ("model", "training", "data")},
     (".checkpoint.enabled", "FieldValueForbidden"): lambda p: p.field == "spec.checkpoint.enabled",
     (".data.path", "FieldValueRequired"): lambda p: p.field == "spec.data.path",
     (".data.tokenizer", "FieldValueInvalid"): lambda p: p.field == "spec.data.tokenizer",
     (".model.vocab", "FieldValueInvalid"): lambda p: p.field == "spec.model.vocab",
-    **{(f".parallelism.{name}", "FieldValueForbidden"): (lambda p, name=name: p.field == f"spec.parallelism.{name}"
-                                                         and "configures Tetrad's trainer's pipeline" in p.message)
+    **{(f".parallelism.{name}", "FieldValueForbidden"): (
+        lambda p, name=name: p.field == f"spec.parallelism.{name}"
+                             and "configures Tetrad's trainer's pipeline" in p.message)
        for name in ("ppMicrobatches", "ppStagesPerRank")},
     **{(f".runPolicy.{name}", "FieldValueInvalid"): (lambda p, name=name: p.field == f"spec.runPolicy.{name}")
        for name in ("permanentExitCodes", "retryableExitCodes", "backoffMaxSeconds")},
@@ -286,8 +309,8 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
         if draw(st.booleans()):
             run_policy[name] = draw(codes)
     if draw(st.booleans()):
-        run_policy["backoffSeconds"], run_policy["backoffMaxSeconds"] = draw(st.sampled_from([0, 10, 60, 300])), draw(
-            st.sampled_from([0, 10, 30, 300]))
+        run_policy["backoffSeconds"], run_policy["backoffMaxSeconds"] = (
+            draw(st.sampled_from([0, 10, 60, 300])), draw(st.sampled_from([0, 10, 30, 300])))
     doc["spec"]["runPolicy"] = run_policy
     if draw(st.integers(0, 5)) == 0:  # a script job, with or without what only the trainer takes
         doc["spec"]["script"] = {"path": "/app/train.py"}
@@ -340,19 +363,22 @@ def test_cel_agrees_with_python_on_generated_specs():
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec_documents(auto=True))
 def test_cel_never_rejects_what_python_admits(doc: dict[str, Any]) -> None:
-    """With `auto` degrees CEL skips the layout rules (Python solves them first): CEL may admit more, never less."""
+    """With `auto` degrees CEL skips the layout rules (Python solves them first): CEL may admit more, never
+    less."""
     if _cel_rejects(doc):
         assert [p for p in validate_document(doc) if p.severity == "error"]
 
 
 def test_degree_rule():
-    rule = schema()["properties"]["spec"]["properties"]["parallelism"]["properties"]["tp"]["x-kubernetes-validations"][0]
+    rule = schema()["properties"]["spec"]["properties"]["parallelism"]["properties"]["tp"][
+        "x-kubernetes-validations"][0]
     assert _evaluate(rule, {"self": celpy.json_to_cel(2)})[0]
     assert _evaluate(rule, {"self": celpy.json_to_cel("auto")})[0]
     ok, msg = _evaluate(rule, {"self": celpy.json_to_cel(0)})
     assert not ok and "spec.parallelism.tp" in msg
     assert not _evaluate(rule, {"self": celpy.json_to_cel("many")})[0]
-    ok, msg = _evaluate(rule, {"self": celpy.json_to_cel("2")})  # int-or-string: a quoted number reaches CEL as a string
+    # int-or-string: a quoted number reaches CEL as a string
+    ok, msg = _evaluate(rule, {"self": celpy.json_to_cel("2")})
     assert not ok and 'not tp: "2"' in msg
 
 
@@ -367,8 +393,8 @@ def test_immutable_fields():
     assert "x-kubernetes-validations" not in props["runPolicy"], "runPolicy (suspend) must stay mutable"
     # model and script are optional: neither may appear or go (self == oldSelf sees only both present)
     for name in ("model", "script"):
-        rule = next(r for r in schema()["properties"]["spec"]["x-kubernetes-validations"] if r.get("fieldPath") == f".{name}"
-                    and "oldSelf" in r["rule"])
+        rule = next(r for r in schema()["properties"]["spec"]["x-kubernetes-validations"]
+                    if r.get("fieldPath") == f".{name}" and "oldSelf" in r["rule"])
         with_it, without = celpy.json_to_cel({name: {"x": 1}}), celpy.json_to_cel({})
         assert _evaluate(rule, {"self": with_it, "oldSelf": with_it})[0]
         assert _evaluate(rule, {"self": without, "oldSelf": without})[0]
@@ -383,18 +409,22 @@ def test_the_entry_point_and_plugin_rules() -> None:
     for entry_point, ok in (({"path": "/a.py"}, True), ({"module": "m"}, True), ({"command": ["x"]}, True),
                       ({}, False), ({"path": "/a.py", "module": "m"}, False)):
         assert _evaluate(entry, {"self": celpy.json_to_cel(entry_point)})[0] == ok, entry_point
-    preset, dims, _, _, _ = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
+    preset, dims, _, _, _ = [
+        r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]]
     full = {"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32}
-    assert _evaluate(preset, {"self": celpy.json_to_cel(full)})[0] and _evaluate(dims, {"self": celpy.json_to_cel(full)})[0]
+    assert (_evaluate(preset, {"self": celpy.json_to_cel(full)})[0]
+            and _evaluate(dims, {"self": celpy.json_to_cel(full)})[0])
     assert not _evaluate(preset, {"self": celpy.json_to_cel({**full, "preset": "debug"})})[0]
     ok, msg = _evaluate(dims, {"self": celpy.json_to_cel({"module": "m:d", "dim": 64})})
     assert not ok and "module needs its dims in spec.model" in msg
-    assert _evaluate(dims, {"self": celpy.json_to_cel({"preset": "debug"})})[0], "no module: the preset's dims"
+    assert _evaluate(dims, {"self": celpy.json_to_cel({"preset": "debug"})})[0], (
+        "no module: the preset's dims")
 
 
 def test_the_family_rules_say_what_python_says() -> None:
     """A Hugging Face directory the cluster cannot read needs a preset or the dims; a module is no family;
-    family and preset agree. Each case is refused by CEL exactly when Python refuses it, naming the same field."""
+    family and preset agree. Each case is refused by CEL exactly when Python refuses it, naming the same
+    field."""
     props = schema()["properties"]["spec"]["properties"]
     rules = [r for r in props["model"]["x-kubernetes-validations"] if "oldSelf" not in r["rule"]][2:]
     hf_dims = {"family": "qwen3", "dim": 64, "layers": 2, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 96,
@@ -408,12 +438,16 @@ def test_the_family_rules_say_what_python_says() -> None:
         ({"preset": "qwen3-1.7b", "family": "llama"}, "spec.model.family"),
         ({"preset": "debug", "family": "qwen2"}, "spec.model.family"),
         ({"family": "qwen2"}, None),
-        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "family": "llama"}, "spec.model.family"),
-        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "hfDir": "/m"}, "spec.model.hfDir"),
+        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "family": "llama"},
+         "spec.model.family"),
+        ({"module": "m:d", "dim": 64, "layers": 2, "heads": 4, "vocab": 64, "seqLen": 32, "hfDir": "/m"},
+         "spec.model.hfDir"),
     ]
     for model, field in cases:
-        cel = [msg for rule in rules for ok, msg in [_evaluate(rule, {"self": celpy.json_to_cel(model)})] if not ok]
-        python = [p for p in validate_document(manifest(model=model, parallelism={"pp": 1, "tp": 1, "dpShard": 8}))
+        cel = [msg for rule in rules for ok, msg in [_evaluate(rule, {"self": celpy.json_to_cel(model)})]
+               if not ok]
+        python = [p for p in validate_document(manifest(model=model,
+                                                        parallelism={"pp": 1, "tp": 1, "dpShard": 8}))
                   if p.severity == "error"]
         if field is None:
             assert cel == [] and python == [], (model, cel, python)

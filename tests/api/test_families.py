@@ -43,10 +43,12 @@ def test_transformers_defaults_fill_absent_keys() -> None:
     llama2 = read_hf_config(PUBLISHED["llama2-7b"]).fields
     assert llama2["ropeTheta"] == 10000.0 and llama2["ropeScaling"] is None
     bare = read_hf_config({"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4}).fields
-    assert bare["headDim"] == 128 and bare["kvHeads"] == 32 and bare["normEps"] == 1e-6  # Qwen3Config's defaults
+    # Qwen3Config's defaults
+    assert bare["headDim"] == 128 and bare["kvHeads"] == 32 and bare["normEps"] == 1e-6
     bare = read_hf_config({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}).fields
     assert bare["headDim"] == 16 and bare["kvHeads"] == 4 and bare["vocab"] == 32000
-    assert read_hf_config({"model_type": "qwen2", "rope_parameters": {"rope_type": "default", "rope_theta": 3.0}}
+    assert read_hf_config({"model_type": "qwen2",
+                           "rope_parameters": {"rope_type": "default", "rope_theta": 3.0}}
                            ).fields["ropeTheta"] == 3.0  # transformers 5's key
 
 
@@ -55,9 +57,11 @@ REFUSED = [
     ("llama3.1-8b", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling.rope_type='yarn'"),
     ("llama2-7b", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type='dynamic'"),
     ("llama2-7b", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.rope_type='linear'"),
-    ("qwen3-8b", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
+    ("qwen3-8b",
+     {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}},
      "rope_scaling.rope_type='yarn'"),
-    ("llama3.1-8b", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type llama3 needs low_freq_factor"),
+    ("llama3.1-8b", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+     "rope_type llama3 needs low_freq_factor"),
     ("llama3.1-8b", {"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
     ("llama3.1-8b", {"attention_bias": True}, "attention_bias=True: biases on q, k, v and o"),
     ("llama3.1-8b", {"mlp_bias": True}, "mlp_bias=True"),
@@ -75,7 +79,8 @@ REFUSED = [
 
 
 @pytest.mark.parametrize("base, change, message", REFUSED, ids=[m.split(":")[0] for _, _, m in REFUSED])
-def test_what_changes_the_forward_pass_and_is_not_implemented_is_refused_by_name(base: str, change: dict[str, Any],
+def test_what_changes_the_forward_pass_and_is_not_implemented_is_refused_by_name(base: str,
+                                                                                 change: dict[str, Any],
                                                                                  message: str) -> None:
     config = {k: v for k, v in {**PUBLISHED[base], **change}.items() if v != "absent"}
     problems = read_hf_config(config).problems
@@ -115,7 +120,8 @@ def test_the_cluster_needs_a_preset_or_the_dims_and_the_trainer_gets_the_directo
     assert cfg.model.hf_dir == "/models/qwen3" and cfg.model.qk_norm and cfg.model.head_dim == 128
     cfg = resolved({}, nproc=1, training={"initFrom": "/models/llama"})  # the former way: the same field
     assert cfg.model.hf_dir == "/models/llama"
-    both = manifest(**ONE_PROCESS, model={"preset": "debug", "hfDir": "/a"}, training={"initFrom": "/b", "globalBatch": 8})
+    both = manifest(**ONE_PROCESS, model={"preset": "debug", "hfDir": "/a"},
+                    training={"initFrom": "/b", "globalBatch": 8})
     assert [p.field for p in validate_document(both) if p.severity == "error"] == ["spec.training.initFrom"]
 
 
@@ -143,17 +149,19 @@ def test_the_cli_takes_the_model_from_a_directory_it_can_read(tmp_path: Path) ->
     # what the manifest says that the directory contradicts is named; so is a preset of another model
     for model_spec, field in (({"hfDir": str(d), "heads": 8}, "spec.model.heads"),
                               ({"hfDir": str(d), "preset": "qwen3-1.7b"}, "spec.model.preset")):
-        r = tetrad("validate", write(tmp_path, "bad.yaml", {**doc, "spec": {**doc["spec"], "model": model_spec}}))
+        r = tetrad("validate",
+                   write(tmp_path, "bad.yaml", {**doc, "spec": {**doc["spec"], "model": model_spec}}))
         assert r.returncode == 1 and f"{field}: " in r.stderr and "config.json says" in r.stderr, r.stderr
     # seqLen beyond the checkpoint's context is a warning
-    r = tetrad("validate", write(tmp_path, "long.yaml", {**doc, "spec": {**doc["spec"], "model": {"hfDir": str(d),
-                                                                                                "seqLen": 65536}}}))
+    r = tetrad("validate", write(tmp_path, "long.yaml", {
+        **doc, "spec": {**doc["spec"], "model": {"hfDir": str(d), "seqLen": 65536}}}))
     assert r.returncode == 0 and "warning" in r.stderr and "max_position_embeddings=40960" in r.stderr
     # a config Tetrad does not implement: named, and plan refuses it too
     hf_dir(tmp_path, {**PUBLISHED["qwen3-0.6b"], "hidden_act": "gelu"})
     for command in (("validate", path), ("plan", path)):
         r = tetrad(*command)
-        assert r.returncode == 1 and "spec.model.hfDir: " in r.stderr and "hidden_act='gelu'" in r.stderr, r.stderr
+        assert (r.returncode == 1 and "spec.model.hfDir: " in r.stderr
+                and "hidden_act='gelu'" in r.stderr), r.stderr
 
 
 def test_tetrad_model_prints_the_spec_model_for_a_directory(tmp_path: Path) -> None:
@@ -164,9 +172,11 @@ def test_tetrad_model_prints_the_spec_model_for_a_directory(tmp_path: Path) -> N
     model = yaml.safe_load(tetrad("model", str(hf_dir(tmp_path, custom))).stdout)["model"]
     assert model["layers"] == 4 and model["family"] == "llama" and model["tieEmbeddings"] is True
     assert model["ropeScaling"]["factor"] == 32.0 and model["seqLen"] == 4096
-    job = manifest(**ONE_PROCESS, model={**model, "hfDir": "/models/x"})  # what it prints is a valid spec.model
+    # what it prints is a valid spec.model
+    job = manifest(**ONE_PROCESS, model={**model, "hfDir": "/models/x"})
     assert [p for p in validate_document(job) if p.severity == "error"] == []
-    r = tetrad("model", str(hf_dir(tmp_path, {**custom, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})))
+    r = tetrad("model",
+               str(hf_dir(tmp_path, {**custom, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})))
     assert r.returncode == 1 and "rope_scaling.rope_type='yarn'" in r.stderr
     r = tetrad("model", str(tmp_path / "nowhere"))
     assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr

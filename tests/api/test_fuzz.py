@@ -65,7 +65,8 @@ hostile = st.one_of(
     st.integers(),
     st.sampled_from([0.0, -0.0, 0.5, 1e-300, 1e308, float("inf"), float("-inf"), float("nan")]),
     st.floats(),
-    st.sampled_from(["", "auto", "2", "1e3", "true", "null", "x" * 10_000, "ü🚀", "a\x00b", "../../etc", "/", "/etc/tetrad"]),
+    st.sampled_from(["", "auto", "2", "1e3", "true", "null", "x" * 10_000, "ü🚀", "a\x00b", "../../etc", "/",
+                     "/etc/tetrad"]),
     st.text(max_size=30),
     st.lists(st.integers() | st.text(max_size=5) | st.none(), max_size=3),
     st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=5) | st.none(), max_size=3),
@@ -83,13 +84,15 @@ def maybe(value: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 env_var = st.fixed_dictionaries(
     {"name": maybe(st.sampled_from(ENV_NAMES))},
     optional={"value": maybe(st.text(max_size=10)),
-              "valueFrom": maybe(st.just({"fieldRef": {"fieldPath": "spec.nodeName"}}) | st.just({"fieldRef": {}})),
+              "valueFrom": maybe(
+                  st.just({"fieldRef": {"fieldPath": "spec.nodeName"}}) | st.just({"fieldRef": {}})),
               "bogus": hostile})
 source = st.sampled_from([{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "pvc"}},
-                          {"configMap": {"name": "cm"}}, {"persistentVolumeClaim": {}}, {"emptyDir": {"medium": 3}},
-                          {}, {"emptyDir": {}, "configMap": {"name": "cm"}}])
+                          {"configMap": {"name": "cm"}}, {"persistentVolumeClaim": {}},
+                          {"emptyDir": {"medium": 3}}, {}, {"emptyDir": {}, "configMap": {"name": "cm"}}])
 volume = st.builds(lambda name, src: {"name": name, **src}, maybe(st.sampled_from(VOLUME_NAMES)), source)
-mount = st.fixed_dictionaries({"name": maybe(st.sampled_from(VOLUME_NAMES)), "mountPath": maybe(st.sampled_from(MOUNT_PATHS))},
+mount = st.fixed_dictionaries({"name": maybe(st.sampled_from(VOLUME_NAMES)),
+                               "mountPath": maybe(st.sampled_from(MOUNT_PATHS))},
                               optional={"readOnly": maybe(st.booleans()), "subPath": maybe(st.just("sub"))})
 TOLERATION = {
     "key": st.sampled_from(["nvidia.com/gpu", "a", "Bad Key", ""]),
@@ -105,7 +108,8 @@ affinity = st.sampled_from([
     {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
     {"podAffinity": 3}, {"bogus": {}},
 ])
-LABEL_KEYS = st.sampled_from(["team", "example.com/x", "Bad Key", "tetrad.dev/job-name", "a/b/c", "", "A.b_c-1"])
+LABEL_KEYS = st.sampled_from(
+    ["team", "example.com/x", "Bad Key", "tetrad.dev/job-name", "a/b/c", "", "A.b_c-1"])
 LABEL_VALUES = st.sampled_from(["llm", "", "not ok!", "x" * 64, "x" * 63, "-x", "a.b_c-1"])
 # Valid, some at the edge (63 characters, empty values, '.', '_' and '-' inside, a prefix).
 valid_labels = st.dictionaries(st.sampled_from(["team", "example.com/x", "A.b_c-1", "x" * 63]),
@@ -113,7 +117,8 @@ valid_labels = st.dictionaries(st.sampled_from(["team", "example.com/x", "A.b_c-
 labels = st.dictionaries(LABEL_KEYS, maybe(LABEL_VALUES), max_size=3)
 template = st.fixed_dictionaries({}, optional={
     "env": maybe(st.lists(env_var, max_size=3)), "volumes": maybe(st.lists(volume, max_size=3)),
-    "volumeMounts": maybe(st.lists(mount, max_size=3)), "tolerations": maybe(st.lists(toleration, max_size=2)),
+    "volumeMounts": maybe(st.lists(mount, max_size=3)),
+    "tolerations": maybe(st.lists(toleration, max_size=2)),
     "affinity": maybe(affinity), "labels": maybe(labels), "nodeSelector": maybe(labels),
     "annotations": maybe(labels)})
 
@@ -136,7 +141,8 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
                    parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"})
     doc["spec"]["template"] = draw(template)
     if draw(st.booleans()):
-        doc["spec"]["checkpoint"] = {"enabled": True, "path": draw(maybe(st.sampled_from(MOUNT_PATHS + ["/ckpt"]))),
+        doc["spec"]["checkpoint"] = {"enabled": True,
+                                     "path": draw(maybe(st.sampled_from(MOUNT_PATHS + ["/ckpt"]))),
                                      "volume": draw(maybe(source))}
     for _ in range(draw(st.integers(0, 3))):
         set_path(doc, draw(st.sampled_from(PATHS)), draw(hostile), draw(st.booleans()))
@@ -154,8 +160,8 @@ def yaml_texts(draw: st.DrawFn) -> str:
     if trick == "duplicate":
         text += draw(st.sampled_from(["spec:\n  nodes: 1\n", "kind: ParallelTrainingJob\n"]))
     elif trick == "alias":
-        text = "x: &x " + json.dumps(draw(hostile), allow_nan=True).replace("NaN", ".nan").replace("Infinity", ".inf") + \
-            "\n" + text.replace("nodes: ", "nodes: *x #", 1)
+        text = "x: &x " + json.dumps(draw(hostile), allow_nan=True).replace("NaN", ".nan").replace(
+            "Infinity", ".inf") + "\n" + text.replace("nodes: ", "nodes: *x #", 1)
     elif trick == "bomb":
         levels = ["a: &a [x, x, x, x, x, x, x, x, x, x]"] + [
             f"{c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefg", "bcdefgh", strict=True)]
@@ -200,13 +206,15 @@ def run_case(text: str) -> tuple[ParallelTrainingJob | None, list[Any]]:
         assert peak < PEAK_BYTES, f"{peak / 2**20:.0f} MiB"
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(yaml_texts())
 def test_hostile_manifests(text):
     run_case(text)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(documents())
 def test_hostile_documents_in_process(doc):
     """The same without YAML: values YAML cannot carry (nan keys, huge ints) reach the model directly."""
@@ -225,34 +233,42 @@ def test_hostile_documents_in_process(doc):
 def admissible(draw: st.DrawFn) -> dict[str, Any]:
     """Documents that are mostly valid: the pass-through grammar without hostile values, and no
     fields whose objects the test cluster lacks (ServiceAccounts, PriorityClasses, PodGroups)."""
-    doc = manifest(nodes=draw(st.sampled_from([1, 2])), nprocPerNode=2, parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"})
-    vols = draw(st.lists(st.builds(lambda n, s: {"name": n, **s}, st.sampled_from(["data", "scratch", "models"]),
-                                   st.sampled_from([{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "pvc"}},
+    doc = manifest(nodes=draw(st.sampled_from([1, 2])), nprocPerNode=2,
+                   parallelism={"pp": 1, "tp": "auto", "dpShard": "auto"})
+    vols = draw(st.lists(st.builds(lambda n, s: {"name": n, **s},
+                                   st.sampled_from(["data", "scratch", "models"]),
+                                   st.sampled_from([{"emptyDir": {}},
+                                                    {"persistentVolumeClaim": {"claimName": "pvc"}},
                                                     {"configMap": {"name": "cm"}}])),
                          max_size=3, unique_by=lambda v: v["name"]))
     doc["spec"]["template"] = {
         "env": draw(st.lists(st.fixed_dictionaries({"name": st.sampled_from(["HF_HOME", "A", "a.b-c", "X_1"]),
                                                     "value": st.text(max_size=10)}), max_size=3)),
         "volumes": vols,
-        "volumeMounts": [{"name": v["name"], "mountPath": f"/mnt/{v['name']}"} for v in vols[:draw(st.integers(0, 3))]],
+        "volumeMounts": [
+            {"name": v["name"], "mountPath": f"/mnt/{v['name']}"} for v in vols[:draw(st.integers(0, 3))]],
         "tolerations": draw(st.lists(well_typed_toleration, max_size=2)),
         "affinity": draw(st.none() | affinity),
         "labels": draw(valid_labels), "nodeSelector": draw(valid_labels), "annotations": draw(valid_labels),
     }
     if draw(st.booleans()):
-        doc["spec"]["checkpoint"] = {"enabled": True, "path": draw(st.sampled_from(["/ckpt", "/data/c", "/tmp"])),
+        doc["spec"]["checkpoint"] = {"enabled": True,
+                                     "path": draw(st.sampled_from(["/ckpt", "/data/c", "/tmp"])),
                                      "volume": draw(source), "interval": draw(st.integers(1, 1000)),
                                      "keepLast": draw(st.integers(1, 5)), "async": draw(st.booleans())}
     # The newer fields, each present or not, with values of their range.
     newer = {
         ("preflight",): st.fixed_dictionaries({}, optional={
-            "enabled": st.booleans(), "timeoutSeconds": st.integers(1, 3600), "allReduceMiB": st.integers(1, 512),
+            "enabled": st.booleans(), "timeoutSeconds": st.integers(1, 3600),
+            "allReduceMiB": st.integers(1, 512),
             "slowNodeFraction": st.floats(0, 1), "excludeFailedNodes": st.booleans(),
             "maxExcludedNodes": st.integers(0, 5)}),
         ("runPolicy",): st.fixed_dictionaries({}, optional={
-            "maxRestarts": st.integers(0, 10), "maxDisruptions": st.integers(0, 30), "backoffSeconds": st.integers(0, 60),
+            "maxRestarts": st.integers(0, 10), "maxDisruptions": st.integers(0, 30),
+            "backoffSeconds": st.integers(0, 60),
             "backoffMaxSeconds": st.integers(60, 600), "activeDeadlineSeconds": st.integers(1, 10**6),
-            "stallTimeoutSeconds": st.sampled_from([0, 300, 900]), "collectiveTimeoutSeconds": st.integers(5, 600),
+            "stallTimeoutSeconds": st.sampled_from([0, 300, 900]),
+            "collectiveTimeoutSeconds": st.integers(5, 600),
             "permanentExitCodes": st.lists(st.sampled_from([1, 3, 77, 78, 79]), unique=True, max_size=3),
             "suspend": st.booleans(), "ttlSecondsAfterFinished": st.integers(0, 10**5)}),
         ("training", "fsdp"): st.fixed_dictionaries({}, optional={
@@ -279,7 +295,8 @@ def admissible(draw: st.DrawFn) -> dict[str, Any]:
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(admissible())
 def test_admitted_specs_render_what_the_apiserver_accepts(tetrad_crd, namespace, doc):
-    """Each admitted spec's objects pass `kubectl apply --dry-run=server` (schema, defaults, pod validation)."""
+    """Each admitted spec's objects pass `kubectl apply --dry-run=server` (schema, defaults, pod
+    validation)."""
     doc["metadata"] = {"name": f"f{uuid.uuid4().hex[:8]}", "namespace": namespace}
     job, problems = parse(doc)
     assume(job is not None and check_spec(job.spec).ok)
@@ -288,7 +305,8 @@ def test_admitted_specs_render_what_the_apiserver_accepts(tetrad_crd, namespace,
     proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=text)
     assert proc.returncode == 0, f"{proc.stderr}\n{json.dumps(doc['spec'], indent=1)}"
     assert proc.stdout.count("(server dry run)") == len(render(job).objects()), proc.stdout
-    ptj = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    ptj = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                                 input=json.dumps(doc))
     assert ptj.returncode == 0, ptj.stderr
 
 
@@ -303,5 +321,6 @@ def test_the_crd_refuses_what_validation_refuses(tetrad_crd, namespace, meta, sp
     doc = manifest(**spec)
     doc["metadata"] = {"name": "ok", "namespace": namespace, **meta}
     assert parse(doc)[0] is None or not check_spec(parse(doc)[0].spec).ok  # type: ignore[union-attr]
-    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(doc))
+    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                                  input=json.dumps(doc))
     assert proc.returncode != 0 and ("metadata.name" in proc.stderr or "spec." in proc.stderr), proc.stderr

@@ -58,8 +58,10 @@ def with_meta(**meta: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(("template", "field"), [
     ({"env": [{"value": "x"}]}, "spec.template.env[0].name"),
     ({"env": [{"name": "A", "value": 5}]}, "spec.template.env[0].value"),
-    ({"env": [{"name": "A", "valueFrom": {"fieldRef": {}}}]}, "spec.template.env[0].valueFrom.fieldRef.fieldPath"),
-    ({"env": [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}, "spec.template.env[0]"),
+    ({"env": [{"name": "A", "valueFrom": {"fieldRef": {}}}]},
+     "spec.template.env[0].valueFrom.fieldRef.fieldPath"),
+    ({"env": [{"name": "A", "value": "x", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]},
+     "spec.template.env[0]"),
     ({"env": [{"name": "1=A", "value": "x"}]}, "spec.template.env[0].name"),
     ({"volumes": [{"name": "data"}]}, "spec.template.volumes[0]"),
     ({"volumes": [{"name": "Data", "emptyDir": {}}]}, "spec.template.volumes[0].name"),
@@ -67,10 +69,12 @@ def with_meta(**meta: Any) -> dict[str, Any]:
     ({"volumes": [{"name": "tmp", "emptyDir": {}}]}, "spec.template.volumes[0].name"),
     ({"volumeMounts": [{"name": "nope", "mountPath": "/data"}]}, "spec.template.volumeMounts[0].name"),
     ({"volumeMounts": [{"mountPath": "/data"}]}, "spec.template.volumeMounts[0].name"),
-    ({"volumes": [{"name": "d", "emptyDir": {}}], "volumeMounts": [{"name": "d", "mountPath": "/etc/tetrad"}]},
+    ({"volumes": [{"name": "d", "emptyDir": {}}],
+      "volumeMounts": [{"name": "d", "mountPath": "/etc/tetrad"}]},
      "spec.template.volumeMounts[0].mountPath"),
     ({"tolerations": [{"key": "a", "operator": "Maybe"}]}, "spec.template.tolerations[0].operator"),
-    ({"tolerations": [{"key": "a", "operator": "Exists", "value": "v"}]}, "spec.template.tolerations[0].value"),
+    ({"tolerations": [{"key": "a", "operator": "Exists", "value": "v"}]},
+     "spec.template.tolerations[0].value"),
     ({"tolerations": [{"tolerationSeconds": "5"}]}, "spec.template.tolerations[0].tolerationSeconds"),
     ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}}},
      "spec.template.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"),
@@ -111,7 +115,8 @@ def test_valid_pass_through_objects_render():
 
 def test_podschema_json_matches_the_kubernetes_client():
     """The vendored schema is what `python -m tetrad.api.podschema` generates from the installed client."""
-    assert generate() == definitions(), "regenerate: python -m tetrad.api.podschema > tetrad/api/podschema.json"
+    assert generate() == definitions(), (
+        "regenerate: python -m tetrad.api.podschema > tetrad/api/podschema.json")
 
 
 # 6. plan does not run the solver after a degree check failed.
@@ -128,8 +133,8 @@ def test_plan_reports_bad_degrees(tmp_path, parallelism, field):
 
 
 # 7. Names.
-@pytest.mark.parametrize("name", ["MyJob", "my_job", "a" * (JOB_NAME_MAX + 1), "1job", "a.b", "", "jöb", "job-🚀",
-                                  "adv/../../b", "-job", "job-", 7])
+@pytest.mark.parametrize("name", ["MyJob", "my_job", "a" * (JOB_NAME_MAX + 1), "1job", "a.b", "", "jöb",
+                                  "job-🚀", "adv/../../b", "-job", "job-", 7])
 def test_bad_names_are_rejected(tmp_path, name):
     assert "metadata.name" in errors_of(with_meta(name=name))
     code, out = cli("render", write(tmp_path, with_meta(name=name)))
@@ -144,13 +149,14 @@ def test_a_missing_name_is_an_error_not_a_default():
 
 
 def test_the_longest_name_leaves_room_for_every_derived_name():
-    """Every name tetrad/render/names.py derives from a JOB_NAME_MAX name is valid where Kubernetes uses it."""
+    """Every name tetrad/render/names.py derives from a JOB_NAME_MAX name is valid where Kubernetes uses
+    it."""
     job, last = "a" * JOB_NAME_MAX, MAX_NODES - 1
     assert errors_of(with_meta(name=job)) == {}
     for label in (names.service(job), names.hostname(job, last), names.pod_group(job)):
         assert is_dns_label(label), label  # Service names, hostnames and the job-name label value
-    for subdomain in (names.configmap(job), names.environment(job), names.pod(job, 10**9, last), names.master_addr(job, "a" * 63),
-                      names.incarnation(job, 10**9)):
+    for subdomain in (names.configmap(job), names.environment(job), names.pod(job, 10**9, last),
+                      names.master_addr(job, "a" * 63), names.incarnation(job, 10**9)):
         assert is_dns_subdomain(subdomain) or len(subdomain) <= 253, subdomain
     assert not is_dns_label(names.hostname("a" * (JOB_NAME_MAX + 1), last))
 
@@ -197,8 +203,8 @@ def test_checkpoint_path_rule_matches_its_cel_form():
 
     env = celpy.Environment()
     program = env.program(env.compile(CHECKPOINT_PATH_RULE["rule"]))
-    for path in ("/checkpoints", "/a/.b", "/etc/tetradx", "/", "", "/etc", "/etc/tetrad", "/etc/tetrad/x", "/a/../b",
-                 "/a/./b", "/a//b", "/a/", "rel", "/..a"):
+    for path in ("/checkpoints", "/a/.b", "/etc/tetradx", "/", "", "/etc", "/etc/tetrad", "/etc/tetrad/x",
+                 "/a/../b", "/a/./b", "/a//b", "/a/", "rel", "/..a"):
         python_ok = "spec.checkpoint.path" not in errors_of(manifest(checkpoint={"path": path}))
         assert bool(program.evaluate({"self": celpy.celtypes.StringType(path)})) == python_ok, path
 
@@ -242,11 +248,12 @@ def test_render_restart_must_not_be_negative(tmp_path):
 def test_alias_bombs_are_refused_before_expanding(tmp_path):
     """A 10^9-node "billion laughs" in well under a kilobyte, at spec.nodes and in a pass-through field."""
     levels = ["bomb:", "  a: &a [x, x, x, x, x, x, x, x, x, x]"]
-    levels += [f"  {c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)]
+    levels += [
+        f"  {c}: &{c} [{', '.join(['*' + p] * 10)}]" for p, c in zip("abcdefgh", "bcdefghi", strict=True)]
     head = "\n".join(levels) + "\n"
     at_nodes = head + yaml.safe_dump(manifest(), sort_keys=False).replace("nodes: 2", "nodes: *i")
-    at_annotations = head + yaml.safe_dump(manifest(template={"annotations": {"x": "y"}}), sort_keys=False).replace(
-        "x: y", "x: *i")
+    at_annotations = head + yaml.safe_dump(manifest(template={"annotations": {"x": "y"}}),
+                                           sort_keys=False).replace("x: y", "x: *i")
     for text in (at_nodes, at_annotations):
         assert len(text) < 1000 and "*i" in text
         for command in ("validate", "render"):
@@ -273,7 +280,8 @@ def test_long_values_are_truncated_in_messages(tmp_path):
     doc["spec"]["x" * 100_000] = 1
     code, out = cli("validate", write(tmp_path, doc))
     assert code == 1 and "spec.nodes" in out and len(out) < 2000
-    assert f"(got '{'9' * 80}'... (100000 characters))" in out, "the value's own length, not its quoted form's"
+    assert f"(got '{'9' * 80}'... (100000 characters))" in out, (
+        "the value's own length, not its quoted form's")
 
 
 def test_deep_nesting_is_one_line(tmp_path):
@@ -302,7 +310,8 @@ def test_run_refuses_bad_output_paths_before_starting(tmp_path):
 
 
 # 16. Reserved env names.
-@pytest.mark.parametrize("name", ["PET_NNODES", "WORLD_SIZE", "MASTER_ADDR", "TETRAD_CONFIG", "RANK", "LOCAL_RANK"])
+@pytest.mark.parametrize("name",
+                         ["PET_NNODES", "WORLD_SIZE", "MASTER_ADDR", "TETRAD_CONFIG", "RANK", "LOCAL_RANK"])
 def test_reserved_env_names_are_rejected(name):
     errors = errors_of(manifest(template={"env": [{"name": name, "value": "1"}]}))
     assert "set by Tetrad or torchrun" in errors["spec.template.env[0].name"]
@@ -338,8 +347,9 @@ def test_dash_reads_stdin():
 
 
 def test_stdin_in_a_real_process():
-    r = subprocess.run([sys.executable, "-m", "tetrad.cli", "plan", "--json", "-"], input=yaml.safe_dump(manifest()),
-                       capture_output=True, text=True, cwd=ROOT, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, "-m", "tetrad.cli", "plan", "--json", "-"],
+                       input=yaml.safe_dump(manifest()), capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["job"] == "t"
 
@@ -347,7 +357,8 @@ def test_stdin_in_a_real_process():
 # The YAML writer of `tetrad render`.
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20)
 _scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _text
-_data = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
+_data = st.recursive(_scalars,
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
                      max_leaves=30)
 
 
@@ -358,13 +369,15 @@ def test_yaml_writer_round_trips(objects):
 
 
 def test_yaml_writer_quotes_what_go_yaml_reads_as_booleans():
-    """kubectl's YAML 1.1 reader takes y and n for booleans, PyYAML does not: an env value "y" stays a string."""
+    """kubectl's YAML 1.1 reader takes y and n for booleans, PyYAML does not: an env value "y" stays a
+    string."""
     assert dump_all([{"value": "y", "other": "N"}]) == 'value: "y"\nother: "N"\n'
 
 
 def test_yaml_writer_matches_pyyaml_on_rendered_objects():
     from tetrad.api import ParallelTrainingJob
 
-    objects = render(ParallelTrainingJob.model_validate(manifest(template={"labels": {"on": "yes"}}))).objects()
+    objects = render(
+        ParallelTrainingJob.model_validate(manifest(template={"labels": {"on": "yes"}}))).objects()
     assert list(yaml.safe_load_all(dump_all(objects))) == copy.deepcopy(objects)
     assert "config.json: |" in dump_all(objects)  # the config stays readable

@@ -24,7 +24,8 @@ from tetrad.cli.yamlout import dump_all
 ROOT = Path(__file__).parents[2]
 HERE = Path(__file__).parent / "manifests"
 # Every file of Kubernetes objects among the examples and the tests' inputs.
-MANIFESTS = sorted([*ROOT.glob("examples/**/*.yaml"), *HERE.glob("*.yaml"), *(Path(__file__).parent / "kubeflow").glob("*.yaml")])
+MANIFESTS = sorted([*ROOT.glob("examples/**/*.yaml"), *HERE.glob("*.yaml"),
+                    *(Path(__file__).parent / "kubeflow").glob("*.yaml")])
 
 
 def canonical(value: Any) -> Any:
@@ -57,17 +58,20 @@ def test_numbers_kubectl_reads_as_numbers_validate():
     spec = doc["spec"]
     assert spec["training"] == {"steps": 100, "lr": 0.0003, "minLr": 3e-05, "weightDecay": 0.1, "gradClip": 1,
                                 "globalBatch": 8}
-    assert (spec["model"]["normEps"], spec["model"]["ropeTheta"], spec["model"]["seqLen"]) == (1e-05, 500000, 128)
+    assert (spec["model"]["normEps"], spec["model"]["ropeTheta"], spec["model"]["seqLen"]) == (
+        1e-05, 500000, 128)
     assert type(spec["training"]["steps"]) is int and type(spec["training"]["gradClip"]) is int
 
 
 def test_the_loader_reads_scalars_as_kubectl_printed_them():
-    """scalars.kubectl.json is kubectl's reading of scalars.yaml (checked against kubectl below, marker tools)."""
+    """scalars.kubectl.json is kubectl's reading of scalars.yaml (checked against kubectl below, marker
+    tools)."""
     (mine,) = load_manifests((HERE / "scalars.yaml").read_text())
     assert typed(mine) == typed(json.loads((HERE / "scalars.kubectl.json").read_text()))
 
 
-@pytest.mark.parametrize("text", ["1e3", "3e-4", "08", "+.5", "0o17", "y", "N", "1_000", ".5e3", "0x1F", "2.0", "~"])
+@pytest.mark.parametrize("text",
+                         ["1e3", "3e-4", "08", "+.5", "0o17", "y", "N", "1_000", ".5e3", "0x1F", "2.0", "~"])
 def test_render_quotes_a_string_kubectl_would_read_as_something_else(text):
     assert not reads_as_string(text)
     out = dump_all([{"value": text}])
@@ -88,7 +92,8 @@ def kubectl_reads(kubectl: Path, path: Path, tmp_path: Path) -> list[Any]:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
     proc = subprocess.run([str(kubectl), "--kubeconfig", str(kubeconfig), "patch", "--local", "-f", str(path),
-                           "--type", "merge", "-p", "{}", "-o", "json"], capture_output=True, text=True, timeout=60)
+                           "--type", "merge", "-p", "{}", "-o", "json"], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, f"{path}: {proc.stderr}"
     decoder, text, at, docs = json.JSONDecoder(), proc.stdout, 0, []
     while (at := len(text) - len(text[at:].lstrip())) < len(text):  # one JSON object per document
@@ -101,12 +106,13 @@ def kubectl_reads(kubectl: Path, path: Path, tmp_path: Path) -> list[Any]:
 def test_every_example_and_test_manifest_reads_the_same_in_kubectl(k8s_tools: Path, tmp_path: Path) -> None:
     assert len(MANIFESTS) >= 30 and HERE / "numbers.yaml" in MANIFESTS
     for path in MANIFESTS:
-        assert typed(load_manifests(path.read_text())) == typed(kubectl_reads(k8s_tools / "kubectl", path, tmp_path)), path
+        assert typed(load_manifests(path.read_text())) == typed(
+            kubectl_reads(k8s_tools / "kubectl", path, tmp_path)), path
 
 
 # Plain scalars near go-yaml's and YAML 1.1's rules: signs, prefixes, dots, exponents, underscores, words.
-_pieces = st.sampled_from(["0", "1", "7", "8", "9", "0x", "0o", "0b", "x", "o", "b", "e", "E", "e-", "e+", ".", "_",
-                           "+", "-", "1f", "inf", "nan", "y", "n", "on", "Off", "~", ":", "12"])
+_pieces = st.sampled_from(["0", "1", "7", "8", "9", "0x", "0o", "0b", "x", "o", "b", "e", "E", "e-", "e+",
+                           ".", "_", "+", "-", "1f", "inf", "nan", "y", "n", "on", "Off", "~", ":", "12"])
 _scalars = st.lists(_pieces, min_size=1, max_size=6).map("".join).filter(
     lambda s: s[0] not in "-:" or (len(s) > 1 and s[1] not in " :"))
 
@@ -120,14 +126,16 @@ def test_generated_scalars_read_the_same_in_kubectl(k8s_tools: Path, tmp_path_fa
     tmp_path = tmp_path_factory.mktemp("scalars")
     path = tmp_path / "scalars.yaml"
     values = "".join(f"  v{i}: {s}\n" for i, s in enumerate(scalars))
-    path.write_text(f"apiVersion: tetrad.dev/v1alpha1\nkind: Scalars\nmetadata: {{name: s}}\nvalues:\n{values}")
+    path.write_text(
+        f"apiVersion: tetrad.dev/v1alpha1\nkind: Scalars\nmetadata: {{name: s}}\nvalues:\n{values}")
     try:
         (mine,) = load_manifests(path.read_text())
     except ManifestError:  # what Tetrad refuses (not YAML: `v: 1:`), kubectl refuses too
         with pytest.raises(AssertionError):
             kubectl_reads(k8s_tools / "kubectl", path, tmp_path)
         return
-    if any(isinstance(v, float) and v != v or v in (float("inf"), float("-inf")) for v in mine["values"].values()):
+    if any(isinstance(v, float) and v != v or v in (float("inf"), float("-inf"))
+           for v in mine["values"].values()):
         return  # .nan and .inf: JSON has none, kubectl refuses the file; the model refuses them as not finite
     (theirs,) = kubectl_reads(k8s_tools / "kubectl", path, tmp_path)
     assert typed(mine["values"]) == typed(theirs["values"])

@@ -35,12 +35,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[2]
-LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.convert",), ("tetrad.render",),
-          ("tetrad.launch",), ("tetrad.cli",)]
+LAYERS = [("tetrad.api",), ("tetrad.node",), ("tetrad.plan",), ("tetrad.resolve",), ("tetrad.convert",),
+          ("tetrad.render",), ("tetrad.launch",), ("tetrad.cli",)]
 OUTSIDE_THE_CORE = ("tetrad_operator", "tetrad_trainer")
 OPERATOR = ROOT / "operator"
 OPERATOR_LAYERS = [  # bottom first
-    ("kubeapi", "resources", "operator_metrics", "status"),  # the protocol, resource vectors, the operator's metrics, the job's status
+    # the protocol, resource vectors, the operator's metrics, the job's status
+    ("kubeapi", "resources", "operator_metrics", "status"),
     ("observed",),  # views of pods and nodes
     ("packing", "scrape"),  # the built-in gang's fit; rank 0's figures
     ("lifecycle",),  # the pure decisions: no API calls
@@ -101,14 +102,17 @@ def test_core_imports_point_down(module: str, path: Path) -> None:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     own = layer(module)
     for imported, in_function in imports(path, package):
-        assert not imported.startswith(OUTSIDE_THE_CORE), f"{module} imports {imported}: the core never imports the operator or the trainer"
+        assert not imported.startswith(OUTSIDE_THE_CORE), (
+            f"{module} imports {imported}: the core never imports the operator or the trainer")
         target = layer(imported)
         if target is None:
             continue  # the standard library or a third-party package
-        assert own is not None and target <= own, f"{module} (layer {LAYERS[own or 0]}) imports {imported} from a layer above"
+        assert own is not None and target <= own, (
+            f"{module} (layer {LAYERS[own or 0]}) imports {imported} from a layer above")
         if in_function:
             subcommand = own == len(LAYERS) - 1  # the CLI loads a command's modules when the command runs
-            assert subcommand, f"{module} defers the import of {imported}: a dodged cycle; import it at the top"
+            assert subcommand, (
+                f"{module} defers the import of {imported}: a dodged cycle; import it at the top")
 
 
 def test_api_and_plan_import_nothing_above_them():
@@ -117,10 +121,12 @@ def test_api_and_plan_import_nothing_above_them():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for imported, _ in imports(path, package):
             if module.startswith("tetrad.api"):
-                assert not imported.startswith(("tetrad.node", "tetrad.plan", "tetrad.resolve", "tetrad.render",
-                                                "tetrad.launch", "tetrad.cli")), (module, imported)
+                assert not imported.startswith(("tetrad.node", "tetrad.plan", "tetrad.resolve",
+                                                "tetrad.render", "tetrad.launch",
+                                                "tetrad.cli")), (module, imported)
             if module.startswith("tetrad.plan"):
-                assert not imported.startswith(("tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
+                assert not imported.startswith(
+                    ("tetrad.resolve", "tetrad.render", "tetrad.launch", "tetrad.cli")), (module, imported)
 
 
 def operator_modules() -> list[tuple[str, Path]]:
@@ -141,7 +147,8 @@ def test_operator_imports_point_down(module: str, path: Path) -> None:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     own = operator_layer(module)
     for imported, _ in imports(path, package, names=True):
-        assert imported != "tests" and not imported.startswith("tests."), f"{module} imports {imported}: test code"
+        assert imported != "tests" and not imported.startswith("tests."), (
+            f"{module} imports {imported}: test code")
         if imported == "tetrad_operator" or not imported.startswith("tetrad_operator."):
             continue
         target = operator_layer(imported)
@@ -154,7 +161,8 @@ GANGS_SHARED = ("backend", "topology")  # the protocol, and the stage topology e
 
 
 def gang_backends() -> list[str]:
-    return [m for m, _ in core_modules() if m.startswith(GANGS + ".") and m.rpartition(".")[2] not in GANGS_SHARED]
+    return [m for m, _ in core_modules()
+            if m.startswith(GANGS + ".") and m.rpartition(".")[2] not in GANGS_SHARED]
 
 
 def test_each_gang_backend_is_one_module_that_only_the_registry_imports():
@@ -164,7 +172,8 @@ def test_each_gang_backend_is_one_module_that_only_the_registry_imports():
     backends = gang_backends()
     assert {"tetrad.render.gangs.builtin", "tetrad.render.gangs.kueue"} <= set(backends), "the walk is broken"
     registry = ROOT / "tetrad" / "render" / "gangs" / "__init__.py"
-    assert {m for m, _ in imports(registry, GANGS, names=True)} >= set(backends), "a backend the registry does not know"
+    assert {m for m, _ in imports(registry, GANGS, names=True)} >= set(backends), (
+        "a backend the registry does not know")
     everything = [*core_modules(), *operator_modules()]
     for module, path in everything:
         if module == GANGS:
@@ -172,12 +181,14 @@ def test_each_gang_backend_is_one_module_that_only_the_registry_imports():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for imported, _ in imports(path, package, names=True):
             reached = [b for b in backends if imported == b or imported.startswith(b + ".")]
-            assert not [b for b in reached if b != module], f"{module} imports {imported}: a gang backend is the registry's"
+            assert not [b for b in reached if b != module], (
+                f"{module} imports {imported}: a gang backend is the registry's")
 
 
 def test_the_in_memory_kubernetes_knows_the_operator_by_its_protocol_alone():
     memory = ROOT / "tests" / "operator" / "memory_kube.py"
-    used = {m.split(".")[1] for m, _ in imports(memory, "tests.operator", names=True) if m.startswith("tetrad_operator")}
+    used = {m.split(".")[1] for m, _ in imports(memory, "tests.operator", names=True)
+            if m.startswith("tetrad_operator")}
     assert used == {"kubeapi"}, used
 
 
@@ -188,8 +199,10 @@ def test_trainer_imports_only_the_api_and_the_node_launcher_of_the_core():
         module = module_name(path, trainer)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         for imported, _ in imports(path, package):
-            if imported.startswith(("tetrad.", "kopf", "kubernetes", "tetrad_operator")) or imported == "tetrad":
+            if (imported.startswith(("tetrad.", "kopf", "kubernetes", "tetrad_operator"))
+                    or imported == "tetrad"):
                 found.append(imported)
-                assert imported.startswith(("tetrad.api.", "tetrad.node.")) or imported in ("tetrad.api", "tetrad.node"), \
+                assert (imported.startswith(("tetrad.api.", "tetrad.node."))
+                        or imported in ("tetrad.api", "tetrad.node")), \
                     f"{module} imports {imported}: the trainer uses only tetrad.api and tetrad.node"
     assert found, "no import of tetrad.api found: the walk is broken"

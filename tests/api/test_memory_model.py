@@ -1,5 +1,5 @@
-"""The planner's memory model around the loss (logits, the loss's fp32 copies, the chunked loss, fragmentation),
-and its calibration against measured GPU runs."""
+"""The planner's memory model around the loss (logits, the loss's fp32 copies, the chunked loss,
+fragmentation), and its calibration against measured GPU runs."""
 
 from __future__ import annotations
 
@@ -33,9 +33,12 @@ def logits(m: ModelConfig, micro_batch: int) -> float:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_loss_holds_12_bytes_per_logit_vocab_sharded_under_tp(tp: int) -> None:
     small = estimate(LLAMA_1B, Layout(tp=tp), Workload(global_batch=2, micro_batch=1))
-    large = estimate(LLAMA_1B.model_copy(update={"vocab": 2 * LLAMA_1B.vocab}), Layout(tp=tp), Workload(global_batch=2, micro_batch=1))
-    # Doubling the vocab adds its logits' loss memory (the embedding and output weights grow too: not activations)
-    assert large.activations_bytes - small.activations_bytes == pytest.approx(LOSS_BYTES_PER_LOGIT * logits(LLAMA_1B, 1) / tp)
+    large = estimate(LLAMA_1B.model_copy(update={"vocab": 2 * LLAMA_1B.vocab}), Layout(tp=tp),
+                     Workload(global_batch=2, micro_batch=1))
+    # Doubling the vocab adds its logits' loss memory (the embedding and output weights grow too: not
+    # activations)
+    assert large.activations_bytes - small.activations_bytes == pytest.approx(
+        LOSS_BYTES_PER_LOGIT * logits(LLAMA_1B, 1) / tp)
 
 
 @pytest.mark.parametrize("chunks", [2, 8, 64])
@@ -47,7 +50,8 @@ def test_the_chunked_loss_holds_one_slice_of_the_logits(chunks: int) -> None:
     assert plain.activations_bytes - chunked.activations_bytes == pytest.approx(saved)
     # and pays one more output-layer forward per token
     tokens = 8 * LLAMA_1B.seq_len
-    assert chunked.hardware_flops - plain.hardware_flops == pytest.approx(2 * LLAMA_1B.dim * LLAMA_1B.vocab * tokens)
+    assert chunked.hardware_flops - plain.hardware_flops == pytest.approx(
+        2 * LLAMA_1B.dim * LLAMA_1B.vocab * tokens)
 
 
 def test_more_chunks_than_positions_count_one_position_per_slice() -> None:
@@ -59,8 +63,8 @@ def test_more_chunks_than_positions_count_one_position_per_slice() -> None:
 def test_fragmentation_is_a_share_of_the_transient_memory_and_counts_in_the_peak() -> None:
     e = estimate(LLAMA_1B, Layout(), Workload(global_batch=4, micro_batch=4))
     assert e.fragmentation_bytes == pytest.approx(FRAGMENTATION * e.activations_bytes)
-    assert e.peak_bytes == pytest.approx(e.params_bytes + e.grads_bytes + e.optimizer_bytes + e.activations_bytes
-                                         + e.buffers_bytes + e.fragmentation_bytes)
+    assert e.peak_bytes == pytest.approx(e.params_bytes + e.grads_bytes + e.optimizer_bytes
+                                         + e.activations_bytes + e.buffers_bytes + e.fragmentation_bytes)
 
 
 def test_issue_11_full_checkpointing_at_microbatch_16_does_not_fit_one_h100() -> None:
@@ -127,7 +131,8 @@ H100_MEASURED = {
 
 
 @pytest.mark.parametrize("config", H100_MEASURED, ids=lambda c: "-".join(map(str, c)))
-def test_the_planners_h100_predictions_are_within_10_percent_and_never_too_fast(config: tuple[int, int, str, bool]) -> None:
+def test_the_planners_h100_predictions_are_within_10_percent_and_never_too_fast(
+        config: tuple[int, int, str, bool]) -> None:
     """The H200 calibration scaled to the H100's datasheet peak and bandwidth: 2.5-8.1 % slower than
     measured, so a planner's verdict on an H100 errs on the safe side."""
     _, time = predicted(config, "H100")
@@ -140,8 +145,10 @@ def test_compile_compiles_the_loss_only_where_its_logits_are_whole() -> None:
     plain, tp2 = estimate(LLAMA_1B, Layout(), w), estimate(LLAMA_1B, Layout(tp=2), w)
     assert compiles_loss(True, 1, 1) and not compiles_loss(True, 2, 1) and not compiles_loss(True, 1, 2)
     assert not compiles_loss(False, 1, 1)
-    blocks = 14 * LLAMA_1B.layers * 4 * LLAMA_1B.seq_len * LLAMA_1B.dim  # 14 words per [s, b, h] per block, bf16
-    assert plain.activations_bytes == pytest.approx(blocks + COMPILED_LOSS_BYTES_PER_LOGIT * logits(LLAMA_1B, 4))
+    # 14 words per [s, b, h] per block, bf16
+    blocks = 14 * LLAMA_1B.layers * 4 * LLAMA_1B.seq_len * LLAMA_1B.dim
+    assert plain.activations_bytes == pytest.approx(
+        blocks + COMPILED_LOSS_BYTES_PER_LOGIT * logits(LLAMA_1B, 4))
     assert tp2.activations_bytes == pytest.approx(blocks / 2 + LOSS_BYTES_PER_LOGIT * logits(LLAMA_1B, 4) / 2)
 
 
@@ -153,10 +160,12 @@ def test_zero2_keeps_the_whole_model_gathered_and_gathers_once_per_microbatch() 
     block = (m.num_params() - 2 * m.vocab * m.dim - m.dim) / m.layers
     # bf16: the whole model in place of two blocks; the sharded state does not change
     assert zero2.buffers_bytes - zero3.buffers_bytes == pytest.approx(2 * (m.num_params() - 2 * block))
-    assert (zero2.params_bytes, zero2.grads_bytes, zero2.optimizer_bytes) == (zero3.params_bytes, zero3.grads_bytes, zero3.optimizer_bytes)
+    assert (zero2.params_bytes, zero2.grads_bytes, zero2.optimizer_bytes) == (
+        zero3.params_bytes, zero3.grads_bytes, zero3.optimizer_bytes)
     # per microbatch (2 here) one bf16 all-gather instead of two, and one fp32 reduce-scatter per step
     ring = 7 / 8
-    assert zero3.comm_bytes["dp_shard*cp (FSDP)"] - zero2.comm_bytes["dp_shard*cp (FSDP)"] == pytest.approx(2 * m.num_params() * 2 * ring)
+    assert zero3.comm_bytes["dp_shard*cp (FSDP)"] - zero2.comm_bytes["dp_shard*cp (FSDP)"] == pytest.approx(
+        2 * m.num_params() * 2 * ring)
 
 
 def test_offload_moves_the_sharded_state_to_the_host() -> None:

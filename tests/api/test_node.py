@@ -29,7 +29,8 @@ def test_the_zip_holds_the_launcher_and_what_it_imports() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(n for n in sources() if n.startswith("tetrad/")))
-def test_a_shipped_module_imports_the_standard_library_and_torch_only_where_it_is_used(name: str, tmp_path: Path) -> None:
+def test_a_shipped_module_imports_the_standard_library_and_torch_only_where_it_is_used(
+        name: str, tmp_path: Path) -> None:
     path = tmp_path / "module.py"
     path.write_text(sources()[name])  # as shipped: the zip's tetrad.api is a stub without the pydantic models
     package = name.removesuffix(".py").replace("/", ".").removesuffix(".__init__").rpartition(".")[0]
@@ -41,7 +42,8 @@ def test_a_shipped_module_imports_the_standard_library_and_torch_only_where_it_i
         elif top == "torch":
             assert in_function, f"{name} imports torch at module level: the supervisor runs without it"
         else:
-            assert top in STDLIB or top == "__future__", f"{name} imports {imported}: the launcher has only the standard library"
+            assert top in STDLIB or top == "__future__", (
+                f"{name} imports {imported}: the launcher has only the standard library")
 
 
 @pytest.mark.parametrize("name", sorted(sources()))
@@ -55,15 +57,16 @@ def test_the_zip_runs_without_site_packages(tmp_path: Path) -> None:
     pyz.write_bytes(launcher())
     marker = tmp_path / "ran"
     r = subprocess.run([sys.executable, "-I", "-S", str(pyz), "supervise", "--", sys.executable, "-c",
-                        f"open({str(marker)!r}, 'w').write('yes')"], capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin"})
+                        f"open({str(marker)!r}, 'w').write('yes')"], capture_output=True, text=True,
+                       timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert r.returncode == 0, r.stderr
     assert marker.read_text() == "yes"
     usage = subprocess.run([sys.executable, "-I", "-S", str(pyz)], capture_output=True, text=True, timeout=60)
     assert usage.returncode == 2 and "usage: tetrad-node.pyz" in usage.stderr
 
 
-def test_a_worker_leaves_the_interpreter_to_the_images_own_tetrad_through_a_symlinked_zip(tmp_path: Path) -> None:
+def test_a_worker_leaves_the_interpreter_to_the_images_own_tetrad_through_a_symlinked_zip(
+        tmp_path: Path) -> None:
     """In a pod the zip is a ConfigMap key: /etc/tetrad/tetrad-node.pyz links into the volume's ..data
     directory. The worker must still drop its own `tetrad` (a stub without the pydantic models) before the
     entry point imports the image's."""

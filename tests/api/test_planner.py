@@ -45,30 +45,34 @@ def model(name):
 
 
 def test_small_model_gets_pure_fsdp():
-    layout = solved(nodes=2, nprocPerNode=8, model={"preset": "llama3-8b"}, resources={"gpu": 8}, training={"globalBatch": 32})
+    layout = solved(nodes=2, nprocPerNode=8, model={"preset": "llama3-8b"}, resources={"gpu": 8},
+                    training={"globalBatch": 32})
     assert layout == Layout(dp_shard=16)
 
 
 def test_tp_stays_inside_a_node():
     # one sample per DP rank at most: 64 processes with globalBatch 8 need 8-way model parallelism
-    layout = solved(nodes=8, nprocPerNode=8, model={"preset": "llama3-8b"}, resources={"gpu": 8}, training={"globalBatch": 8})
+    layout = solved(nodes=8, nprocPerNode=8, model={"preset": "llama3-8b"}, resources={"gpu": 8},
+                    training={"globalBatch": 8})
     assert layout.tp <= 8 and layout.dp <= 8 and layout.world_size == 64
 
 
 def test_pp_only_when_the_model_does_not_fit():
     # FSDP already shards weights, grads and optimizer over every rank, so PP stays off while the model fits
-    assert solved(nodes=4, nprocPerNode=8, model={"preset": "llama3-70b", "seqLen": 4096}, resources={"gpu": 8},
+    assert solved(nodes=4, nprocPerNode=8, model={"preset": "llama3-70b", "seqLen": 4096},
+                  resources={"gpu": 8},
                   training={"globalBatch": 32, "activationCheckpointing": "full"}).pp == 1
     # with the data-parallel degrees fixed to 1 (no FSDP), a 70B model needs pipeline stages on top of tp=8
-    layout = solved(nodes=4, nprocPerNode=8, model={"preset": "llama3-70b", "seqLen": 4096}, resources={"gpu": 8},
-                    parallelism={**AUTO, "dpShard": 1, "dpReplicate": "auto", "cp": 1},
+    layout = solved(nodes=4, nprocPerNode=8, model={"preset": "llama3-70b", "seqLen": 4096},
+                    resources={"gpu": 8}, parallelism={**AUTO, "dpShard": 1, "dpReplicate": "auto", "cp": 1},
                     training={"globalBatch": 8, "activationCheckpointing": "full"})
     assert layout.pp > 1 and layout.tp == 8
 
 
 def test_nothing_fits_names_the_closest_layout():
     job, _ = parse(manifest(nodes=1, nprocPerNode=8, parallelism=AUTO, model={"preset": "llama3-70b"},
-                            resources={"gpu": 8}, training={"globalBatch": 8, "activationCheckpointing": "full"}))
+                            resources={"gpu": 8},
+                            training={"globalBatch": 8, "activationCheckpointing": "full"}))
     with pytest.raises(InvalidJob, match=r"no layout fits 80 GiB .* the closest is pp\d"):
         resolve(job)
 
@@ -85,7 +89,8 @@ def reason(**spec):
 def test_no_fit_advice_when_the_model_state_alone_does_not_fit():
     # 70B on two 40 GiB GPUs: parameters, gradients and AdamW alone are over, whatever the activations
     text = reason(nodes=1, nprocPerNode=2, parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
-                  model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40}, training={"globalBatch": 2})
+                  model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40},
+                  training={"globalBatch": 2})
     assert "optimizer state alone take" in text and "cannot make it fit" in text
     assert "add nodes" in text and "offload: cpu" in text and "set activationCheckpointing" not in text
 
@@ -97,7 +102,8 @@ def test_no_fit_advice_when_the_activations_put_it_over():
     assert "lower microBatch (now 2)" in text and "alone take" not in text
 
 
-@pytest.mark.parametrize(("schedule", "advice"), [("1F1B", "raise ppMicrobatches (now 2)"), ("GPipe", "ppSchedule 1F1B")])
+@pytest.mark.parametrize(("schedule", "advice"),
+                         [("1F1B", "raise ppMicrobatches (now 2)"), ("GPipe", "ppSchedule 1F1B")])
 def test_no_fit_advice_under_a_pipeline_names_its_microbatches_not_microbatch(schedule, advice):
     text = reason(nodes=1, nprocPerNode=2, parallelism={"pp": 2, "dpShard": 1, "ppSchedule": schedule},
                   model={"preset": "debug", "seqLen": 131072}, resources={"gpu": 2, "gpuMemoryGiB": 2},
@@ -108,9 +114,11 @@ def test_no_fit_advice_under_a_pipeline_names_its_microbatches_not_microbatch(sc
 
 @pytest.mark.parametrize(("spec", "named"), [
     ({"nprocPerNode": 4, "parallelism": {"pp": 1, "tp": 3, "dpShard": "auto"}}, "tp=1 or 2 or 4"),
-    ({"nprocPerNode": 4, "parallelism": {"pp": 1, "tp": 1, "dpShard": "auto"}, "training": {"globalBatch": 7}},
+    ({"nprocPerNode": 4, "parallelism": {"pp": 1, "tp": 1, "dpShard": "auto"},
+      "training": {"globalBatch": 7}},
      "globalBatch=4 or 8"),
-    ({"nprocPerNode": 6, "parallelism": {"pp": 1, "tp": 3, "dpShard": "auto"}, "training": {"globalBatch": 7}},
+    ({"nprocPerNode": 6, "parallelism": {"pp": 1, "tp": 3, "dpShard": "auto"},
+      "training": {"globalBatch": 7}},
      "tp=2 with globalBatch=6 or 9"),
 ])
 def test_no_layout_names_the_nearest_values_that_would_give_one(spec, named):
@@ -119,12 +127,14 @@ def test_no_layout_names_the_nearest_values_that_would_give_one(spec, named):
 
 
 def test_plan_json_keeps_the_problems_when_nothing_fits():
-    job, _ = parse(manifest(nodes=1, nprocPerNode=2, parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
+    job, _ = parse(manifest(nodes=1, nprocPerNode=2,
+                            parallelism={"pp": "auto", "tp": "auto", "dpShard": "auto"},
                             model={"preset": "llama3-70b"}, resources={"gpu": 2, "gpuMemoryGiB": 40},
                             training={"globalBatch": 2}))
     assert job is not None
     report = plan_job(job)
-    assert report["layout"] is None and report["problems"][0].startswith("spec.parallelism: no layout fits 40 GiB")
+    assert report["layout"] is None and report["problems"][0].startswith(
+        "spec.parallelism: no layout fits 40 GiB")
 
 
 def test_plan_prints_sizes_in_readable_units():
@@ -138,10 +148,10 @@ def test_plan_prints_sizes_in_readable_units():
 
 
 def test_cp_for_long_sequences():
-    short = solved(nodes=1, nprocPerNode=8, model={"preset": "llama3-8b", "seqLen": 4096}, resources={"gpu": 8},
-                   training={"globalBatch": 8, "activationCheckpointing": "full"})
-    long = solved(nodes=1, nprocPerNode=8, model={"preset": "llama3-8b", "seqLen": 131072}, resources={"gpu": 8},
-                  training={"globalBatch": 8, "activationCheckpointing": "full"})
+    short = solved(nodes=1, nprocPerNode=8, model={"preset": "llama3-8b", "seqLen": 4096},
+                   resources={"gpu": 8}, training={"globalBatch": 8, "activationCheckpointing": "full"})
+    long = solved(nodes=1, nprocPerNode=8, model={"preset": "llama3-8b", "seqLen": 131072},
+                  resources={"gpu": 8}, training={"globalBatch": 8, "activationCheckpointing": "full"})
     assert short.cp == 1 and long.cp > 1
 
 
@@ -193,16 +203,20 @@ def test_step_time_charges_network_speed_and_exposes_only_model_parallel_traffic
     cfg = model("llama3-8b")
     w = Workload(global_batch=16, micro_batch=1)
     h100 = ACCELERATORS["H100"]
-    inside, across = (step_time(estimate(cfg, Layout(tp=2, dp_shard=8), w), w, n, "H100", h100, 1.0) for n in (16, 8))
-    assert across.comm_s[FSDP] == pytest.approx(inside.comm_s[FSDP] * h100.intra_node_gbps / h100.inter_node_gbps)
+    inside, across = (
+        step_time(estimate(cfg, Layout(tp=2, dp_shard=8), w), w, n, "H100", h100, 1.0) for n in (16, 8))
+    assert across.comm_s[FSDP] == pytest.approx(
+        inside.comm_s[FSDP] * h100.intra_node_gbps / h100.inter_node_gbps)
     assert inside.comm_s["tp"] == across.comm_s["tp"]  # TP stays inside the node either way
     # FSDP traffic hides behind compute; TP traffic is on the critical path
     assert inside.exposed_comm_s == pytest.approx(inside.comm_s["tp"])
-    assert across.exposed_comm_s == pytest.approx(max(across.comm_s[FSDP] - across.compute_s, 0) + across.comm_s["tp"])
+    assert across.exposed_comm_s == pytest.approx(
+        max(across.comm_s[FSDP] - across.compute_s, 0) + across.comm_s["tp"])
     est = estimate(cfg, Layout(tp=2, dp_shard=8), w)
-    assert inside.compute_s == pytest.approx((est.hardware_flops - est.attention_flops) / (989e12 * MATMUL_EFFICIENCY)
-                                             + est.attention_flops / (989e12 * ATTENTION_EFFICIENCY)
-                                             + (est.elementwise_bytes + est.optimizer_step_bytes) / 3350e9)
+    assert inside.compute_s == pytest.approx(
+        (est.hardware_flops - est.attention_flops) / (989e12 * MATMUL_EFFICIENCY)
+        + est.attention_flops / (989e12 * ATTENTION_EFFICIENCY)
+        + (est.elementwise_bytes + est.optimizer_step_bytes) / 3350e9)
 
 
 def test_offload_adds_overlapped_host_copies_and_a_cpu_optimizer_step():
@@ -211,12 +225,15 @@ def test_offload_adds_overlapped_host_copies_and_a_cpu_optimizer_step():
     w, off = Workload(global_batch=16, micro_batch=1), Workload(global_batch=16, micro_batch=1, offload=True)
     kept, moved = (step_time(estimate(cfg, Layout(dp_shard=8), x), x, 8, "H100", h100, 1.0) for x in (w, off))
     shard_params = cfg.num_params() / 8
-    # per microbatch (2): the fp32 shard in for the forward's and the backward's all-gathers, the fp32 gradient out
+    # per microbatch (2): the fp32 shard in for the forward's and the backward's all-gathers, the fp32
+    # gradient out
     assert moved.comm_s[HOST] == pytest.approx(2 * 3 * 4 * shard_params / (HOST_LINK_GBPS * 1e9))
     assert HOST in OVERLAPPED and HOST not in kept.comm_s
-    assert moved.host_optimizer_s == pytest.approx(shard_params / HOST_ADAMW_PARAMS_PER_S) and kept.host_optimizer_s == 0
+    assert (moved.host_optimizer_s == pytest.approx(shard_params / HOST_ADAMW_PARAMS_PER_S)
+            and kept.host_optimizer_s == 0)
     hidden = moved.comm_s[FSDP] + moved.comm_s[HOST]
-    assert moved.total_s == pytest.approx(moved.compute_s + max(hidden - moved.compute_s, 0) + moved.host_optimizer_s)
+    assert moved.total_s == pytest.approx(
+        moved.compute_s + max(hidden - moved.compute_s, 0) + moved.host_optimizer_s)
 
 
 def test_pipeline_bubble_shrinks_with_microbatches():
@@ -265,13 +282,15 @@ def test_offload_fits_a_model_whose_sharded_state_does_not_and_the_pod_must_hold
     checked = check_spec(job.spec)
     assert checked.ok, checked.problems
     est = checked.solution.estimate
-    assert est.layout == Layout(dp_shard=8)  # no model parallelism needed: the device holds gathered blocks and activations
+    # no model parallelism needed: the device holds gathered blocks and activations
+    assert est.layout == Layout(dp_shard=8)
     assert est.params_bytes == est.grads_bytes == est.optimizer_bytes == 0
     assert est.host_bytes == pytest.approx(16 * model("llama3-70b").num_params() / 8)
     job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "512Gi"}}))
     problems = [p for p in check_spec(job.spec).problems if p.severity == "error"]
     assert [p.field for p in problems] == ["spec.resources.memory"]
-    assert "offload=cpu keeps its sharded parameters, gradients and AdamW state in host memory" in problems[0].message
+    assert ("offload=cpu keeps its sharded parameters, gradients and AdamW state in host memory"
+            in problems[0].message)
     assert "GiB per pod (8 processes), above memory=512Gi" in problems[0].message
     job, _ = parse(manifest(**{**offloaded, "resources": {"gpu": 8, "memory": "2Ti"}}))
     assert check_spec(job.spec).ok
@@ -279,7 +298,8 @@ def test_offload_fits_a_model_whose_sharded_state_does_not_and_the_pod_must_hold
 
 @pytest.mark.parametrize(("preset", "nproc", "memory"), [("llama3-1b", 1, "3Gi"), ("llama3-405b", 8, "1Ti")])
 def test_a_cpu_job_whose_processes_cannot_fit_the_pods_memory_is_refused(preset, nproc, memory):
-    """On CPU the training state and activations live in host memory: the kernel's OOM killer would end the workers."""
+    """On CPU the training state and activations live in host memory: the kernel's OOM killer would end the
+    workers."""
     spec = {"nodes": 1, "nprocPerNode": nproc, "parallelism": {"dpShard": nproc, "tp": 1, "pp": 1, "cp": 1},
             "model": {"preset": preset, "seqLen": 512},
             "training": {"globalBatch": nproc}, "resources": {"memory": memory}}
@@ -289,8 +309,10 @@ def test_a_cpu_job_whose_processes_cannot_fit_the_pods_memory_is_refused(preset,
     errors_ = [p for p in checked.problems if p.severity == "error"]
     assert [p.field for p in errors_] == ["spec.resources.memory"], checked.problems
     message = errors_[0].message
-    assert "keeps its parameters, gradients, AdamW state and activations in host memory (a CPU job)" in message
-    assert f"above memory={memory}, where the kernel's OOM killer would end them; raise resources.memory above" in message
+    assert ("keeps its parameters, gradients, AdamW state and activations in host memory (a CPU job)"
+            in message)
+    assert (f"above memory={memory}, where the kernel's OOM killer would end them; raise resources.memory "
+            "above" in message)
     per_pod = float(message.split(" GiB per pod")[0].rsplit(" ", 1)[1])
     raised = {**spec, "resources": {"memory": f"{math.ceil(per_pod) + 1}Gi"}}
     job, _ = parse(manifest(**raised))
@@ -303,23 +325,28 @@ def test_the_examples_cpu_jobs_fit_their_pods_memory():
             if isinstance(doc, dict) and doc.get("kind") == "ParallelTrainingJob":
                 job, _ = parse(doc)
                 if job is not None:
-                    assert not [p for p in check_spec(job.spec).problems if p.field == "spec.resources.memory"], path
+                    assert not [
+                        p for p in check_spec(job.spec).problems if p.field == "spec.resources.memory"], path
 
 
 def test_the_guide_quotes_the_plan_for_zero2_and_offload():
     """docs/parallelism.md's figures for training.fsdp are what the planner says."""
     text = (Path(__file__).parents[2] / "docs" / "parallelism.md").read_text()
 
-    def planned(nodes: int, preset: str, training: dict[str, object], **model: object) -> tuple[float, float, float]:
-        job, _ = parse(manifest(nodes=nodes, nprocPerNode=8, parallelism={"pp": 1, "tp": 1, "dpShard": 8 * nodes},
+    def planned(nodes: int, preset: str, training: dict[str, object],
+                **model: object) -> tuple[float, float, float]:
+        job, _ = parse(manifest(nodes=nodes, nprocPerNode=8,
+                                parallelism={"pp": 1, "tp": 1, "dpShard": 8 * nodes},
                                 model={"preset": preset, **model}, resources={"gpu": 8}, training=training))
         solution = check_spec(job.spec).solution
         return solution.estimate.peak_bytes / GiB, solution.time.total_s, solution.time.exposed_comm_s
 
     eight = {"globalBatch": 128, "activationCheckpointing": "full"}
     peak, step, exposed = planned(4, "llama3-8b", eight, seqLen=4096)
-    assert f"predicted at {step:.2f} s per step, {exposed:.2f} s of it FSDP traffic" in text and f"{peak:.1f} GiB per" in text
+    assert (f"predicted at {step:.2f} s per step, {exposed:.2f} s of it FSDP traffic" in text
+            and f"{peak:.1f} GiB per" in text)
     peak, step, _ = planned(4, "llama3-8b", {**eight, "fsdp": {"reshardAfterForward": False}}, seqLen=4096)
     assert f"`reshardAfterForward: false` at {step:.2f} s and {peak:.1f} GiB" in text
-    peak, step, _ = planned(1, "llama3-70b", {"globalBatch": 8, "activationCheckpointing": "full", "fsdp": {"offload": "cpu"}})
+    peak, step, _ = planned(1, "llama3-70b",
+                            {"globalBatch": 8, "activationCheckpointing": "full", "fsdp": {"offload": "cpu"}})
     assert f"pure FSDP fits at {peak:.1f} GiB per GPU" in text and f"at {step:.1f} s, two thirds" in text

@@ -35,8 +35,8 @@ def test_the_termination_message_round_trips_and_fits_kubernetes_limit() -> None
 
 
 def test_other_termination_messages_name_no_failure() -> None:
-    for text in (None, "", "Error: OOMKilled", json.dumps({"checkpointStep": 4}), json.dumps({"preflight": "x"}),
-                 json.dumps([1, 2])):
+    for text in (None, "", "Error: OOMKilled", json.dumps({"checkpointStep": 4}),
+                 json.dumps({"preflight": "x"}), json.dumps([1, 2])):
         assert parse_termination_message(text) == []
     odd = parse_termination_message(json.dumps({"preflight": [{"node": 3, "nodeRank": True}, "junk"]}))
     assert odd == [NodeFailure(None, None, "preflight failed")]
@@ -74,7 +74,8 @@ def test_rendered_pods_carry_the_exclusion_and_their_node_name() -> None:
     for p in pods:
         (term,) = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
             "nodeSelectorTerms"]
-        assert term == {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["bad-node"]}]}
+        assert term == {
+            "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["bad-node"]}]}
         env = {e["name"]: e for e in p["spec"]["containers"][0]["env"]}
         assert env[ENV_NODE_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert "affinity" not in render(j, restart=0).pods[0]["spec"], "nothing excluded: no affinity"
@@ -92,10 +93,11 @@ def test_the_preflight_buffer_must_fit_the_pods_memory_or_the_gpu() -> None:
     refused = fields(**cpu, preflight={"allReduceMiB": 1024}, resources={"memory": "3Gi"})
     assert refused.keys() == {"spec.preflight.allReduceMiB"}, refused
     assert refused["spec.preflight.allReduceMiB"].startswith(
-        "allReduceMiB=1024 per process x nprocPerNode=4 is 4.0 GiB of host memory, above memory=3Gi; lower allReduceMiB")
+        "allReduceMiB=1024 per process x nprocPerNode=4 is 4.0 GiB of host memory, above memory=3Gi; lower "
+        "allReduceMiB")
     assert not fields(**cpu, preflight={"allReduceMiB": 512}, resources={"memory": "3Gi"})
     assert not fields(**cpu, preflight={"enabled": False, "allReduceMiB": 1024}, resources={"memory": "3Gi"})
-    gpu = {"nodes": 1, "nprocPerNode": 1, "parallelism": {"dpShard": 1, "tp": 1, "pp": 1}, "model": {"preset": "debug"},
-           "resources": {"gpu": 1, "gpuMemoryGiB": 2}}
+    gpu = {"nodes": 1, "nprocPerNode": 1, "parallelism": {"dpShard": 1, "tp": 1, "pp": 1},
+           "model": {"preset": "debug"}, "resources": {"gpu": 1, "gpuMemoryGiB": 2}}
     assert fields(**gpu, preflight={"allReduceMiB": 4096}).keys() == {"spec.preflight.allReduceMiB"}
     assert not fields(**gpu, preflight={"allReduceMiB": 64})

@@ -22,17 +22,19 @@ def documents(draw):
         "nprocPerNode": draw(st.sampled_from([1, 2, 4, 8])),
         "parallelism": {k: draw(degree) for k in ("dpReplicate", "dpShard", "tp", "cp", "pp")}
         | {"ppSchedule": draw(st.sampled_from(["GPipe", "1F1B", "Interleaved1F1B", "ZeroBubble"]))},
-        "model": {"preset": draw(st.sampled_from(["debug", "llama3-125m", "llama3-1b", "llama3-8b", "nope"]))},
+        "model": {
+            "preset": draw(st.sampled_from(["debug", "llama3-125m", "llama3-1b", "llama3-8b", "nope"]))},
         "training": {"globalBatch": draw(st.integers(1, 64)), "microBatch": draw(st.integers(1, 4))},
         "resources": {"gpu": draw(st.sampled_from([0, 0, 1, 8]))},
-        "gang": {"scheduler": draw(st.sampled_from(["builtin", "volcano", "coscheduling", "kueue"])), "queue": "q"},
+        "gang": {"scheduler": draw(st.sampled_from(["builtin", "volcano", "coscheduling", "kueue"])),
+                 "queue": "q"},
     }
     if draw(st.booleans()):
         spec["parallelism"]["ppMicrobatches"] = draw(st.integers(-1, 16))
     if draw(st.booleans()):
         spec["model"]["seqLen"] = draw(st.integers(-1, 4096))
-    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "p", "namespace": "n", "uid": "u"},
-            "spec": spec}
+    return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+            "metadata": {"name": "p", "namespace": "n", "uid": "u"}, "spec": spec}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -46,7 +48,8 @@ def test_validation_never_crashes_and_admitted_jobs_render(doc):
     spec = job.spec
     ranks = sorted(int(p["metadata"]["labels"]["tetrad.dev/node-rank"]) for p in rendered.pods)
     assert ranks == list(range(spec.nodes))
-    env_ranks = sorted(int(next(e["value"] for e in p["spec"]["containers"][0]["env"] if e["name"] == "PET_NODE_RANK"))
+    env_ranks = sorted(int(next(e["value"] for e in p["spec"]["containers"][0]["env"]
+                                if e["name"] == "PET_NODE_RANK"))
                        for p in rendered.pods)
     assert env_ranks == list(range(spec.nodes))
     layout = rendered.config.layout

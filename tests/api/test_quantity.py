@@ -39,7 +39,8 @@ def test_agrees_with_the_kubernetes_client(number, suffix):
 
 
 @pytest.mark.parametrize("text, factor, scaled", [
-    ("4", 4, "16"), ("16Gi", 4, "64Gi"), ("500m", 2, "1000m"), ("0.5", 2, "1"), ("0.1", 3, "0.3"), ("1e3", 2, "2e3"),
+    ("4", 4, "16"), ("16Gi", 4, "64Gi"), ("500m", 2, "1000m"), ("0.5", 2, "1"), ("0.1", 3, "0.3"),
+    ("1e3", 2, "2e3"),
 ])
 def test_scale_keeps_the_unit(text, factor, scaled):
     assert scale_quantity(text, factor) == scaled

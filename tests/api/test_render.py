@@ -31,7 +31,8 @@ def test_golden_env(restart, rank):
     text = yaml.safe_dump(rendered_env(render(job_of(manifest()), restart=restart), rank), sort_keys=True)
     if UPDATE:
         golden.write_text(text)
-    assert text == golden.read_text(), f"rendered env changed; if intended, rerun with TETRAD_UPDATE_GOLDEN=1 ({golden})"
+    assert text == golden.read_text(), (
+        f"rendered env changed; if intended, rerun with TETRAD_UPDATE_GOLDEN=1 ({golden})")
 
 
 def test_restart_changes_pod_name_and_rendezvous_id_only():
@@ -56,7 +57,8 @@ def test_a_pod_carries_only_what_sets_it_apart_and_takes_the_rest_from_the_envir
         own = {e["name"] for e in c["env"]}
         assert own == {"PET_NODE_RANK", "PET_RDZV_ID", "TETRAD_RESTART", "POD_IP", "TETRAD_NODE_NAME"}
         assert not own & set(shared), "a variable lives in one place"
-    assert shared["PET_NNODES"] == "2" and shared["WORLD_SIZE"] == "8" and shared["PET_MASTER_ADDR"] == "t-0.t.ns.svc"
+    assert (shared["PET_NNODES"] == "2" and shared["WORLD_SIZE"] == "8"
+            and shared["PET_MASTER_ADDR"] == "t-0.t.ns.svc")
     assert [rendered_env(r, rank)["PET_NODE_RANK"] for rank in (0, 1)] == ["0", "1"]
 
 
@@ -70,7 +72,8 @@ def test_objects_and_owner_references():
         assert o["metadata"]["namespace"] == "ns"
     svc = r.service["spec"]
     assert svc["clusterIP"] == "None" and svc["publishNotReadyAddresses"] is True
-    assert svc["selector"] == {"tetrad.dev/job-name": "t", "tetrad.dev/node-rank": "0"}  # only pod 0's name is looked up
+    # only pod 0's name is looked up
+    assert svc["selector"] == {"tetrad.dev/job-name": "t", "tetrad.dev/node-rank": "0"}
     assert r.pods[0]["spec"]["subdomain"] == "t"
     assert '"pp": 2' in r.configmap["data"]["config.json"]
 
@@ -81,15 +84,19 @@ def test_no_owner_reference_without_uid():
 
 
 def test_pod_security_and_volumes():
-    doc = manifest(checkpoint={"enabled": True, "path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "c"}}},
-                   template={"nodeSelector": {"gpu": "h100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+    doc = manifest(checkpoint={"enabled": True, "path": "/ckpt",
+                               "volume": {"persistentVolumeClaim": {"claimName": "c"}}},
+                   template={"nodeSelector": {"gpu": "h100"},
+                             "tolerations": [{"key": "gpu", "operator": "Exists"}],
                              "env": [{"name": "EXTRA", "value": "1"}], "serviceAccountName": "trainer"},
                    resources={"cpu": "8", "memory": "32Gi", "gpu": 4})
     r = render(job_of(doc))
     pod = r.pods[1]
     spec, c = pod["spec"], pod["spec"]["containers"][0]
-    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
+    assert (spec["securityContext"]["runAsNonRoot"]
+            and spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"})
+    assert (c["securityContext"]["readOnlyRootFilesystem"]
+            and not c["securityContext"]["allowPrivilegeEscalation"])
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert {"/tmp", "/dev/shm", "/etc/tetrad", "/ckpt"} <= set(mounts)
     vols = {v["name"]: v for v in spec["volumes"]}
@@ -99,8 +106,8 @@ def test_pod_security_and_volumes():
     assert rendered_env(r, 1)["EXTRA"] == "1"
     assert spec["restartPolicy"] == "Never"
     assert c["command"] == ["python3", "/etc/tetrad/tetrad-node.pyz", "supervise", "--", "python3", "-m",
-                            "torch.distributed.run", "/etc/tetrad/tetrad-node.pyz", "worker", "--trainer", "--",
-                            "--config", "/etc/tetrad/config.json"]
+                            "torch.distributed.run", "/etc/tetrad/tetrad-node.pyz", "worker", "--trainer",
+                            "--", "--config", "/etc/tetrad/config.json"]
     assert rendered_env(r, 1)["PET_SHUTDOWN_TIMEOUT"] == "110"  # the default 120 s grace period less 10 s
     assert "initContainers" not in spec  # a worker waits for the master inside the supervisor
 
@@ -112,10 +119,13 @@ def test_builtin_gang_gates_every_pod():
 
 
 def test_volcano_pod_group():
-    r = render(job_of(manifest(gang={"scheduler": "volcano", "queue": "research"}, resources={"cpu": "4", "memory": "16Gi", "gpu": 4})))
+    r = render(job_of(manifest(gang={"scheduler": "volcano", "queue": "research"},
+                               resources={"cpu": "4", "memory": "16Gi", "gpu": 4})))
     pg = r.pod_group
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["kind"] == "PodGroup"
-    assert pg["spec"] == {"minMember": 2, "minResources": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"}, "queue": "research"}
+    assert pg["spec"] == {"minMember": 2,
+                          "minResources": {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"},
+                          "queue": "research"}
     for p in r.pods:
         assert p["spec"]["schedulerName"] == "volcano"
         assert p["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "t"
@@ -123,14 +133,17 @@ def test_volcano_pod_group():
 
 
 def test_coscheduling_pod_group_per_incarnation():
-    job = job_of(manifest(gang={"scheduler": "coscheduling", "timeoutSeconds": 60}, resources={"cpu": "500m"}))
+    job = job_of(
+        manifest(gang={"scheduler": "coscheduling", "timeoutSeconds": 60}, resources={"cpu": "500m"}))
     for restart in (0, 3):
         r = render(job, restart=restart)
         assert r.pod_group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
         assert r.pod_group["metadata"]["name"] == f"t-r{restart}"
         assert r.pod_group["metadata"]["labels"]["tetrad.dev/restart"] == str(restart)
-        assert r.pod_group["spec"] == {"minMember": 2, "minResources": {"cpu": "1000m"}, "scheduleTimeoutSeconds": 60}
-        assert all(p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == f"t-r{restart}" for p in r.pods)
+        assert r.pod_group["spec"] == {"minMember": 2, "minResources": {"cpu": "1000m"},
+                                       "scheduleTimeoutSeconds": 60}
+        assert all(
+            p["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == f"t-r{restart}" for p in r.pods)
 
 
 def test_kueue_labels():
@@ -161,10 +174,12 @@ def test_workload_gang_per_incarnation():
         assert o["apiVersion"] == "scheduling.k8s.io/v1alpha2" and o["metadata"]["name"] == "t-r3"
         assert o["metadata"]["labels"] == {"tetrad.dev/job-name": "t", "tetrad.dev/restart": "3"}
         assert o["metadata"]["ownerReferences"][0]["kind"] == "ParallelTrainingJob"
-    assert wl["spec"] == {"controllerRef": {"apiGroup": "tetrad.dev", "kind": "ParallelTrainingJob", "name": "t"},
-                          "podGroupTemplates": [{"name": "workers", "schedulingPolicy": {"gang": {"minCount": 2}}}]}
-    assert pg["spec"] == {"podGroupTemplateRef": {"workload": {"workloadName": "t-r3", "podGroupTemplateName": "workers"}},
-                          "schedulingPolicy": {"gang": {"minCount": 2}}}
+    assert wl["spec"] == {
+        "controllerRef": {"apiGroup": "tetrad.dev", "kind": "ParallelTrainingJob", "name": "t"},
+        "podGroupTemplates": [{"name": "workers", "schedulingPolicy": {"gang": {"minCount": 2}}}]}
+    assert pg["spec"] == {
+        "podGroupTemplateRef": {"workload": {"workloadName": "t-r3", "podGroupTemplateName": "workers"}},
+        "schedulingPolicy": {"gang": {"minCount": 2}}}
     for p in r.pods:
         assert p["spec"]["schedulingGroup"] == {"podGroupName": "t-r3"}
         assert "schedulingGates" not in p["spec"] and "schedulerName" not in p["spec"]
@@ -181,7 +196,8 @@ def test_topology_key_keeps_each_pipeline_stage_in_one_domain():
     own = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}
     doc = manifest(nodes=4, parallelism={"pp": 2, "dpShard": 4, "tp": 2},
                    gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"},
-                   template={"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}})
+                   template={"affinity": {
+                       "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}})
     r = render(job_of(doc), restart=1)
     assert "schedulingConstraints" not in r.pod_group["spec"]  # the gang spans racks; its stages do not
     stages = [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in r.pods]
@@ -206,26 +222,31 @@ def test_stage_of_a_pod_is_the_stage_of_its_first_rank():
     three = render(job_of(manifest(nodes=3, nprocPerNode=2, parallelism={"pp": 3, "dpShard": 2, "tp": 1},
                                    gang={"topologyKey": "tetrad.dev/rack"}, training={"globalBatch": 6})))
     assert [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in three.pods] == ["0", "1", "2"]
-    four = render(job_of(manifest(parallelism={"pp": 4, "dpShard": 1, "tp": 2}, gang={"topologyKey": "tetrad.dev/rack"})))
+    four = render(job_of(
+        manifest(parallelism={"pp": 4, "dpShard": 1, "tp": 2}, gang={"topologyKey": "tetrad.dev/rack"})))
     assert [p["metadata"]["labels"]["tetrad.dev/pipeline-stage"] for p in four.pods] == ["0", "2"]
 
 
 def test_topology_of_a_single_stage_goes_to_the_schedulers_own_field():
     """pp=1: the stage is the whole gang, so the scheduler's whole-group topology carries it."""
     one_stage = {"nodes": 4, "parallelism": {"pp": 1, "dpShard": 8, "tp": 2}}
-    wl = render(job_of(manifest(**one_stage, gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"})))
+    wl = render(
+        job_of(manifest(**one_stage, gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack"})))
     for o in wl.gang_objects():
         (template,) = o["spec"]["podGroupTemplates"] if o["kind"] == "Workload" else [o["spec"]]
         assert template["schedulingConstraints"] == {"topology": [{"key": "tetrad.dev/rack"}]}
     assert not any(stage_terms(p) for p in wl.pods)
-    kueue = render(job_of(manifest(**one_stage, gang={"scheduler": "kueue", "queue": "q", "topologyKey": "tetrad.dev/rack",
+    kueue = render(job_of(manifest(**one_stage, gang={"scheduler": "kueue", "queue": "q",
+                                                      "topologyKey": "tetrad.dev/rack",
                                                       "topologyMode": "Preferred"})))
     assert all(p["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"] == "tetrad.dev/rack"
                and "affinity" not in p["spec"] for p in kueue.pods)
-    volcano = render(job_of(manifest(**one_stage, gang={"scheduler": "volcano", "topologyKey": "tetrad.dev/rack"})))
+    volcano = render(
+        job_of(manifest(**one_stage, gang={"scheduler": "volcano", "topologyKey": "tetrad.dev/rack"})))
     assert volcano.pod_group["spec"]["networkTopology"] == {"mode": "hard", "highestTierAllowed": 1}
     # The Workload API's topology has no preferred form: a preferred pod affinity instead.
-    soft = render(job_of(manifest(**one_stage, gang={"scheduler": "workload", "topologyKey": "tetrad.dev/rack",
+    soft = render(job_of(manifest(**one_stage, gang={"scheduler": "workload",
+                                                     "topologyKey": "tetrad.dev/rack",
                                                      "topologyMode": "Preferred"})))
     assert "schedulingConstraints" not in soft.pod_group["spec"]
     assert stage_terms(soft.pods[0], "preferredDuringSchedulingIgnoredDuringExecution")

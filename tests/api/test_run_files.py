@@ -61,9 +61,10 @@ def test_a_foreign_directory_is_not_a_work_directory(tmp_path):
     (hf / "config.json").write_text('{"model_type": "llama"}')
     code, out = cli(str(job_file(tmp_path)), "--workdir", str(hf))
     assert code == EXIT_REFUSED and out.count("\n") == 1
-    assert out.startswith(f"error: --workdir {hf}: holds files that are not a tetrad run's") and "new or empty" in out
-    assert (hf / "config.json").read_text() == '{"model_type": "llama"}' and sorted(p.name for p in hf.iterdir()) == [
-        "config.json"]
+    assert (out.startswith(f"error: --workdir {hf}: holds files that are not a tetrad run's")
+            and "new or empty" in out)
+    assert ((hf / "config.json").read_text() == '{"model_type": "llama"}'
+            and sorted(p.name for p in hf.iterdir()) == ["config.json"])
 
 
 def test_a_work_directory_is_marked_and_taken_again(tmp_path):
@@ -87,8 +88,8 @@ def test_a_work_directory_is_marked_and_taken_again(tmp_path):
 def test_a_suspended_job_is_refused_as_a_cluster_would_hold_it(tmp_path):
     code, out = cli(str(job_file(tmp_path, runPolicy={"suspend": True})), "--workdir", str(tmp_path / "w"))
     assert code == EXIT_REFUSED
-    assert out == ("error: spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
-                   " created); set suspend: false to run it here\n")
+    assert out == ("error: spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods "
+                   "are not created); set suspend: false to run it here\n")
     assert not (tmp_path / "w").exists()
 
 
@@ -97,7 +98,8 @@ def test_a_cpu_job_that_cannot_fit_this_machines_memory_is_refused(tmp_path):
     job = job_file(tmp_path, model={"preset": "llama3-8b", "seqLen": 256})
     code, out = cli(str(job), "--workdir", str(tmp_path / "w"))
     assert code == EXIT_REFUSED and out.count("\n") == 1, out
-    assert out.startswith("error: spec.resources.memory: the job keeps") and "(1 process x" in out and "OOM killer" in out, out
+    assert (out.startswith("error: spec.resources.memory: the job keeps") and "(1 process x" in out
+            and "OOM killer" in out), out
     assert nothing_started(tmp_path / "w")
     job, _ = parse(yaml.safe_load(job.read_text()))
     cfg = resolve(job)
@@ -111,7 +113,8 @@ def test_refusals_share_one_format_and_exit_code(tmp_path, monkeypatch):
     """The GPU refusal is `error: ...` and exit 1, as an invalid spec is."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     code, out = cli(str(job_file(tmp_path, resources={"gpu": 1})), "--workdir", str(tmp_path / "w"))
-    assert code == EXIT_REFUSED and out.startswith("error: spec.resources.gpu: the job needs 1 GPUs here (1 node x 1)")
+    assert code == EXIT_REFUSED and out.startswith(
+        "error: spec.resources.gpu: the job needs 1 GPUs here (1 node x 1)")
     code, out = cli(str(job_file(tmp_path, nodes=3)))
     assert code == EXIT_REFUSED and out.startswith("error: ")
 
@@ -137,15 +140,17 @@ def test_jsonl_appends_to_a_json_lines_file(tmp_path):
     earlier = tmp_path / "metrics.jsonl"
     earlier.write_text('{"step": 1, "loss": 2.0}\n')
     records = Records(tmp_path / "run.jsonl", copy=earlier.open("ab"))
-    (tmp_path / "run.jsonl").write_text('{"step": 1, "loss": 1.5}\nnot json\n{"step": 2, "loss": 1.25}\n{"step": 3')
+    (tmp_path / "run.jsonl").write_text(
+        '{"step": 1, "loss": 1.5}\nnot json\n{"step": 2, "loss": 1.25}\n{"step": 3')
     assert [r["step"] for r in records.poll()] == [1, 2], "a broken line is skipped, a partial one waits"
-    assert earlier.read_text().splitlines() == ['{"step": 1, "loss": 2.0}', '{"step": 1, "loss": 1.5}', "not json",
-                                                '{"step": 2, "loss": 1.25}']
+    assert earlier.read_text().splitlines() == ['{"step": 1, "loss": 2.0}', '{"step": 1, "loss": 1.5}',
+                                                "not json", '{"step": 2, "loss": 1.25}']
 
 
 def test_a_jsonl_copy_that_fails_mid_run_is_a_warning_not_a_traceback(tmp_path):
     """/dev/full: every write fails with ENOSPC, as on a full disk."""
-    records = Records(tmp_path / "run.jsonl", copy=open("/dev/full", "ab"))  # noqa: SIM115 - closed by the run
+    # closed by the run
+    records = Records(tmp_path / "run.jsonl", copy=open("/dev/full", "ab"))  # noqa: SIM115
     (tmp_path / "run.jsonl").write_text('{"step": 1}\n')
     assert [r["step"] for r in records.poll()] == [1]
     assert records.copy_failed == "No space left on device"
@@ -161,9 +166,10 @@ def test_a_work_directory_in_use_is_refused_naming_the_runs_pid(tmp_path):
     try:
         code, out = cli(str(job_file(tmp_path)), "--workdir", str(work))
         assert code == EXIT_REFUSED
-        assert out == (f"error: --workdir {work} is in use by another tetrad run (PID {os.getpid()}); wait for it to"
-                       " end, stop it, or choose another\n")
-        assert (work / "node-0.log").read_text() == "the first run's log\n", "nothing of the first run is touched"
+        assert out == (f"error: --workdir {work} is in use by another tetrad run (PID {os.getpid()}); wait "
+                       "for it to end, stop it, or choose another\n")
+        assert (work / "node-0.log").read_text() == "the first run's log\n", (
+            "nothing of the first run is touched")
     finally:
         held.release()
 
@@ -176,7 +182,8 @@ def test_a_checkpoint_path_in_use_is_refused(tmp_path):
     try:
         job = job_file(tmp_path, checkpoint={"enabled": True, "path": str(ckpt)})
         code, out = cli(str(job), "--workdir", str(tmp_path / "work"))
-        assert code == EXIT_REFUSED and f"error: spec.checkpoint.path {ckpt} is in use by another tetrad run" in out
+        assert (code == EXIT_REFUSED
+                and f"error: spec.checkpoint.path {ckpt} is in use by another tetrad run" in out)
         assert nothing_started(tmp_path / "work")
     finally:
         held.release()
@@ -184,8 +191,10 @@ def test_a_checkpoint_path_in_use_is_refused(tmp_path):
 
 def test_a_lock_dies_with_the_processes_that_hold_it(tmp_path):
     """flock: a holder killed with SIGKILL leaves nothing stuck."""
-    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR"
-                               " | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)",
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR"
+                               " | os.O_CREAT); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True);"
+                               " time.sleep(600)",
                                str(tmp_path / LOCK)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
@@ -208,16 +217,16 @@ def test_an_io_error_writing_the_work_directory_is_one_line(tmp_path):
                         str(tmp_path / "work")], capture_output=True, text=True, timeout=120, cwd=ROOT,
                        preexec_fn=limit, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert r.returncode == EXIT_REFUSED and "Traceback" not in r.stderr, r.stderr
-    assert r.stderr == (f"error: the work directory {tmp_path / 'work'}: cannot write tetrad-node.pyz: File too large;"
-                        " free some space or give another --workdir\n")
+    assert r.stderr == (f"error: the work directory {tmp_path / 'work'}: cannot write tetrad-node.pyz: File "
+                        "too large; free some space or give another --workdir\n")
 
 
 def test_run_help_documents_every_exit_code():
     r = CliRunner().invoke(app, ["run", "--help"], terminal_width=200)
     text = " ".join(r.output.split())
     for words in ("Exit codes: 0 trained", "1 refused before anything started", "2 a bad command line",
-                  "69, 75, 77, 78, 79 or a script's own code", f"{EXIT_DEADLINE} runPolicy.activeDeadlineSeconds",
-                  "128+N stopped by signal N"):
+                  "69, 75, 77, 78, 79 or a script's own code",
+                  f"{EXIT_DEADLINE} runPolicy.activeDeadlineSeconds", "128+N stopped by signal N"):
         assert words in text, words
 
 
@@ -236,8 +245,9 @@ def test_where_training_starts_is_said():
     assert where_it_started(on, None) is None, "known once rank 0 says it"
     assert where_it_started(on, 0) == "step 0 (no checkpoint in /ckpt yet)"
     assert where_it_started(on, 12) == "resumed from step 12 (the checkpoint in /ckpt)"
-    assert where_it_started(on, 20) == ("nothing to do: the checkpoint in /ckpt is at step 20, at or past the 20 steps"
-                                        " to train; raise --steps (or training.steps) to train on")
+    assert where_it_started(on, 20) == (
+        "nothing to do: the checkpoint in /ckpt is at step 20, at or past the 20 steps to train; raise"
+        " --steps (or training.steps) to train on")
     assert where_it_started(config(checkpoint={"enabled": True, "resume": False}), None) == \
         "step 0 (checkpoint.resume is false)"
 
@@ -277,8 +287,9 @@ def test_rank_0_says_where_it_started_on_its_metrics_endpoint():
         server.server_close()
 
 
-@pytest.mark.parametrize(("code", "said"), [(0, "0 (finished)"), (75, "75 (stopped on SIGTERM, after saving if"
-                                            " checkpointing is on)"), (-15, "-15 (killed by SIGTERM)"),
+@pytest.mark.parametrize(("code", "said"), [(0, "0 (finished)"),
+                                            (75, "75 (stopped on SIGTERM, after saving if"
+                                                 " checkpointing is on)"), (-15, "-15 (killed by SIGTERM)"),
                                             (-9, "-9 (killed by SIGKILL)"), (3, "3")])
 def test_a_nodes_exit_is_said_in_words(code, said):
     assert describe_exit(code) == said
@@ -309,7 +320,7 @@ NODE_THAT_LOST_ITS_PEER = """[rank0]: Traceback (most recent call last):
 [rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242
 torch.distributed.elastic.multiprocessing.api.SignalException: Process 15845 got signal: 15
   exitcode  : 1 (pid: 15940)
-"""
+"""  # noqa: E501
 
 
 def test_the_terminal_shows_the_node_that_states_a_cause_not_its_peers_noise(tmp_path):

@@ -52,8 +52,10 @@ RUNNING = {"phase": "Running", "mesh": "pp2.dpr1.dps2.cp1.tp2", "restarts": 2, "
 def test_summary_of_a_running_job():
     # globalBatch 8 x seqLen 128 = 1024 tokens a step at 512 tokens/s: 2 s a step; 70 steps left: 140 s.
     s = summarize(stored(RUNNING, model={"seqLen": 128}, training={"steps": 100}), NOW)
-    assert (s["name"], s["namespace"], s["phase"], s["mesh"]) == ("t", "ns", "Running", "pp2.dpr1.dps2.cp1.tp2")
-    assert (s["model"], s["step"], s["steps"], s["stepSeconds"], s["etaSeconds"]) == ("debug (seqLen 128)", 30, 100, 2.0, 140.0)
+    assert (s["name"], s["namespace"], s["phase"], s["mesh"]) == (
+        "t", "ns", "Running", "pp2.dpr1.dps2.cp1.tp2")
+    assert (s["model"], s["step"], s["steps"], s["stepSeconds"], s["etaSeconds"]) == (
+        "debug (seqLen 128)", 30, 100, 2.0, 140.0)
     assert (s["runningSeconds"], s["updatedSecondsAgo"]) == (7200.0, 10.0)
     text = format_summary(s)
     assert text.splitlines() == [
@@ -75,31 +77,40 @@ def test_summary_of_a_running_job():
 
 
 def test_summary_shows_the_last_checkpoint_and_where_the_restart_resumed():
-    status = RUNNING | {"checkpoint": {"step": 20, "time": "2026-01-01T01:55:00Z", "path": "/ckpt/step-00000020",
+    status = RUNNING | {"checkpoint": {"step": 20, "time": "2026-01-01T01:55:00Z",
+                                       "path": "/ckpt/step-00000020",
                                        "resumedFrom": 10, "resumedAtRestart": 2}}
     job = stored(status, checkpoint={"enabled": True, "path": "/ckpt"})
     lines = format_summary(summarize(job, NOW)).splitlines()
-    assert "Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed from step 10" in lines
+    assert ("Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed "
+            "from step 10") in lines
     assert lines.index("Restarts:     2 (1 of them disruptions, not counted against maxRestarts)") == \
-        lines.index("Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed from step 10") + 1
-    fresh = stored(RUNNING | {"checkpoint": {"resumedFrom": 0, "resumedAtRestart": 0}}, checkpoint={"enabled": True})
-    assert "Checkpoint:   none committed yet; the first run started fresh" in format_summary(summarize(fresh, NOW))
-    assert "Checkpoint:   none committed yet\n" in format_summary(summarize(stored(RUNNING, checkpoint={"enabled": True}), NOW))
+        lines.index("Checkpoint:   step 20 committed 5m00s ago at /ckpt/step-00000020; restart 2 resumed "
+                    "from step 10") + 1
+    fresh = stored(RUNNING | {"checkpoint": {"resumedFrom": 0, "resumedAtRestart": 0}},
+                   checkpoint={"enabled": True})
+    assert "Checkpoint:   none committed yet; the first run started fresh" in format_summary(
+        summarize(fresh, NOW))
+    assert "Checkpoint:   none committed yet\n" in format_summary(
+        summarize(stored(RUNNING, checkpoint={"enabled": True}), NOW))
     assert "Checkpoint" not in format_summary(summarize(stored(status), NOW))  # checkpointing off: no line
 
 
 def test_summary_shows_the_preflight_bandwidth_the_slow_and_the_failed_nodes():
     status = RUNNING | {
         "preflight": {"restart": 2, "busBandwidthGBps": 38.0, "nodes": [
-            {"node": "a", "nodeRank": 0, "busBandwidthGBps": 40.0}, {"node": "b", "nodeRank": 1, "busBandwidthGBps": 38.0},
+            {"node": "a", "nodeRank": 0, "busBandwidthGBps": 40.0},
+            {"node": "b", "nodeRank": 1, "busBandwidthGBps": 38.0},
             {"node": "c", "nodeRank": 2, "busBandwidthGBps": 9.0}]},
-        "failedNodes": [{"node": "bad", "reason": "devices: 7 CUDA devices visible", "restart": 1, "excluded": True}]}
+        "failedNodes": [
+            {"node": "bad", "reason": "devices: 7 CUDA devices visible", "restart": 1, "excluded": True}]}
     text = format_summary(summarize(stored(status), NOW))
     assert "Preflight:    38 GB/s median bus bandwidth over 3 nodes (restart 2); slow: c 9 GB/s\n" in text
     assert "Failed nodes: bad in restart 1 (excluded): devices: 7 CUDA devices visible\n" in text
     relaxed = format_summary(summarize(stored(status, preflight={"slowNodeFraction": 0.2}), NOW))
     assert "(restart 2)\n" in relaxed, "no node below 0.2 of the median"
-    assert "Preflight" not in format_summary(summarize(stored(RUNNING), NOW)) and "Failed nodes" not in text.split("Preflight")[0]
+    assert ("Preflight" not in format_summary(summarize(stored(RUNNING), NOW))
+            and "Failed nodes" not in text.split("Preflight")[0])
 
 
 def test_eta_uses_the_presets_sequence_length():
@@ -110,7 +121,8 @@ def test_eta_uses_the_presets_sequence_length():
 def test_a_job_without_status_or_figures_yet():
     text = format_summary(summarize(stored(None), NOW))
     assert "Phase:    Pending" in text and "Mesh:     not resolved yet (2 nodes x 4 processes)" in text
-    one = format_summary(summarize(stored(None, nodes=1, nprocPerNode=1, parallelism={"pp": 1, "dpShard": 1}), NOW))
+    one = format_summary(
+        summarize(stored(None, nodes=1, nprocPerNode=1, parallelism={"pp": 1, "dpShard": 1}), NOW))
     assert "(1 node x 1 process)" in one
     assert "Progress: no step reported yet, 100 to train" in text
     assert not any(word in text for word in ("ETA", "Tokens/s", "MFU", "Loss", "Running for", "Figures from"))
@@ -118,7 +130,8 @@ def test_a_job_without_status_or_figures_yet():
 
 @pytest.mark.parametrize("phase", ["Succeeded", "Failed", "Suspended"])
 def test_no_eta_unless_training(phase):
-    s = summarize(stored(RUNNING | {"phase": phase, "message": "why", "completionTime": "2026-01-01T01:00:00Z"}), NOW)
+    s = summarize(
+        stored(RUNNING | {"phase": phase, "message": "why", "completionTime": "2026-01-01T01:00:00Z"}), NOW)
     assert s["etaSeconds"] is None and s["runningSeconds"] == 3600.0
     assert "Message: why" in " ".join(format_summary(s).split())
 
@@ -130,11 +143,13 @@ def test_a_job_that_ended_before_its_layout_was_resolved():
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     lambda inner: (st.lists(inner, max_size=3)
+                                    | st.dictionaries(st.text(max_size=8), inner, max_size=3)),
                      max_leaves=12)
-_keys = st.sampled_from(["spec", "status", "metadata", "model", "training", "script", "checkpoint", "preflight",
-                         "failedNodes", "nodes", "phase", "mesh", "step", "steps", "preset", "seqLen", "globalBatch",
-                         "enabled", "tokensPerSecond", "startTime", "completionTime", "updated", "nprocPerNode"])
+_keys = st.sampled_from(["spec", "status", "metadata", "model", "training", "script", "checkpoint",
+                         "preflight", "failedNodes", "nodes", "phase", "mesh", "step", "steps", "preset",
+                         "seqLen", "globalBatch", "enabled", "tokensPerSecond", "startTime", "completionTime",
+                         "updated", "nprocPerNode"])
 _objects = st.recursive(_json, lambda inner: st.dictionaries(_keys, inner, max_size=5), max_leaves=25)
 
 
@@ -147,13 +162,15 @@ def test_any_object_the_api_server_returns_is_summarized_without_an_error(job):
 
 def test_a_status_with_unexpected_values_still_shows():
     """The raw object is read field by field: a newer operator's fields or odd values do not crash it."""
-    status = {"phase": "Running", "newField": {"x": 1}, "training": {"step": "7", "tokensPerSecond": True, "updated": "yesterday"}}
+    status = {"phase": "Running", "newField": {"x": 1},
+              "training": {"step": "7", "tokensPerSecond": True, "updated": "yesterday"}}
     s = summarize(stored(status), NOW)
     assert (s["tokensPerSecond"], s["etaSeconds"], s["updatedSecondsAgo"]) == (None, None, None)
     format_summary(s)
 
 
-@pytest.mark.parametrize("seconds, shown", [(0, "0s"), (59.6, "1m00s"), (61, "1m01s"), (3600, "1h00m"), (90061, "1d1h")])
+@pytest.mark.parametrize("seconds, shown",
+                         [(0, "0s"), (59.6, "1m00s"), (61, "1m01s"), (3600, "1h00m"), (90061, "1d1h")])
 def test_duration(seconds, shown):
     assert duration(seconds) == shown
 
@@ -171,22 +188,24 @@ def test_model_name(preset, dims, name):
 
 
 def test_the_model_is_named_the_same_in_the_plan_report_and_the_resolved_config(tmp_path):
-    doc = manifest(model={"preset": "llama3-1b", "seqLen": 8192}, parallelism={"pp": 1, "dpShard": "auto", "tp": 2},
-                   resources={"gpu": 4})
+    doc = manifest(model={"preset": "llama3-1b", "seqLen": 8192},
+                   parallelism={"pp": 1, "dpShard": "auto", "tp": 2}, resources={"gpu": 4})
     job, _ = parse(doc)
-    assert job is not None and resolve(job).model.name == "llama3-1b (seqLen 8192)"  # the trainer's log, `tetrad run`
+    # the trainer's log, `tetrad run`
+    assert job is not None and resolve(job).model.name == "llama3-1b (seqLen 8192)"
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     shown = tetrad("plan", str(path), columns=200)
-    assert "t: llama3-1b (seqLen 8192), 1.5B params, seqLen 8192, on 8 processes" in shown.stdout, shown.stdout
+    assert "t: llama3-1b (seqLen 8192), 1.5B params, seqLen 8192, on 8 processes" in shown.stdout, (
+        shown.stdout)
     report = json.loads(tetrad("plan", "--json", str(path)).stdout)
     assert report["model"]["name"] == "llama3-1b (seqLen 8192)"
 
 
 def tetrad(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=60, env=env)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, env=env)
 
 
 def test_status_without_the_kubernetes_client_says_what_to_install():
@@ -204,8 +223,8 @@ def test_status_rejects_an_unknown_output():
 
 
 def _examples(text: str) -> list[str]:
-    return [line.strip().removeprefix("$ ") for line in text.splitlines() if line.strip().startswith("$ tetrad ")
-            or line.strip().startswith("$ kubectl ")]
+    return [line.strip().removeprefix("$ ") for line in text.splitlines()
+            if line.strip().startswith("$ tetrad ") or line.strip().startswith("$ kubectl ")]
 
 
 def test_tetrad_alone_shows_the_first_steps():
@@ -239,8 +258,8 @@ def kubeconfig(tmp_path: Path, server: str) -> Path:
 
 def status_with(path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "tetrad.cli", "status", "j", *args], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120, env={**os.environ, "KUBECONFIG": str(path)})
+    r = subprocess.run([sys.executable, "-m", "tetrad.cli", "status", "j", *args], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120, env={**os.environ, "KUBECONFIG": str(path)})
     return r, time.monotonic() - start
 
 
@@ -288,7 +307,8 @@ def test_status_of_an_api_server_that_never_answers_ends_at_the_timeout(tmp_path
     with socket.socket() as listener:  # connections complete in the backlog and are never answered
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
-        r, took = status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{listener.getsockname()[1]}"), "--request-timeout", "2")
+        r, took = status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{listener.getsockname()[1]}"),
+                              "--request-timeout", "2")
     assert "did not answer within 2 s (--request-timeout)" in one_error_line(r)
     assert took < 20, f"{took:.0f} s: the request was retried"
 
@@ -297,7 +317,8 @@ def test_status_of_a_closed_port_says_the_connection_was_refused(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert "Connection refused" in one_error_line(status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))[0])
+    assert "Connection refused" in one_error_line(
+        status_with(kubeconfig(tmp_path, f"http://127.0.0.1:{port}"))[0])
 
 
 def test_status_of_an_html_answer_from_a_proxy(tmp_path, answering):

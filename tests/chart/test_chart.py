@@ -28,15 +28,18 @@ def helm(k8s_tools: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(k8s_tools / "helm"), *args], capture_output=True, text=True, timeout=120)
 
 
-def render(k8s_tools: Path, *sets: str, namespace: str = "tetrad-system") -> dict[tuple[str, str], dict[str, Any]]:
+def render(k8s_tools: Path, *sets: str,
+           namespace: str = "tetrad-system") -> dict[tuple[str, str], dict[str, Any]]:
     """(kind, name-or-namespace/name) -> object, for `helm template tetrad CHART --set ...`."""
-    proc = helm(k8s_tools, "template", "tetrad", str(CHART), "-n", namespace, *[a for s in sets for a in ("--set", s)])
+    proc = helm(k8s_tools, "template", "tetrad", str(CHART), "-n", namespace,
+                *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, proc.stderr
     objects = {}
     for doc in yaml.safe_load_all(proc.stdout):
         if doc:
             meta = doc["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}" if doc["kind"] in ("Role", "RoleBinding", "KopfPeering") else meta["name"]
+            key = (f"{meta['namespace']}/{meta['name']}"
+                   if doc["kind"] in ("Role", "RoleBinding", "KopfPeering") else meta["name"])
             objects[(doc["kind"], key)] = doc
     return objects
 
@@ -46,7 +49,8 @@ def container(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, Any]:
 
 
 def rules(role: dict[str, Any]) -> dict[str, set[str]]:
-    return {f"{g}/{r}": set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    return {f"{g}/{r}": set(rule["verbs"])
+            for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
 
 
 def test_lint_is_clean(k8s_tools):
@@ -57,7 +61,8 @@ def test_lint_is_clean(k8s_tools):
 def test_the_chart_ships_the_crds_of_crds_dir(k8s_tools):
     proc = helm(k8s_tools, "show", "crds", str(CHART))
     shipped = {d["metadata"]["name"] for d in yaml.safe_load_all(proc.stdout) if d}
-    assert shipped == {"paralleltrainingjobs.tetrad.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert shipped == {"paralleltrainingjobs.tetrad.dev", "clusterkopfpeerings.kopf.dev",
+                       "kopfpeerings.kopf.dev"}
     ours = (REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml").read_text()
     assert ours in proc.stdout  # the same bytes: crds/ is the one source
 
@@ -84,7 +89,8 @@ def test_the_pod_is_locked_down_and_probed(k8s_tools):
     objects = render(k8s_tools)
     pod = objects[("Deployment", "tetrad")]["spec"]["template"]["spec"]
     c = container(objects)
-    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"] == {
+        "type": "RuntimeDefault"}
     assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]  # the only writable path
@@ -169,9 +175,11 @@ def dockerfile_stage(stage: str) -> dict[str, list[str]]:
 
 def test_the_images_run_what_the_chart_and_the_renderer_expect(k8s_tools):
     trainer = dockerfile_stage("trainer")
-    builtin, _ = parse({"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "j"}})
+    builtin, _ = parse({"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+                        "metadata": {"name": "j"}})
     assert builtin is not None
-    pods_command = node_command(resolve(builtin), python=PYTHON, launcher=INSTALLED_LAUNCHER, config_path=CONFIG_PATH)
+    pods_command = node_command(resolve(builtin), python=PYTHON, launcher=INSTALLED_LAUNCHER,
+                                config_path=CONFIG_PATH)
     assert trainer["ENTRYPOINT"] == [] and trainer["CMD"] == pods_command
     assert dockerfile_stage("operator")["ENTRYPOINT"] == container(render(k8s_tools))["command"]
 

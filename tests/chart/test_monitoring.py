@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = CHART / "dashboards" / "tetrad.json"
 
 # Sample names of each metric type in the exposition format.
-SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
+SUFFIXES = {"counter": ("_total", "_created"), "gauge": ("",),
+            "histogram": ("_bucket", "_count", "_sum", "_created"),
             "summary": ("", "_count", "_sum", "_created"), "info": ("_info",)}
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
                 "offset", "inf", "nan"}
@@ -35,7 +36,8 @@ def operator_metrics() -> OperatorMetrics:
 
 
 def operator_series() -> set[str]:
-    return {family.name + suffix for family in operator_metrics().registry.collect() for suffix in SUFFIXES[family.type]}
+    return {family.name + suffix
+            for family in operator_metrics().registry.collect() for suffix in SUFFIXES[family.type]}
 
 
 def trainer_series() -> set[str]:
@@ -60,7 +62,8 @@ def test_metric_names_finds_every_selector_and_nothing_else():
     expr = ('histogram_quantile(0.95, sum by (le) (rate(a_bucket{job=~"x|y"}[$__rate_interval]))) / '
             'on (pod) group_left (rank) b * 1e3 + count(c offset 5m) - sum(d) without (le) > bool 0')
     assert metric_names(expr) == {"a_bucket", "b", "c", "d"}
-    assert metric_names('label_values(tetrad_step{namespace=~"$namespace"}, tetrad_job)') == {"tetrad_step", "tetrad_job"}
+    assert metric_names('label_values(tetrad_step{namespace=~"$namespace"}, tetrad_job)') == {"tetrad_step",
+                                                                                             "tetrad_job"}
 
 
 def dashboard() -> dict[str, Any]:
@@ -93,20 +96,22 @@ def test_every_query_names_only_exported_metrics():
     for where, expr in found:
         names = metric_names(expr)
         assert names, f"{where}: no metric in {expr!r}"
-        assert names <= exported, f"{where}: {sorted(names - exported)} is exported by neither the trainer nor the operator"
+        assert names <= exported, (f"{where}: {sorted(names - exported)} is exported by neither the trainer "
+                                   f"nor the operator")
 
 
 def test_the_dashboard_shows_what_a_person_watches():
     used = set().union(*(metric_names(e) for _, e in queries(dashboard())))
-    trainer = {contract.METRIC_TOKENS_PER_SECOND, contract.METRIC_MFU, contract.METRIC_LOSS, contract.METRIC_STEP_TIME,
-               contract.METRIC_PEAK_MEMORY, contract.METRIC_STEP}
+    trainer = {contract.METRIC_TOKENS_PER_SECOND, contract.METRIC_MFU, contract.METRIC_LOSS,
+               contract.METRIC_STEP_TIME, contract.METRIC_PEAK_MEMORY, contract.METRIC_STEP}
     assert trainer <= used
     m = operator_metrics()
     families = {name: metric.describe()[0] for name, metric in (
         ("reconcile latency", m.reconcile_duration), ("gang wait", m.gang_wait), ("API errors", m.api_errors),
         ("restarts and disruptions", m.restarts))}
     for what, family in families.items():
-        assert {family.name + s for s in SUFFIXES[family.type]} & used, f"no panel shows the operator's {what}"
+        assert {family.name + s for s in SUFFIXES[family.type]} & used, (
+            f"no panel shows the operator's {what}")
 
 
 def test_panels_are_laid_out_without_overlap():
@@ -131,7 +136,8 @@ def test_trainer_queries_use_labels_the_pod_monitor_sets(k8s_tools):
     for where, expr in queries(dashboard()):
         if metric_names(expr) <= trainer_series():
             labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
-            labels |= {name.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr) for name in group.split(",")}
+            labels |= {name.strip() for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr)
+                       for name in group.split(",")}
             if "label_values" in expr or where.startswith("variable"):
                 labels.add("tetrad_job")
             assert labels <= available, f"{where}: {sorted(labels - available)} is set by no relabeling"
@@ -140,7 +146,8 @@ def test_trainer_queries_use_labels_the_pod_monitor_sets(k8s_tools):
 @pytest.mark.cluster  # helm
 def test_the_dashboard_configmap_only_when_enabled(k8s_tools):
     assert not [k for k in render(k8s_tools) if k[0] == "ConfigMap"]
-    objects = render(k8s_tools, "grafanaDashboard.enabled=true", "grafanaDashboard.annotations.grafana_folder=ML")
+    objects = render(k8s_tools, "grafanaDashboard.enabled=true",
+                     "grafanaDashboard.annotations.grafana_folder=ML")
     cm = objects[("ConfigMap", "tetrad-dashboard")]
     assert cm["metadata"]["namespace"] == "tetrad-system"
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -191,7 +198,8 @@ def test_pod_monitor_scrapes_every_rank_of_a_rendered_pod(k8s_tools):
     monitor = render(k8s_tools, "metrics.podMonitor.enabled=true")[("PodMonitor", "tetrad-trainers")]
     rules = monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
     selector = monitor["spec"]["selector"]
-    job = ParallelTrainingJob.model_validate(yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text()))
+    job = ParallelTrainingJob.model_validate(
+        yaml.safe_load((REPO / "examples" / "quickstart.yaml").read_text()))
     nproc = job.spec.nproc_per_node
     for rank, pod in enumerate(render_job(job, restart=3).pods):
         labels = pod["metadata"]["labels"]
@@ -201,10 +209,12 @@ def test_pod_monitor_scrapes_every_rank_of_a_rendered_pod(k8s_tools):
         targets = []
         for port in trainer["ports"]:
             meta = {"__meta_kubernetes_pod_container_port_name": port["name"],
-                    **{"__meta_kubernetes_pod_label_" + re.sub(r"[^\w]", "_", k): v for k, v in labels.items()}}
+                    **{"__meta_kubernetes_pod_label_" + re.sub(r"[^\w]", "_", k): v
+                       for k, v in labels.items()}}
             if (kept := relabel(rules, meta)) is not None:
                 targets.append((port["containerPort"], kept))
-        assert [p for p, _ in targets] == [job.spec.metrics.port + i for i in range(nproc)]  # not the rendezvous port
+        # not the rendezvous port
+        assert [p for p, _ in targets] == [job.spec.metrics.port + i for i in range(nproc)]
         assert [(t["tetrad_job"], t["node_rank"], t["restart"], t["local_rank"]) for _, t in targets] == \
             [("quickstart", str(rank), "3", str(i)) for i in range(nproc)]
 

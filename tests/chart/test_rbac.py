@@ -46,7 +46,9 @@ def test_the_chart_grants_what_each_gang_backend_needs(scheduler):
     needed = {"get", "patch"} | ({"deletecollection"} if backend.group_per_incarnation else set())
     for obj in render(job).gang_objects():
         resource = (group_of(obj["apiVersion"]), obj["kind"].lower() + "s")
-        assert rules.get(resource, set()) >= needed, f"{scheduler.value}: the chart's RBAC lacks {resource} {needed}"
+        assert rules.get(resource, set()) >= needed, (
+            f"{scheduler.value}: the chart's RBAC lacks {resource} {needed}")
     if backend.queue_object is not None:
         api_version, plural = backend.queue_object
-        assert "get" in rules.get((group_of(api_version), plural), set()), f"{scheduler.value}: cannot read {plural}"
+        assert "get" in rules.get((group_of(api_version), plural), set()), (
+            f"{scheduler.value}: cannot read {plural}")

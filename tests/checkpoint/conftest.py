@@ -32,7 +32,8 @@ def run_toy(layout: str, path: Path, **spec: Any) -> list[dict[str, Any]]:
     return gang.run(toy.train, world_of(lay), {"layout": lay, "path": str(path), **spec})
 
 
-def assert_same_run(resumed: dict[str, Any], straight: dict[str, Any], steps: range, tol: float = 0.0) -> None:
+def assert_same_run(resumed: dict[str, Any], straight: dict[str, Any], steps: range,
+                    tol: float = 0.0) -> None:
     """Losses at `steps` and the final parameters agree (exactly when tol == 0)."""
     for s in steps:
         a, b = straight["losses"][s], resumed["losses"][s]

@@ -64,7 +64,8 @@ class Gang:
         self.out = Path(self._dir.name)
         ctx = _context()
         port = free_port()
-        self.procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(self.out), env or {}, args), daemon=True)
+        self.procs = [ctx.Process(target=_entry, args=(fn, r, world, port, str(self.out), env or {}, args),
+                                  daemon=True)
                       for r in range(world)]
         self.started = time.monotonic()
         for p in self.procs:

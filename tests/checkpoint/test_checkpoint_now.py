@@ -47,9 +47,11 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
         jsonl, log = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
-                 "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--trainer", "--",
-                 "--config", str(config), "--jsonl", str(jsonl), *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m",
+                 "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker",
+                 "--trainer", "--",
+                 "--config", str(config), "--jsonl", str(jsonl), *args], stdout=out, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True)
         return proc, jsonl, log
 
     proc, jsonl, log = node("first")
@@ -80,13 +82,15 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
     stopped = int(text.split("[tetrad rank 0] stopped after step ")[1].split()[0])
-    assert f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed" in text, text[-3000:]
+    assert (f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed"
+            in text), text[-3000:]
     assert steps_of(jsonl)[-1] >= stopped - 1  # the stopping step itself is saved, not logged
     left = json.loads(termination.read_text())
     assert left[contract.TERMINATION_CHECKPOINT_STEP] == stopped
     assert abs(left[contract.TERMINATION_CHECKPOINT_TIME] - time.time()) < 120
     # ... with its last figures, which the operator reads as it reads a scrape
-    training, saved = scrape.parse_each(left[contract.TERMINATION_FIGURES], contract.SCRAPED, contract.SCRAPED_CHECKPOINT)
+    training, saved = scrape.parse_each(left[contract.TERMINATION_FIGURES], contract.SCRAPED,
+                                        contract.SCRAPED_CHECKPOINT)
     assert training["step"] == steps_of(jsonl)[-1] and saved["step"] == stopped
 
     request.write_text("")

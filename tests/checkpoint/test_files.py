@@ -155,7 +155,8 @@ def tiny(path: Path, **ckpt) -> tuple[checkpoint.Checkpointer, nn.Module, torch.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    return checkpoint.Checkpointer(cfg, model_parts=[model], optimizers=[opt], logger=lambda m: None), model, opt
+    return (checkpoint.Checkpointer(cfg, model_parts=[model], optimizers=[opt], logger=lambda m: None),
+            model, opt)
 
 
 def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
@@ -206,7 +207,8 @@ def test_single_process_model_change_names_both_layouts(tmp_path):
     train_steps(model, opt, 1)
     saver.save(1)
     manifest = json.loads((tmp_path / "step-00000001" / ck.MANIFEST).read_text())
-    assert manifest["layout_label"] == "pp1.dpr1.dps1.cp1.tp1" and manifest["config"]["checkpoint"]["path"] == str(tmp_path)
+    assert (manifest["layout_label"] == "pp1.dpr1.dps1.cp1.tp1"
+            and manifest["config"]["checkpoint"]["path"] == str(tmp_path))
     other = toy.config({}, tmp_path, dims={**toy.DIMS, "dim": 48})
     opt2 = torch.optim.AdamW(model.parameters())
     loader = checkpoint.Checkpointer(other, model_parts=[model], optimizers=[opt2], logger=lambda m: None)
@@ -235,18 +237,19 @@ def _written_to_a_full_disk(transforms, stream, data, *rest):
 def test_a_full_disk_is_said_with_the_bytes_needed_and_the_checkpoint_kept(tmp_path, monkeypatch):
     saver, model, opt = tiny(tmp_path)
     train_steps(model, opt, 1)
-    need = ck_state.state_bytes(ck_state.tensor_state(saver.pairs)) + len(ck_state.rank_state_bytes(1, 0, 0, None))
+    need = (ck_state.state_bytes(ck_state.tensor_state(saver.pairs))
+            + len(ck_state.rank_state_bytes(1, 0, 0, None)))
     with monkeypatch.context() as m:
         m.setattr(dcp_files, "_write_item", _written_to_a_full_disk)
         with pytest.raises(ck.CheckpointError) as first:
             saver.save(1)
     msg = str(first.value)
-    assert msg.startswith(f"saving step 1 to {tmp_path}/.tmp-step-00000001 failed: the disk holding {tmp_path} is "
-                          f"full (this checkpoint needs about {need:,} bytes): rank 0: OSError: [Errno 28] No space "
-                          "left on device"), msg
+    assert msg.startswith(f"saving step 1 to {tmp_path}/.tmp-step-00000001 failed: the disk holding "
+                          f"{tmp_path} is full (this checkpoint needs about {need:,} bytes): rank 0: "
+                          "OSError: [Errno 28] No space left on device"), msg
     assert "enforce fail" not in msg and "RuntimeError" not in msg, msg  # not torch's serializer's words
-    assert msg.endswith(f"nothing was committed, and no checkpoint was committed in {tmp_path} before it; free space "
-                        "on the checkpoint volume or lower checkpoint.keepLast"), msg
+    assert msg.endswith(f"nothing was committed, and no checkpoint was committed in {tmp_path} before it; "
+                        "free space on the checkpoint volume or lower checkpoint.keepLast"), msg
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # the partial step is gone
 
     saver.save(2)
@@ -265,7 +268,8 @@ def test_commit_refuses_shards_rank_0_cannot_see(tmp_path):
     (tmp / "__0_0.distcp").write_bytes(b"mine")
     reports = [{"rank": 0, "dp_rank": 0, "files": {"__0_0.distcp": {"size": 4, "crc32": "0"}}},
                {"rank": 1, "dp_rank": 1, "files": {"__1_0.distcp": {"size": 4, "crc32": "0"}}}]
-    with pytest.raises(ck.CheckpointError, match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
+    with pytest.raises(ck.CheckpointError,
+                       match=r"rank 1 wrote __1_0\.distcp .* rank 0 sees no such file.*shared"):
         saver.dir.commit(1, tmp, reports, {}, keep_last=3)
     assert not (tmp_path / ck.LATEST).exists() and not (tmp_path / "step-00000001").exists()
 
@@ -276,8 +280,8 @@ def test_a_checkpoint_path_that_is_a_file_is_called_a_file(tmp_path):
         f"spec.checkpoint.path: {tmp_path}/ckpt is a file, not a directory; move that file away or set "
         "checkpoint.path to a directory")
     assert ck.writable_problem(tmp_path / "ckpt" / "sub") == (
-        f"spec.checkpoint.path: {tmp_path}/ckpt/sub cannot be a directory: {tmp_path}/ckpt is a file; move that "
-        "file away or set checkpoint.path to a directory")
+        f"spec.checkpoint.path: {tmp_path}/ckpt/sub cannot be a directory: {tmp_path}/ckpt is a file; "
+        "move that file away or set checkpoint.path to a directory")
     assert ck.writable_problem(tmp_path / "new" / "dir") is None and (tmp_path / "new" / "dir").is_dir()
     assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == []  # the probe is gone
 
@@ -295,9 +299,9 @@ def test_another_jobs_checkpoints_are_resumed_only_when_allowed_and_never_delete
         loader.resume()
     assert isinstance(refused.value, ck.CheckpointMismatch)  # the trainer's exit 78
     assert str(refused.value) == (
-        f"spec.checkpoint.path: {tmp_path} holds checkpoint step 2 of the job 'toy', not of this job 'renamed'; give "
-        "this job its own checkpoint.path, or set checkpoint.allowForeign: true to resume it (e.g. after renaming "
-        "the job)")
+        f"spec.checkpoint.path: {tmp_path} holds checkpoint step 2 of the job 'toy', not of this job "
+        "'renamed'; give this job its own checkpoint.path, or set checkpoint.allowForeign: true to resume "
+        "it (e.g. after renaming the job)")
 
     allowed = toy.config({}, tmp_path, name="renamed", keep_last=1, allow_foreign=True)
     lines: list[str] = []
@@ -309,11 +313,12 @@ def test_another_jobs_checkpoints_are_resumed_only_when_allowed_and_never_delete
         train_steps(model, opt, 1)
         adopter.save(step)
     # keepLast=1 removed the renamed job's step 3, not the toy job's steps 1 and 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001", "step-00000002", "step-00000004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000001", "step-00000002",
+                                                          "step-00000004"]
     assert ck.job_of(ck.read_manifest(tmp_path / "step-00000004")) == "renamed"
 
     (tmp_path / "latest").write_text("step-00000001\n")  # the toy job's step 1 is `latest` again
-    with pytest.raises(ck.CheckpointError, match=r"step-00000002 is a checkpoint of the job 'toy', which the job "
-                                                 r"'renamed' does not replace"):
+    with pytest.raises(ck.CheckpointError, match=r"step-00000002 is a checkpoint of the job 'toy', which the "
+                                                 r"job 'renamed' does not replace"):
         adopter.save(2)
     assert (tmp_path / "step-00000002").is_dir()

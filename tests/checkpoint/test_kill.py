@@ -43,8 +43,9 @@ KILLS = [(phase, rank, async_save) for async_save in (False, True) for phase, ra
                          ids=[f"{p}-{'async' if a else 'sync'}" for p, _, a in KILLS])
 def test_kill_in_every_commit_phase(tmp_path, straight, phase, rank, async_save):
     a = straight(LAYOUT)
-    g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(tmp_path), "interval": 3, "keep_last": 1,
-                                 "async": async_save, "die": {"rank": rank, "phase": phase, "step": 6}})
+    g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(tmp_path), "interval": 3,
+                                 "keep_last": 1, "async": async_save,
+                                 "die": {"rank": rank, "phase": phase, "step": 6}})
     try:
         codes = g.wait()
     finally:
@@ -60,8 +61,8 @@ def test_a_save_that_cannot_write_fails_clearly_and_loses_nothing(tmp_path, stra
     the reason, the partial step is removed, the last good checkpoint stays `latest`, and the
     resumed run ends exactly where the straight run does."""
     a = straight(LAYOUT)
-    g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(tmp_path), "interval": 3, "keep_last": 2,
-                                 "disk_limit": {"rank": 1, "step": 6, "bytes": 1024}})
+    g = gang.Gang(toy.train, 2, {"layout": LAYOUTS[LAYOUT], "path": str(tmp_path), "interval": 3,
+                                 "keep_last": 2, "disk_limit": {"rank": 1, "step": 6, "bytes": 1024}})
     try:
         codes = g.wait()
         results = g.results()

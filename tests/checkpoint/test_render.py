@@ -35,7 +35,8 @@ def test_every_pod_mounts_the_claim_at_the_checkpoint_path():
         trainer = spec["containers"][0]
         mount = next(m for m in trainer["volumeMounts"] if m["name"] == "checkpoints")
         assert mount["mountPath"] == "/checkpoints" and not mount.get("readOnly")
-        assert spec["terminationGracePeriodSeconds"] == job.spec.run_policy.termination_grace_period_seconds == 120
+        assert (spec["terminationGracePeriodSeconds"] == job.spec.run_policy.termination_grace_period_seconds
+                == 120)
         assert spec["securityContext"]["fsGroup"] == RUN_AS_USER  # the volume is writable by the trainer
         env = {e["name"]: e.get("value") for e in trainer["env"]}
         assert env["TETRAD_RESTART"] == "3"

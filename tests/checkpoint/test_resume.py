@@ -84,7 +84,8 @@ def test_damaged_latest_falls_back_to_previous(tmp_path, straight):
     b = run_toy("dps2", tmp_path, steps=10, interval=5)
     r = b[0]["resumed"]
     assert r["step"] == 5
-    assert len(r["refused"]) == 1 and "step-00000010" in r["refused"][0] and "__1_0.distcp: CRC32" in r["refused"][0]
+    assert (len(r["refused"]) == 1 and "step-00000010" in r["refused"][0]
+            and "__1_0.distcp: CRC32" in r["refused"][0])
     assert any("falling back to the previous good checkpoint" in line for line in b[0]["log"])
     assert_same_run(b[0], a[0], range(6, 11))
 
@@ -94,8 +95,8 @@ def test_retention_deletes_only_after_a_newer_commit(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-00000003", "step-00000004"]
     # Killed while writing step 6: steps 4 and 5 must both survive (nothing deleted for step 6).
     lay = LAYOUTS["dps2"]
-    g = gang.Gang(toy.train, 2, {"layout": lay, "path": str(tmp_path), "steps": 8, "interval": 1, "keep_last": 2,
-                                 "die": {"rank": 1, "phase": "dcp-written", "step": 6}})
+    g = gang.Gang(toy.train, 2, {"layout": lay, "path": str(tmp_path), "steps": 8, "interval": 1,
+                                 "keep_last": 2, "die": {"rank": 1, "phase": "dcp-written", "step": 6}})
     try:
         g.wait()
     finally:

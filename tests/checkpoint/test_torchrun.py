@@ -19,7 +19,8 @@ from tetrad.api.contract import EXIT_CONFIG_ERROR, EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-TRAINING = {"steps": 500, "globalBatch": 4, "microBatch": 1, "precision": "fp32", "lr": 1e-3, "warmupSteps": 2}
+TRAINING = {"steps": 500, "globalBatch": 4, "microBatch": 1, "precision": "fp32", "lr": 1e-3,
+            "warmupSteps": 2}
 
 
 def wait_for_steps(jsonl: Path, n: int, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
@@ -36,8 +37,9 @@ def torchrun(config: Path, jsonl: Path, supervised: bool) -> list[str]:
     if not supervised:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                 "-m", "tetrad_trainer.train", "--config", str(config), "--jsonl", str(jsonl)]
-    return [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
-            "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--trainer", "--",
+    return [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m",
+            "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker",
+            "--trainer", "--",
             "--config", str(config), "--jsonl", str(jsonl)]
 
 
@@ -75,8 +77,10 @@ def test_sigterm_to_the_node_saves_and_exits_75(tmp_path, supervised):
 def test_tetrad_run_resumes_from_the_manifests_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
     manifest = {
-        "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "resumable-local"},
-        "spec": {"nodes": 1, "nprocPerNode": 2, "parallelism": {"dpShard": 2}, "model": {"preset": "debug", "seqLen": 32},
+        "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+        "metadata": {"name": "resumable-local"},
+        "spec": {"nodes": 1, "nprocPerNode": 2, "parallelism": {"dpShard": 2},
+                 "model": {"preset": "debug", "seqLen": 32},
                  "training": {**TRAINING, "steps": 20}, "metrics": {"port": free_port()},
                  "checkpoint": {"enabled": True, "path": str(ckpt), "interval": 2}},
     }
@@ -112,16 +116,19 @@ class Node:
         self.dir = tmp_path / name
         self.progress = self.dir / "progress"
         self.progress.mkdir(parents=True)
-        config, self.jsonl, self.log = self.dir / "config.json", self.dir / "steps.jsonl", self.dir / "node.log"
+        config, self.jsonl, self.log = (self.dir / "config.json", self.dir / "steps.jsonl",
+                                        self.dir / "node.log")
         config.write_text(cfg.to_json())
         command = [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m",
-                   "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker",
-                   "--module", "tests.checkpoint.probe", "--", "--config", str(config), "--jsonl", str(self.jsonl)]
+                   "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node",
+                   "worker", "--module", "tests.checkpoint.probe", "--", "--config", str(config), "--jsonl",
+                   str(self.jsonl)]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
                                          env={**os.environ, "OMP_NUM_THREADS": "1", "TETRAD_TEST_PROGRESS":
-                                              str(self.progress), "PET_SHUTDOWN_TIMEOUT": str(shutdown_timeout),
-                                              **env})
+                                              str(self.progress),
+                                              "PET_SHUTDOWN_TIMEOUT": str(shutdown_timeout), **env})
 
     def wait_for(self, event: str, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -146,7 +153,8 @@ class Node:
 
 
 def committed_steps(text: str) -> list[int]:
-    return [int(line.split("committed step ")[1].split()[0]) for line in text.splitlines() if "committed step " in line]
+    return [int(line.split("committed step ")[1].split()[0]) for line in text.splitlines()
+            if "committed step " in line]
 
 
 def test_sigterm_during_start_up_exits_75_and_the_next_run_resumes(tmp_path):
@@ -179,7 +187,8 @@ def test_sigterm_during_an_async_save_commits_it_then_saves_the_step(tmp_path):
     text = node.text()
     assert "the asynchronous save of step 2 in progress at SIGTERM committed" in text, text
     stopped = int(text.split("stopped after step ")[1].split()[0])
-    assert stopped > 2 and f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed" in text
+    assert (stopped > 2
+            and f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed" in text)
     assert committed_steps(text) == [2, stopped]
     assert (ckpt / "latest").read_text() == f"step-{stopped:08d}\n"
 
@@ -195,7 +204,8 @@ def test_a_save_predicted_not_to_fit_the_grace_exits_75_from_the_last_committed(
     text = node.text()
     assert "the asynchronous save of step 2 in progress at SIGTERM committed" in text, text
     assert "on SIGTERM without saving: the last save took" in text, text
-    assert "too little to save; the next run resumes from step 2 (the last committed checkpoint)" in text, text
+    assert ("too little to save; the next run resumes from step 2 (the last committed checkpoint)"
+            in text), text
     assert committed_steps(text) == [2]
     assert (ckpt / "latest").read_text() == "step-00000002\n"
     assert not [p.name for p in ckpt.iterdir() if p.name.startswith(".tmp-")]
@@ -212,8 +222,8 @@ def test_an_unwritable_checkpoint_path_exits_78_on_every_rank_naming_the_field(t
     text = node.log.read_text()
     assert code == EXIT_CONFIG_ERROR, text[-3000:]
     said = [rank for rank in (0, 1)
-            if f"[tetrad rank {rank}] config error: spec.checkpoint.path: {tmp_path}/file/ckpt cannot be a directory: "
-               f"{tmp_path}/file is a file" in text]
+            if f"[tetrad rank {rank}] config error: spec.checkpoint.path: {tmp_path}/file/ckpt cannot be a "
+               f"directory: {tmp_path}/file is a file" in text]
     # Each rank checks before any collective. The first to fail makes torchrun stop the other, which
     # names the field too unless it was still importing torch (no handler yet; docs/checkpoint.md).
     assert said, text[-3000:]

@@ -43,7 +43,8 @@ def config(layout: str, ckpt: Path | None, **checkpoint: Any):
     return job(parallelism, nproc=nproc, model=MODEL, training=TRAINING, **spec)
 
 
-def train(layout: str, out: Path, ckpt: Path | None, env: dict[str, str] | None = None, **checkpoint: Any) -> Run:
+def train(layout: str, out: Path, ckpt: Path | None, env: dict[str, str] | None = None,
+          **checkpoint: Any) -> Run:
     return run_trainer(config(layout, ckpt, **checkpoint), out, target=PROBE, env=env,
                        args=("--save-full-parameters", str(out / "params.pt")))
 
@@ -97,11 +98,13 @@ def test_exact_resume(tmp_path_factory, tmp_path, layout, async_save):
     b = train(layout, tmp_path / "resumed", ckpt, **{"async": async_save})
     assert b.codes == [0] * len(b.codes), b.logs()
     label = config(layout, ckpt).layout.label()
-    assert f"resumed step 5 from {ckpt}/step-00000005 (saved with layout {label}, now {label}; restart 0)" in b.log(0)
+    assert (f"resumed step 5 from {ckpt}/step-00000005 (saved with layout {label}, now {label}; restart 0)"
+            in b.log(0))
     assert_continues(b, a, tol=0)
 
 
-@pytest.mark.parametrize(("before", "after"), [("dps4", "tp2xdps2"), ("pp2", "single"), ("pp2-interleaved", "dps2")])
+@pytest.mark.parametrize(("before", "after"), [("dps4", "tp2xdps2"), ("pp2", "single"),
+                                               ("pp2-interleaved", "dps2")])
 def test_reshard(tmp_path_factory, tmp_path, before, after):
     a = straight(before, tmp_path_factory.getbasetemp())
     ckpt = tmp_path / "ckpt"
@@ -133,8 +136,9 @@ def test_another_jobs_checkpoint_exits_78_naming_both_jobs(tmp_path):
     assert run_trainer(first, tmp_path / "first").codes == [0]
     other = run_trainer(first.model_copy(update={"job_name": "other"}), tmp_path / "other")
     assert other.codes == [78], other.logs()
-    assert (f"config error: spec.checkpoint.path: {ckpt} holds checkpoint step 1 of the job 'test', not of this job "
-            "'other'; give this job its own checkpoint.path, or set checkpoint.allowForeign: true") in other.log(0)
+    assert (f"config error: spec.checkpoint.path: {ckpt} holds checkpoint step 1 of the job 'test', not of "
+            "this job 'other'; give this job its own checkpoint.path, or set checkpoint.allowForeign: "
+            "true") in other.log(0)
 
 
 def test_restart_count_is_logged(tmp_path):
@@ -158,7 +162,8 @@ def test_random_kills(tmp_path_factory, tmp_path):
         delay = rng.uniform(0, 0.1 if when == "save" else 0.3)
         settings = {"interval": 2, "keepLast": 2, "async": i % 4 >= 2}
         killed = train("dps2", tmp_path / f"killed{i}", ckpt, env={
-            "TETRAD_TEST_KILL": f"{victim}:{step}:{when}:{delay}", "TETRAD_TEST_PROGRESS": str(progress)}, **settings)
+            "TETRAD_TEST_KILL": f"{victim}:{step}:{when}:{delay}", "TETRAD_TEST_PROGRESS": str(progress)},
+            **settings)
         assert killed.codes[victim] == -9, killed.logs()
         events = (progress / f"rank-{victim}").read_text().splitlines()
         landed.append(f"saving ({events[-1]})" if inside_save(progress / f"rank-{victim}") else "training")
@@ -186,7 +191,8 @@ def test_activation_checkpointing_leaves_the_names_alone(tmp_path):
     keys = dcp.FileSystemReader(str(ckpt / "step-00000003")).read_metadata().state_dict_metadata
     assert "model.layers.0.attention.wq.weight" in keys
     assert not [k for k in keys if "_checkpoint_wrapped_module" in k or "_orig_mod" in k]
-    without = job(parallelism, nproc=nproc, model=MODEL, checkpoint=settings, training={**TRAINING, "steps": 5})
+    without = job(parallelism, nproc=nproc, model=MODEL, checkpoint=settings,
+                  training={**TRAINING, "steps": 5})
     run = run_trainer(without, tmp_path / "plain")
     assert run.codes == [0, 0], run.logs()
     assert "resumed step 3" in run.log(0) and [r["step"] for r in run.records] == [4, 5]

@@ -41,8 +41,9 @@ from tetrad.resolve import resolve
 DIMS = {"dim": 32, "layers": 3, "heads": 4, "kvHeads": 2, "vocab": 64, "ffnDim": 64, "seqLen": 8}
 
 
-def config(layout: dict[str, int], path: str | Path, *, steps: int = 10, interval: int = 5, keep_last: int = 3,
-           async_save: bool = False, global_batch: int = 8, dims: dict[str, int] | None = None, name: str = "toy",
+def config(layout: dict[str, int], path: str | Path, *, steps: int = 10, interval: int = 5,
+           keep_last: int = 3, async_save: bool = False, global_batch: int = 8,
+           dims: dict[str, int] | None = None, name: str = "toy",
            allow_foreign: bool = False) -> ResolvedConfig:
     world = 1
     for d in layout.values():
@@ -78,7 +79,8 @@ class Block(nn.Module):
 class ToyLM(nn.Module):
     """Named like the real model (tok_embeddings, layers.N, output) so stages can be cut the same way."""
 
-    def __init__(self, cfg: ResolvedConfig, keep: set[int] | None = None, first: bool = True, last: bool = True):
+    def __init__(self, cfg: ResolvedConfig, keep: set[int] | None = None, first: bool = True,
+                 last: bool = True):
         super().__init__()
         m = cfg.model
         self.tok_embeddings = nn.Embedding(m.vocab, m.dim) if first else None
@@ -165,7 +167,8 @@ class ToyLoader:
 
 
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in model.state_dict().items()}
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in model.state_dict().items()}
 
 
 def lr_at(step: int, base: float) -> float:
@@ -270,7 +273,8 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         if ckpt.due(step):
             _progress(spec, rank, f"save {step}")
             limit = spec.get("disk_limit")
-            with disk_full(limit["bytes"] if limit and (limit["rank"], limit["step"]) == (rank, step) else None):
+            with disk_full(limit["bytes"] if limit and (limit["rank"], limit["step"]) == (rank, step)
+                           else None):
                 ckpt.save(step)
             _progress(spec, rank, f"saved {step}")
         if preemption is not None and preemption.requested():
@@ -281,6 +285,7 @@ def train(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     params = full_params(model)
     return {"losses": losses, "params": params if rank == 0 else None, "consumed": consumed,
             "dp_rank": dp_rank, "tp_rank": mesh["tp"].get_local_rank(),
-            "resumed": None if resumed is None else {"step": resumed.step, "saved_layout": resumed.saved_layout,
+            "resumed": None if resumed is None else {"step": resumed.step,
+                                                     "saved_layout": resumed.saved_layout,
                                                      "refused": resumed.refused},
             "log": log, "lr": [g["lr"] for g in opt.param_groups], "stats": ckpt.last_stats}

@@ -25,7 +25,8 @@ def job(name: str, parallelism: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
         "spec": {"nodes": 2, "nprocPerNode": 8, "resources": {"gpu": 8}, "parallelism": parallelism,
-                 "model": {"preset": "llama3-1b", "seqLen": 8192}, "training": {"steps": 1000, "globalBatch": 16}},
+                 "model": {"preset": "llama3-1b", "seqLen": 8192},
+                 "training": {"steps": 1000, "globalBatch": 16}},
     }
 
 
@@ -49,7 +50,8 @@ def test_degrees_are_int_or_string_and_cel_still_checks_them(cluster: Cluster, n
     assert [j["spec"]["parallelism"]["tp"] for j in stored] == ["auto", 2]
 
     for name, parallelism, words in [
-        ("tp-quoted", {"tp": "2", "dpShard": "auto"}, 'spec.parallelism.tp must be an integer >= 1, unquoted (tp: 2, not tp: "2")'),
+        ("tp-quoted", {"tp": "2", "dpShard": "auto"},
+         'spec.parallelism.tp must be an integer >= 1, unquoted (tp: 2, not tp: "2")'),
         ("tp-zero", {"tp": 0, "dpShard": "auto"}, "spec.parallelism.tp must be an integer >= 1"),
         ("tp-three", {"tp": 3, "dpShard": 5, "pp": 1}, "tp=3 must divide heads=32 and kvHeads=8"),
     ]:
@@ -60,16 +62,16 @@ def test_degrees_are_int_or_string_and_cel_still_checks_them(cluster: Cluster, n
 
 def tetrad_status(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", "status", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=60)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", "status", *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=60)
 
 
 def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, namespace: str) -> None:
     install_tetrad_crd(cluster)
     cluster.apply(job("watched", {"tp": 2, "dpShard": "auto"}), namespace=namespace)
     # 16 sequences x 8192 tokens per step at 65536 tokens/s: 2 s a step, 600 steps left: 20 minutes.
-    status = {"phase": "Running", "mesh": "pp1.dpr1.dps8.cp1.tp2", "worldSize": 16, "restarts": 1, "disruptions": 1,
-              "startTime": "2026-01-01T00:00:00Z",
+    status = {"phase": "Running", "mesh": "pp1.dpr1.dps8.cp1.tp2", "worldSize": 16, "restarts": 1,
+              "disruptions": 1, "startTime": "2026-01-01T00:00:00Z",
               "training": {"step": 400, "loss": 2.5, "tokensPerSecond": 65536.0, "mfu": 0.42,
                            "peakMemoryBytes": 40 * 2**30, "updated": "2026-01-01T01:00:00Z"}}
     cluster.kubectl("patch", "ptj", "watched", "-n", namespace, "--subresource=status", "--type=merge",
@@ -88,7 +90,8 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     r = tetrad_status(cluster, "watched", "-n", namespace, "-o", "json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert (summary["step"], summary["steps"], summary["stepSeconds"], summary["etaSeconds"]) == (400, 1000, 2.0, 1200.0)
+    assert (summary["step"], summary["steps"], summary["stepSeconds"], summary["etaSeconds"]) == (
+        400, 1000, 2.0, 1200.0)
 
     r = tetrad_status(cluster, "missing", "-n", namespace)
     assert r.returncode == 1 and f"ParallelTrainingJob {namespace}/missing not found" in r.stderr, r.stderr
@@ -96,4 +99,5 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     wide = cluster.kubectl("get", "ptj", "watched", "-n", namespace, "-o", "wide").splitlines()
     assert table_row(wide[0], wide[1]) | {"AGE": ""} == {
         "NAME": "watched", "PHASE": "Running", "NODES": "2", "MESH": "pp1.dpr1.dps8.cp1.tp2", "RESTARTS": "1",
-        "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400", "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42", "AGE": ""}
+        "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400", "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42",
+        "AGE": ""}

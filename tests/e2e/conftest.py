@@ -18,7 +18,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker(LAST) is not None)  # stable: the rest keep their order
+    # stable: the rest keep their order
+    items.sort(key=lambda item: item.get_closest_marker(LAST) is not None)
 
 
 @pytest.fixture(scope="session")

@@ -57,7 +57,8 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 def job(name: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
-            "spec": {"nodes": 2, "nprocPerNode": 1, "resources": POD, "preflight": {"allReduceMiB": 1}, **spec}}
+            "spec": {"nodes": 2, "nprocPerNode": 1, "resources": POD, "preflight": {"allReduceMiB": 1},
+                     **spec}}
 
 
 def checkpoints_in(path: Path, mount: str = "/ckpt") -> dict[str, Any]:
@@ -88,7 +89,8 @@ def worker_pids(pod_uid: str) -> list[int]:
                 cgroups, cmdline = (proc / "cgroup").read_text(), (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if f"pod{pod_uid}" in cgroups and b"tetrad-node.pyz\0worker" in cmdline and b"torch.distributed.run" not in cmdline:
+            if (f"pod{pod_uid}" in cgroups and b"tetrad-node.pyz\0worker" in cmdline
+                    and b"torch.distributed.run" not in cmdline):
                 found.append(int(proc.name))
     return found
 
@@ -106,7 +108,8 @@ def test_a_plain_ddp_script_without_tetrad_trains_and_a_killed_worker_restarts_t
     c = installed
     store = shared_dir(tmp_path_factory, "ddp-ckpt")
     c.apply(job("ddp", image=f"tetrad/example-script:{VERSION}", checkpoint=checkpoints_in(store),
-                script={"path": "/app/train.py", "args": ["--steps", "40", "--save-every", "5", "--step-seconds", "0.5"]},
+                script={"path": "/app/train.py",
+                        "args": ["--steps", "40", "--save-every", "5", "--step-seconds", "0.5"]},
                 runPolicy={**FAST, "maxRestarts": 1}), namespace=ns)
     logs = PodLogs(c, ns, "ddp", 2, tmp_path_factory.mktemp("ddp-logs"))
 
@@ -131,11 +134,13 @@ def test_a_plain_ddp_script_without_tetrad_trains_and_a_killed_worker_restarts_t
     killed = watch.terminated()
     status = wait_for_phase(c, ns, "ddp", "Succeeded")
     assert killed["exitCode"] not in (0, 75), killed  # a failure, not a preemption
-    assert status["restarts"] == 1 and status.get("disruptions", 0) == 0, status  # a failure, spending maxRestarts
+    # a failure, spending maxRestarts
+    assert status["restarts"] == 1 and status.get("disruptions", 0) == 0, status
     events = c.kubectl_json("get", "events", "-n", ns, "--field-selector", "involvedObject.name=ddp")["items"]
     (failed,) = [e for e in events if e["reason"] == "PodFailed"]
     assert failed["message"].startswith(f"pod ddp-r0-1 failed with exit code {killed['exitCode']}"), failed
-    text = c.kubectl("logs", "-n", ns, "ddp-r1-0", "-c", "trainer")  # a Succeeded pod stays (cleanPodPolicy Running)
+    # a Succeeded pod stays (cleanPodPolicy Running)
+    text = c.kubectl("logs", "-n", ns, "ddp-r1-0", "-c", "trainer")
     resumed = int(re.search(r"rank 0: resumed from step (\d+)", text)[1])  # type: ignore[index]
     assert resumed >= 10 and resumed % 5 == 0 and f"[train] step {resumed + 1} loss" in text, text[-3000:]
     assert "[train] step 40 loss" in text
@@ -149,7 +154,8 @@ def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and
     c = installed
     store = shared_dir(tmp_path_factory, "runtime-ckpt")
     template = from_configmap(c, ns, "runtime-script", script_of("runtime"), "/app")
-    c.apply(job("runtime", image=f"tetrad/trainer:{VERSION}", template=template, checkpoint=checkpoints_in(store),
+    c.apply(job("runtime", image=f"tetrad/trainer:{VERSION}", template=template,
+                checkpoint=checkpoints_in(store),
                 script={"path": "/app/train.py", "args": ["--steps", "60", "--step-seconds", "0.5"]},
                 runPolicy={**FAST, "maxRestarts": 0}), namespace=ns)
     logs = PodLogs(c, ns, "runtime", 2, tmp_path_factory.mktemp("runtime-logs"))
@@ -170,8 +176,10 @@ def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and
     deleted = watch.terminated()
     assert deleted["exitCode"] == 75, deleted
     status = wait_for_phase(c, ns, "runtime", "Succeeded")
-    assert (status["restarts"], status["disruptions"]) == (1, 1), status  # a disruption: maxRestarts 0 unspent
-    saved = int(re.findall(r"\[train\] saved step (\d+)", logs.rank0()[0])[-1])  # on SIGTERM, every rank agreeing
+    # a disruption: maxRestarts 0 unspent
+    assert (status["restarts"], status["disruptions"]) == (1, 1), status
+    # on SIGTERM, every rank agreeing
+    saved = int(re.findall(r"\[train\] saved step (\d+)", logs.rank0()[0])[-1])
     resumed = c.kubectl("logs", "-n", ns, "runtime-r1-0", "-c", "trainer")
     assert f"[train] resumed from step {saved}" in resumed, resumed[-3000:]
     steps = [r["step"] for r in json_lines(resumed)]
@@ -187,12 +195,13 @@ def test_a_model_of_ones_own_trains_on_two_nodes_to_the_loss_of_tetrad_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
     c = installed
     model_dir = EXAMPLES / "model"
-    template = from_configmap(c, ns, "gpt2-model", {"gpt2_model.py": (model_dir / "gpt2_model.py").read_text()},
-                              "/opt/models")
+    template = from_configmap(c, ns, "gpt2-model",
+                              {"gpt2_model.py": (model_dir / "gpt2_model.py").read_text()}, "/opt/models")
     template["env"] = [{"name": "PYTHONPATH", "value": "/opt/models"}]
     gpt2 = job("gpt2", nprocPerNode=2, image=f"tetrad/trainer:{VERSION}", template=template,
                parallelism={"dpShard": 2, "tp": 2},
-               model={"module": "gpt2_model:definition", "dim": 64, "layers": 2, "heads": 4, "vocab": 256, "seqLen": 64},
+               model={"module": "gpt2_model:definition", "dim": 64, "layers": 2, "heads": 4, "vocab": 256,
+                      "seqLen": 64},
                training={"steps": 8, "globalBatch": 4, "precision": "fp32", "lr": 0.001, "warmupSteps": 2},
                resources={"cpu": "1", "memory": "3Gi"})
     c.apply(gpt2, namespace=ns)
@@ -203,7 +212,8 @@ def test_a_model_of_ones_own_trains_on_two_nodes_to_the_loss_of_tetrad_run(
     local = local_losses({**gpt2, "spec": {k: v for k, v in gpt2["spec"].items() if k != "template"}},
                          tmp_path_factory.mktemp("gpt2-local"))
     assert [r["loss"] for r in records] == pytest.approx(local, rel=1e-6)
-    assert status["training"]["step"] == 8 and status["training"]["loss"] == pytest.approx(local[-1], rel=1e-6)
+    assert status["training"]["step"] == 8 and status["training"]["loss"] == pytest.approx(local[-1],
+                                                                                          rel=1e-6)
 
 
 # ---------------------------------------------------------------- (d) level 2: a Hugging Face Trainer script

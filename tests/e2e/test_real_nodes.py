@@ -129,7 +129,8 @@ def test_load_refuses_an_image_the_disk_cannot_hold_before_importing_anything(
         f.truncate(8 << 40)  # sparse: 8 TiB by its size, nothing on the disk
     load = cluster_script("load", str(huge), name=real_nodes.name, timeout=60)
     assert load.returncode != 0
-    assert "not enough disk for the images of 2 real node(s): about 32772 GiB needed" in load.stderr, load.stderr
+    assert ("not enough disk for the images of 2 real node(s): about 32772 GiB needed"
+            in load.stderr), load.stderr
     assert "Free some space" in load.stderr
 
 

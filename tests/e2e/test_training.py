@@ -47,7 +47,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("rea
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 OPERATOR_NS = "tetrad-system"
 JOB_TIMEOUT = 1200.0
-STEPS = 48  # the interrupted job: four incarnations, each saving at least once, the third with steps left to stall in
+# the interrupted job: four incarnations, each saving at least once, the third with steps left to stall in
+STEPS = 48
 STALL_TIMEOUT = 30  # seconds without a rank-0 step (steps take about 2 s here)
 RESYNC = OperatorSettings().resync_seconds  # the chart's operator runs with the defaults
 # The interrupted job's fixture: four incarnations on two real nodes and the local reference run, about
@@ -97,7 +98,8 @@ def job_status(c: RealCluster, ns: str, name: str) -> dict[str, Any]:
     return status
 
 
-def wait_for_phase(c: RealCluster, ns: str, name: str, phase: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
+def wait_for_phase(c: RealCluster, ns: str, name: str, phase: str,
+                   timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         status = job_status(c, ns, name)
         assert status.get("phase") != "Failed", f"{name} failed: {status.get('message')}\n{describe(c, ns)}"
@@ -141,8 +143,8 @@ class PodLogs:
             pod = f"{self.name}-r{restart}-{node}"
             with (self.into / f"{pod}.log").open("w") as out:
                 self.streams[restart].append(subprocess.Popen(
-                    [str(self.c.kubectl_path), "--kubeconfig", str(self.c.kubeconfig), "logs", "-f", "-n", self.ns,
-                     pod, "-c", "trainer"], stdout=out, stderr=subprocess.STDOUT))
+                    [str(self.c.kubectl_path), "--kubeconfig", str(self.c.kubeconfig), "logs", "-f", "-n",
+                     self.ns, pod, "-c", "trainer"], stdout=out, stderr=subprocess.STDOUT))
 
     def _rank0_log(self, restart: int) -> str:
         """Rank 0's log of incarnation `restart`, as far as its stream has brought it in ("": none yet)."""
@@ -172,18 +174,21 @@ class PodLogs:
 # ---------------------------------------------------------------- the chart's operator
 
 
-def test_the_chart_runs_the_operator_in_its_container_with_its_service_account(installed: RealCluster) -> None:
+def test_the_chart_runs_the_operator_in_its_container_with_its_service_account(
+        installed: RealCluster) -> None:
     deploy = installed.kubectl_json("get", "deploy", "tetrad", "-n", OPERATOR_NS)
     available = {c["type"]: c["status"] for c in deploy["status"]["conditions"]}["Available"]
     assert available == "True"
-    (pod,) = installed.kubectl_json("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=tetrad")["items"]
+    (pod,) = installed.kubectl_json("get", "pods", "-n", OPERATOR_NS, "-l",
+                                    "app.kubernetes.io/name=tetrad")["items"]
     assert pod["spec"]["nodeName"] in installed.node_names
     assert pod["spec"]["serviceAccountName"] == "tetrad"
     (container,) = pod["status"]["containerStatuses"]
     assert container["ready"] and container["image"].startswith("docker.io/tetrad/operator:")
     # Its ServiceAccount may do what the operator needs, and no more than the chart grants.
     sa = f"system:serviceaccount:{OPERATOR_NS}:tetrad"
-    assert installed.kubectl("auth", "can-i", "patch", "paralleltrainingjobs/status", "--as", sa).strip() == "yes"
+    assert installed.kubectl("auth", "can-i", "patch", "paralleltrainingjobs/status", "--as",
+                             sa).strip() == "yes"
     assert installed.kubectl("auth", "can-i", "create", "pods", "--as", sa).strip() == "yes"
     assert installed.run_kubectl("auth", "can-i", "create", "secrets", "--as", sa).stdout.strip() == "no"
 
@@ -234,15 +239,16 @@ def prometheus(installed: RealCluster, tmp_path_factory: pytest.TempPathFactory)
             {"job_name": "tetrad-trainers", "kubernetes_sd_configs": [sd],
              "relabel_configs": [{"source_labels": ["__meta_kubernetes_pod_label_tetrad_dev_job_name"],
                                   "regex": ".+", "action": "keep"}, keep_port("metrics-[0-9]+"), *as_labels]},
-            {"job_name": "tetrad-operator", "kubernetes_sd_configs": [{**sd, "namespaces": {"names": [OPERATOR_NS]}}],
+            {"job_name": "tetrad-operator",
+             "kubernetes_sd_configs": [{**sd, "namespaces": {"names": [OPERATOR_NS]}}],
              "relabel_configs": [keep_port("metrics"), *as_labels]},
         ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()
     proc = subprocess.Popen(
-        [str(installed.bin_dir / "prometheus"), f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
+        [str(installed.bin_dir / "prometheus"), f"--config.file={work / 'prometheus.yml'}",
+         f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
         stdout=(work / "prometheus.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     prom = Prometheus(f"http://127.0.0.1:{port}")
@@ -306,16 +312,19 @@ def quickstart_run(installed: RealCluster, prometheus: Prometheus, quickstart_ns
     run = QuickstartRun(ns=ns, status={}, pods=[])
     deadline = time.monotonic() + JOB_TIMEOUT
     while (phase := job_status(c, ns, "quickstart").get("phase")) not in ("Succeeded", "Failed"):
-        assert time.monotonic() < deadline, f"quickstart still {phase} after {JOB_TIMEOUT}s\n{describe(c, ns)}"
+        assert time.monotonic() < deadline, (f"quickstart still {phase} after {JOB_TIMEOUT}s\n"
+                                             f"{describe(c, ns)}")
         if phase == "Running":
             header, *rows = c.kubectl("get", "ptj", "quickstart", "-n", ns).splitlines()
             run.rows += [table_row(header, row) for row in rows]
-            if not run.promql and (tps := prometheus.query(f"tetrad_tokens_per_second{{namespace='{ns}'}} > 0")):
+            if not run.promql and (
+                    tps := prometheus.query(f"tetrad_tokens_per_second{{namespace='{ns}'}} > 0")):
                 run.promql["tokens"] = tps
                 run.promql["running"] = prometheus.query("tetrad_operator_jobs{phase='Running'}")
                 before = [p["metadata"]["uid"] for p in trainer_pods(c, ns, "quickstart", 0)]
                 try:
-                    c.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(BAD | {"metadata": {"name": "bad"}}))
+                    c.kubectl("apply", "-n", ns, "-f", "-",
+                              input=json.dumps(BAD | {"metadata": {"name": "bad"}}))
                 except KubectlError as e:
                     run.rejection = e
                 after = [p["metadata"]["uid"] for p in trainer_pods(c, ns, "quickstart", 0)]
@@ -329,8 +338,8 @@ def quickstart_run(installed: RealCluster, prometheus: Prometheus, quickstart_ns
     return run
 
 
-def test_quickstart_trains_on_two_real_nodes_to_the_loss_of_tetrad_run(installed: RealCluster,
-                                                                        quickstart_run: QuickstartRun) -> None:
+def test_quickstart_trains_on_two_real_nodes_to_the_loss_of_tetrad_run(
+        installed: RealCluster, quickstart_run: QuickstartRun) -> None:
     run = quickstart_run
     assert run.status["restarts"] == 0 and run.status["mesh"] == "pp2.dpr1.dps2.cp1.tp2"
     assert sorted(p["spec"]["nodeName"] for p in run.pods) == installed.node_names  # one pod per node
@@ -412,7 +421,8 @@ class ExitWatch:
 
     def __init__(self, c: RealCluster, ns: str, pod: str):
         self.proc = subprocess.Popen(
-            [str(c.kubectl_path), "--kubeconfig", str(c.kubeconfig), "get", "pod", pod, "-n", ns, "-w", "-o", "json"],
+            [str(c.kubectl_path), "--kubeconfig", str(c.kubeconfig), "get", "pod", pod, "-n", ns, "-w", "-o",
+             "json"],
             stdout=subprocess.PIPE, text=True)
         self.seen: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -468,7 +478,8 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     store.chmod(0o777)  # the trainer runs as uid 1000; a hostPath keeps the host's owner
     job = quickstart(
         training={"steps": STEPS},
-        checkpoint={"enabled": True, "interval": 4, "volume": {"hostPath": {"path": str(store), "type": "Directory"}}},
+        checkpoint={"enabled": True, "interval": 4,
+                    "volume": {"hostPath": {"path": str(store), "type": "Directory"}}},
         # The stall detector fires before a collective times out (a warning at apply, on purpose).
         runPolicy={"maxRestarts": 1, "terminationGracePeriodSeconds": 30, "backoffSeconds": 2,
                    "stallTimeoutSeconds": STALL_TIMEOUT, "collectiveTimeoutSeconds": 300},
@@ -505,7 +516,8 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
         return status if status.get("restarts", 0) >= restart else None
 
     # A preemption: the pod is deleted, its trainer saves on SIGTERM and exits 75.
-    wait_until(lambda: saved_since_start(0), timeout=JOB_TIMEOUT, interval=2, what="a checkpoint in incarnation 0")
+    wait_until(lambda: saved_since_start(0), timeout=JOB_TIMEOUT, interval=2,
+               what="a checkpoint in incarnation 0")
     room_to_fail(0)
     watch = ExitWatch(c, ns, "resume-r0-1")
     c.kubectl("delete", "pod", "resume-r0-1", "-n", ns, "--wait=false")
@@ -525,7 +537,8 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     room_to_fail(2)
     signal_pod(c, ns, "resume", 2, signal.SIGSTOP)
     frozen = time.time()
-    stalled = wait_until(lambda: restarted(3), timeout=STALL_TIMEOUT + 300, interval=1, what="the stall's restart")
+    stalled = wait_until(lambda: restarted(3), timeout=STALL_TIMEOUT + 300, interval=1,
+                         what="the stall's restart")
     # Timed by the operator's own Restarting transition (whole seconds, rounded down), not by when
     # this test's poll happened to see it.
     decided = next(c for c in stalled["conditions"] if c["type"] == "Restarting")["lastTransitionTime"]
@@ -533,7 +546,8 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     wait_until(lambda: saved_since_start(3) or job_status(c, ns, "resume").get("phase") == "Succeeded",
                timeout=JOB_TIMEOUT, interval=1, what="incarnation 3 running")
     status = wait_for_phase(c, ns, "resume", "Succeeded")
-    events = c.kubectl_json("get", "events", "-n", ns, "--field-selector", "involvedObject.name=resume")["items"]
+    events = c.kubectl_json("get", "events", "-n", ns, "--field-selector",
+                            "involvedObject.name=resume")["items"]
     return InterruptedRun(status, preempted, after_preemption, killed, stalled, stall_seconds, events,
                           logs.rank0(), local_losses(job, tmp_path_factory.mktemp("local-resume")))
 
@@ -552,7 +566,8 @@ def test_a_deleted_pod_saves_exits_75_and_the_gang_resumes_without_spending_max_
 
 
 @RESUME_TIMEOUT
-def test_a_sigkilled_trainer_restarts_the_gang_from_the_last_checkpoint(interrupted_run: InterruptedRun) -> None:
+def test_a_sigkilled_trainer_restarts_the_gang_from_the_last_checkpoint(
+        interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
     assert run.killed["exitCode"] == 137
     assert run.status["phase"] == "Succeeded"
@@ -567,7 +582,8 @@ def test_a_frozen_pod_restarts_the_gang_as_stalled_within_the_timeout_plus_one_r
     run = interrupted_run
     restarting = next(c for c in run.stalled["conditions"] if c["type"] == "Restarting")
     assert restarting["status"] == "True" and restarting["reason"] == "Stalled", run.stalled["conditions"]
-    assert "completed no step" in restarting["message"] and "spec.runPolicy.stallTimeoutSeconds" in restarting["message"]
+    assert ("completed no step" in restarting["message"]
+            and "spec.runPolicy.stallTimeoutSeconds" in restarting["message"])
     assert run.stalled["disruptions"] == 2  # the preemption and the stall; a stall spends no maxRestarts
     # Counted from rank 0's last step, which came just before the freeze.
     assert run.stall_seconds <= STALL_TIMEOUT + RESYNC, run.stall_seconds
@@ -576,7 +592,8 @@ def test_a_frozen_pod_restarts_the_gang_as_stalled_within_the_timeout_plus_one_r
 
 
 @RESUME_TIMEOUT
-def test_the_job_resumed_across_four_incarnations_to_the_uninterrupted_loss(interrupted_run: InterruptedRun) -> None:
+def test_the_job_resumed_across_four_incarnations_to_the_uninterrupted_loss(
+        interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
     last = json_lines(run.logs[3])
     assert last[0]["step"] == run.status["checkpoint"]["resumedFrom"] + 1

@@ -32,8 +32,8 @@ JOBS = [job for p in EXAMPLES for job in jobs_in(p)]
 
 
 def tetrad(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
 
 
 def degrees(job: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +60,8 @@ def test_plan_fits_with_the_degrees_written(example):
     (job,) = jobs_in(example)
     report = plan(example)
     assert report["fits"], report
-    solved = {short: int(n) for short, n in re.findall(r"([a-z]+)(\d+)", report["mesh"])}  # pp2.dpr1.dps2.cp1.tp2
+    # pp2.dpr1.dps2.cp1.tp2
+    solved = {short: int(n) for short, n in re.findall(r"([a-z]+)(\d+)", report["mesh"])}
     short = {"pp": "pp", "dpReplicate": "dpr", "dpShard": "dps", "cp": "cp", "tp": "tp"}
     assert set(solved) == set(short.values()), report["mesh"]
     for degree, value in degrees(job).items():
@@ -78,17 +79,21 @@ def test_the_examples_cover_every_strategy():
     assert any(explicit(j, "dpShard") and degrees(j)["dpReplicate"] == 1 for j in JOBS), "FSDP"
     assert any(explicit(j, "dpReplicate", "dpShard") for j in JOBS), "HSDP"
     assert any(explicit(j, "tp") for j in JOBS) and any(explicit(j, "cp") for j in JOBS), "TP, CP"
-    assert {p["ppSchedule"] for p in par if isinstance(p.get("pp"), int) and p["pp"] > 1} == {s.value for s in PPSchedule}
+    assert {p["ppSchedule"] for p in par if isinstance(p.get("pp"), int) and p["pp"] > 1} == {
+        s.value for s in PPSchedule}
     assert any(explicit(j, "dpShard", "tp") and degrees(j)["pp"] == 1 for j in JOBS), "2D"
     assert any(explicit(j, "pp", "dpShard", "tp") and degrees(j)["cp"] == 1 for j in JOBS), "3D"
     four_d = [j for j in JOBS if explicit(j, "pp", "dpShard", "cp", "tp")]
-    assert {j["spec"]["model"]["preset"] for j in four_d if j["spec"]["resources"].get("gpu")} >= {"llama3-8b", "llama3-70b"}
+    assert {j["spec"]["model"]["preset"] for j in four_d if j["spec"]["resources"].get("gpu")} >= {
+        "llama3-8b", "llama3-70b"}
     assert any(not j["spec"]["resources"].get("gpu") for j in four_d), "a CPU/gloo 4D job"
     assert any(all(v == "auto" for v in degrees(j).values()) for j in JOBS), "auto everywhere"
     assert {j["spec"].get("gang", {}).get("scheduler", Scheduler.BUILTIN.value) for j in JOBS} >= \
         {Scheduler.BUILTIN.value, Scheduler.VOLCANO.value, Scheduler.KUEUE.value}
-    assert any("persistentVolumeClaim" in (j["spec"].get("checkpoint", {}).get("volume") or {}) for j in JOBS), "PVC"
-    entries = {next(iter(j["spec"]["script"].keys() & {"path", "module", "command"})) for j in JOBS if "script" in j["spec"]}
+    assert any("persistentVolumeClaim" in (j["spec"].get("checkpoint", {}).get("volume") or {})
+               for j in JOBS), "PVC"
+    entries = {next(iter(j["spec"]["script"].keys() & {"path", "module", "command"}))
+               for j in JOBS if "script" in j["spec"]}
     assert "path" in entries, "a script of one's own (level 1 and 2)"
     assert any(j["spec"].get("model", {}).get("module") for j in JOBS), "a model of one's own (level 3)"
     assert any(j["spec"].get("data", {}).get("source") == "jsonl" for j in JOBS), "fine-tuning data"
@@ -102,12 +107,14 @@ def gib(report: dict[str, Any]) -> str:
 def test_the_header_quotes_the_plan(example):
     header = "\n".join(line for line in example.read_text().splitlines() if line.startswith("#"))
     for quoted in re.findall(r"(\d+\.\d) GiB per GPU(?! per step)", header):
-        assert quoted == gib(plan(example)), f"{example.name}: the header says {quoted} GiB, `tetrad plan` {gib(plan(example))}"
+        assert quoted == gib(plan(example)), (f"{example.name}: the header says {quoted} GiB, "
+                                              f"`tetrad plan` {gib(plan(example))}")
 
 
 def test_the_guide_quotes_the_plan():
     """docs/parallelism.md's table of `tetrad plan` for the examples is what the planner says."""
-    rows = re.findall(r"^\| \[([\w.-]+)\]\(\.\./examples/\1\.yaml\).*$", (ROOT / "docs" / "parallelism.md").read_text(), re.M)
+    rows = re.findall(r"^\| \[([\w.-]+)\]\(\.\./examples/\1\.yaml\).*$",
+                      (ROOT / "docs" / "parallelism.md").read_text(), re.M)
     assert len(rows) >= 15
     text = (ROOT / "docs" / "parallelism.md").read_text()
     for name in rows:
@@ -115,15 +122,17 @@ def test_the_guide_quotes_the_plan():
         line = re.search(rf"^\| \[{re.escape(name)}\].*$", text, re.M).group()
         cells = [c.strip() for c in line.strip("|").split("|")]
         t = report["time"]
-        assert cells[2:] == [str(report["world_size"]), f"`{report['mesh']}`", gib(report), f"{t['compute_s']:.2f} s",
-                             f"{t['bubble_s']:.2f} s", f"{t['exposed_comm_s']:.2f} s", f"{t['total_s']:.2f} s",
+        assert cells[2:] == [str(report["world_size"]), f"`{report['mesh']}`", gib(report),
+                             f"{t['compute_s']:.2f} s", f"{t['bubble_s']:.2f} s",
+                             f"{t['exposed_comm_s']:.2f} s", f"{t['total_s']:.2f} s",
                              f"{t['tokens_per_second_per_device']:,.0f}", f"{t['mfu'] * 100:.1f}%"], name
 
 
 def test_every_example_says_when_to_use_it():
     for example in EXAMPLES:
         header = [line for line in example.read_text().splitlines() if line.startswith("#")]
-        assert len(header) >= 2, f"{example.name}: start with a comment saying when to use it and what it costs"
+        assert len(header) >= 2, (f"{example.name}: start with a comment saying when to use it "
+                                  f"and what it costs")
 
 
 @pytest.mark.cluster
@@ -138,6 +147,7 @@ def test_the_dry_run_reaches_the_cel_rules(tetrad_crd, namespace):
     """The control for the test above: the same path rejects a job the CEL rules forbid."""
     (job,) = jobs_in(ROOT / "examples" / "tp-sp.yaml")
     job["spec"]["parallelism"]["tp"] = 4  # 1 x 1 x 4 x 1 x 1 != 1 node x 8
-    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(job))
+    proc = tetrad_crd.run_kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                                  input=json.dumps(job))
     assert proc.returncode != 0
     assert "nodes" in proc.stderr and "nprocPerNode" in proc.stderr, proc.stderr

@@ -24,7 +24,8 @@ exit 0
 """
 FAKES = {
     "hack/k8s-tools.sh": '#!/usr/bin/env bash\n[[ $1 == bindir ]] && echo "$(dirname "$0")/../bin"\n',
-    "hack/cluster.sh": '#!/usr/bin/env bash\n[[ $1 == kubeconfig ]] && echo "$(dirname "$0")/kubeconfig"\nexit 0\n',
+    "hack/cluster.sh": ('#!/usr/bin/env bash\n[[ $1 == kubeconfig ]] && echo "$(dirname "$0")/kubeconfig"\n'
+                        'exit 0\n'),
     "hack/images.sh": '#!/usr/bin/env bash\necho "tetrad/$1:0 /dev/null"\n',
     "bin/kubectl": FAKE_KUBECTL,
     "bin/helm": "#!/usr/bin/env bash\nexit 0\n",
@@ -41,10 +42,11 @@ def test_make_e2e_leaves_no_watcher_behind(tmp_path: Path) -> None:
         (tmp_path / name).chmod(0o755)
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / "quickstart.yaml").write_text("kind: ParallelTrainingJob\n")
-    out, err = tmp_path / "out", tmp_path / "err"  # files, not pipes: a leftover process must not hold the test
+    # files, not pipes: a leftover process must not hold the test
+    out, err = tmp_path / "out", tmp_path / "err"
     with out.open("w") as o, err.open("w") as e:
-        code = subprocess.run(["bash", str(tmp_path / "hack" / "e2e.sh"), "demo"], stdout=o, stderr=e, timeout=60,
-                              cwd=tmp_path).returncode
+        code = subprocess.run(["bash", str(tmp_path / "hack" / "e2e.sh"), "demo"], stdout=o, stderr=e,
+                              timeout=60, cwd=tmp_path).returncode
     left = processes_mentioning(str(tmp_path))
     for line in left:
         os.kill(int(line.split(":")[0]), signal.SIGKILL)

@@ -21,6 +21,14 @@ def test_ruff_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_line_length_is_enforced(tmp_path: Path) -> None:
+    """pyproject's line-length is a rule, not a hint: a longer line fails `ruff check`."""
+    long = tmp_path / "long.py"
+    long.write_text(f"X = {'1' * 120}\n")
+    proc = run(str(BIN / "ruff"), "check", "--config", str(REPO / "pyproject.toml"), str(long))
+    assert proc.returncode != 0 and "E501" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_mypy_strict_is_clean_for_the_core_and_the_operator() -> None:
     proc = run(str(BIN / "mypy"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -46,7 +54,8 @@ def test_shellcheck_reports_a_bad_script(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "SC2086" in proc.stdout, proc.stdout
 
 
-USAGE_SCRIPTS = ["hack/cluster.sh", "hack/e2e.sh", "hack/images.sh", "hack/k8s-tools.sh", "hack/node-images.sh"]
+USAGE_SCRIPTS = ["hack/cluster.sh", "hack/e2e.sh", "hack/images.sh", "hack/k8s-tools.sh",
+                 "hack/node-images.sh"]
 
 
 def test_every_hack_script_prints_its_header_as_its_usage() -> None:
@@ -55,6 +64,7 @@ def test_every_hack_script_prints_its_header_as_its_usage() -> None:
         lines = (REPO / script).read_text().splitlines()[1:]
         header = [line.removeprefix("#").removeprefix(" ") for line in lines[:next(
             i for i, line in enumerate(lines) if not line.startswith("#"))]]
-        proc = subprocess.run(["bash", script, "no-such-verb"], cwd=REPO, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(["bash", script, "no-such-verb"], cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
         assert proc.returncode == 2, (script, proc.stderr)
         assert (proc.stdout + proc.stderr).splitlines()[-len(header):] == header, script

@@ -48,7 +48,8 @@ def thin(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_a_thin_archive_holds_only_the_images_own_blobs_and_names_the_bases_layers(tmp_path: Path) -> None:
     base_layout = tmp_path / "base"
-    torch_layer, tetrad_layer = put(base_layout, b"torch, compressed"), put(base_layout, b"tetrad, compressed")
+    torch_layer, tetrad_layer = (put(base_layout, b"torch, compressed"),
+                                 put(base_layout, b"tetrad, compressed"))
     image(base_layout, [torch_layer, tetrad_layer], ["sha256:torch", "sha256:tetrad"])
     base = archive_of(base_layout, tmp_path / "base.tar")
 
@@ -67,11 +68,13 @@ def test_a_thin_archive_holds_only_the_images_own_blobs_and_names_the_bases_laye
         (entry,) = json.load(tar.extractfile("index.json"))["manifests"]  # type: ignore[arg-type]
         manifest_blob = tar.extractfile("blobs/sha256/" + entry["digest"].split(":")[1]).read()  # type: ignore[union-attr]
     manifest = json.loads(manifest_blob)
-    assert entry["digest"] == "sha256:" + hashlib.sha256(manifest_blob).hexdigest() and entry["size"] == len(manifest_blob)
+    assert (entry["digest"] == "sha256:" + hashlib.sha256(manifest_blob).hexdigest()
+            and entry["size"] == len(manifest_blob))
     assert manifest["layers"] == [torch_layer, own]  # the shared layer as the base's archive names it
     blobs = {name.rsplit("/", 1)[1] for name in names if name.startswith("blobs/")}
     config = manifest["config"]["digest"].split(":")[1]
-    assert blobs == {entry["digest"].split(":")[1], config, own["digest"].split(":")[1]}  # nothing of the base
+    # nothing of the base
+    assert blobs == {entry["digest"].split(":")[1], config, own["digest"].split(":")[1]}
 
 
 def test_an_image_not_built_on_the_base_is_refused(tmp_path: Path) -> None:

@@ -135,8 +135,8 @@ def operator_in_thread(namespaces: list[str], *, peering: str | None = None, pri
 
     def target() -> None:
         try:
-            asyncio.run(serve(namespaces, False, port, peering, peering is None, config=config, priority=priority,
-                              stop_flag=stop, ready_flag=ready, memo=memo))
+            asyncio.run(serve(namespaces, False, port, peering, peering is None, config=config,
+                              priority=priority, stop_flag=stop, ready_flag=ready, memo=memo))
         except BaseException as e:  # surfaced by shutdown()
             op.errors.append(e)
 
@@ -175,7 +175,8 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
         names = []
         for _ in range(n):
             name = f"{namespace}-n{len(created)}"
-            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})}, taints=taints))
+            api.create("/api/v1/nodes", fake_node(name, cpu=cpu, labels={**label, **(labels or {})},
+                                                  taints=taints))
             created.append(name)
             names.append(name)
         from tetrad_operator.observed import NodeState
@@ -195,8 +196,10 @@ def pool(api: Any, namespace: str) -> Iterator[Any]:
 
 def operator_process(namespace: str, *, kubeconfig: Path | str, log: Path, env: dict[str, str] | None = None,
                      metrics_port: int = 0, peering: str | None = None) -> subprocess.Popen[bytes]:
-    """`python -m tetrad_operator -n NS --standalone` (or `--peering NAME`) as a child process (SIGKILL-able)."""
-    full_env = {**os.environ, **FAST_ENV, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})}
+    """`python -m tetrad_operator -n NS --standalone` (or `--peering NAME`) as a child process
+    (SIGKILL-able)."""
+    full_env = {**os.environ, **FAST_ENV, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1",
+                **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tetrad_operator", "-n", namespace,

@@ -41,7 +41,8 @@ def older_renderer(monkeypatch: Any) -> dict[str, bool]:
         if extra["on"]:
             out.configmap["data"]["extra.json"] = "{}"
             out.service["metadata"]["labels"][EXTRA_LABEL] = "yes"
-            out.service["spec"]["ports"] = [*out.service["spec"]["ports"], {"name": "extra", "port": 1234, "protocol": "TCP"}]
+            out.service["spec"]["ports"] = [*out.service["spec"]["ports"],
+                                            {"name": "extra", "port": 1234, "protocol": "TCP"}]
         return out
 
     monkeypatch.setattr(core, "render", render)
@@ -70,7 +71,8 @@ def node_body(name: str, cpu: str = "16", memory: str = "64Gi", gpu: int = 0, re
         "metadata": {"name": name, "labels": labels or {}},
         "spec": {"taints": taints or []},
         "status": {"allocatable": alloc, "conditions": [
-            {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": format_time(since)}]},
+            {"type": "Ready", "status": "True" if ready else "False",
+             "lastTransitionTime": format_time(since)}]},
     }
 
 
@@ -222,7 +224,8 @@ class FakeCluster:
         self._queued = reason
         held = {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": reason}
         self.kube.put(path(KUEUE_API_VERSION, "workloads", "ns", names.pod_group(self.name)), {
-            "apiVersion": KUEUE_API_VERSION, "kind": "Workload", "metadata": {"name": names.pod_group(self.name)},
+            "apiVersion": KUEUE_API_VERSION, "kind": "Workload",
+            "metadata": {"name": names.pod_group(self.name)},
             "status": {"conditions": [held if reason else {"type": "QuotaReserved", "status": "True"}]}})
 
     # ------------------------------------------------------------------ the operator
@@ -276,7 +279,8 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ scheduler and kubelet
 
-    def tick(self, seconds: float = 1.0, *, schedule: bool = True, run: bool = True, kubelet_deletes: bool = True) -> None:
+    def tick(self, seconds: float = 1.0, *, schedule: bool = True, run: bool = True,
+             kubelet_deletes: bool = True) -> None:
         self.now += timedelta(seconds=seconds)
         for name, pod in list(self.pods.items()):
             meta, spec, st = pod["metadata"], pod["spec"], pod["status"]
@@ -286,7 +290,8 @@ class FakeCluster:
                 continue
             if schedule and not spec.get("nodeName") and not spec.get("schedulingGates"):
                 spec["nodeName"] = self.placement.get(name) or sorted(self.nodes)[0]
-                st["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": format_time(self.now)}]
+                st["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                     "lastTransitionTime": format_time(self.now)}]
             elif run and spec.get("nodeName") and st["phase"] == "Pending":
                 st["phase"] = "Running"
                 st["podIP"] = f"198.18.64.{int(meta['labels'][contract.LABEL_RANK]) + 1}"
@@ -300,5 +305,6 @@ class FakeCluster:
 
     def finish(self, code: int = 0, rank: int | None = None, message: str | None = None) -> None:
         for pod in self.pods.values():
-            if pod["status"]["phase"] == "Running" and (rank is None or pod["metadata"]["labels"][contract.LABEL_RANK] == str(rank)):
+            if pod["status"]["phase"] == "Running" and (
+                    rank is None or pod["metadata"]["labels"][contract.LABEL_RANK] == str(rank)):
                 terminated(pod, code, message)

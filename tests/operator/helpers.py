@@ -32,11 +32,13 @@ class Api:
         """One blocking request through the `kubernetes` client: (HTTP status, decoded body)."""
         headers = {"Accept": "application/json"}
         if body is not None:
-            headers["Content-Type"] = "application/merge-patch+json" if verb == "PATCH" else "application/json"
+            headers["Content-Type"] = ("application/merge-patch+json" if verb == "PATCH"
+                                       else "application/json")
         full = path + (f"?{urlencode(query)}" if query else "")
         method, url, headers, _, _ = self.client.param_serialize(
             method=verb, resource_path=full, header_params=headers, auth_settings=["BearerToken"])
-        rsp = self.client.call_api(method, url, header_params=headers, body=body, _request_timeout=(5.0, 60.0))
+        rsp = self.client.call_api(method, url, header_params=headers, body=body,
+                                   _request_timeout=(5.0, 60.0))
         raw = rsp.read()  # type: ignore[no-untyped-call]
         try:
             return rsp.status, json.loads(raw) if raw else None
@@ -83,7 +85,8 @@ class Api:
         return self.list(f"/api/v1/namespaces/{ns}/pods", **selector)
 
     def events(self, ns: str, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.list(f"/api/v1/namespaces/{ns}/events") if e["involvedObject"].get("name") == name]
+        return [e for e in self.list(f"/api/v1/namespaces/{ns}/events")
+                if e["involvedObject"].get("name") == name]
 
 
 def ptj(name: str, nodes: int = 2, *, cpu: str = "1", **spec: Any) -> dict[str, Any]:
@@ -98,7 +101,8 @@ def ptj(name: str, nodes: int = 2, *, cpu: str = "1", **spec: Any) -> dict[str, 
     }
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float = 30, what: str = "condition", interval: float = 0.2) -> T:
+def wait_for(probe: Callable[[], T | None], timeout: float = 30, what: str = "condition",
+             interval: float = 0.2) -> T:
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
@@ -126,7 +130,8 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
 
 def condition_true(status: dict[str, Any] | None, type_: str) -> bool:
     """For wait_for: whether the condition is there and True (condition() raises while it is absent)."""
-    return any(c["type"] == type_ and c.get("status") == "True" for c in (status or {}).get("conditions") or [])
+    return any(c["type"] == type_ and c.get("status") == "True"
+               for c in (status or {}).get("conditions") or [])
 
 
 def now() -> str:
@@ -141,8 +146,8 @@ def terminate(api: Api, ns: str, pod: str, exit_code: int, message: str | None =
                             "startedAt": t, "finishedAt": t, **({"message": message} if message else {})}}
     api.patch(f"/api/v1/namespaces/{ns}/pods/{pod}/status", {"status": {
         "phase": "Succeeded" if exit_code == 0 else "Failed",
-        "containerStatuses": [{"name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "", "ready": False,
-                               "restartCount": 0, "state": state}]}})
+        "containerStatuses": [{"name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "",
+                               "ready": False, "restartCount": 0, "state": state}]}})
 
 
 def running_pods(api: Api, ns: str, job: str, restart: int | None = None) -> list[dict[str, Any]]:
@@ -151,10 +156,11 @@ def running_pods(api: Api, ns: str, job: str, restart: int | None = None) -> lis
             and (restart is None or p["metadata"]["labels"][contract.LABEL_RESTART] == str(restart))]
 
 
-def wait_running(api: Api, ns: str, job: str, nodes: int, restart: int = 0, timeout: float = 30) -> list[dict[str, Any]]:
+def wait_running(api: Api, ns: str, job: str, nodes: int, restart: int = 0,
+                 timeout: float = 30) -> list[dict[str, Any]]:
     wait_phase(api, ns, job, "Running", timeout)
-    return wait_for(lambda: (lambda ps: ps if len(ps) == nodes else None)(running_pods(api, ns, job, restart)),
-                    timeout, f"{nodes} running pods of {job} restart {restart}")
+    return wait_for(lambda: (lambda ps: ps if len(ps) == nodes else None)(
+        running_pods(api, ns, job, restart)), timeout, f"{nodes} running pods of {job} restart {restart}")
 
 
 def finish_all(api: Api, ns: str, job: str, exit_code: int = 0) -> None:
@@ -169,7 +175,8 @@ def takes_pods(node: NodeState) -> bool:
     return node.ready and not any(t.get("key") == "node.kubernetes.io/not-ready" for t in node.taints)
 
 
-def fake_node(name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0, labels: dict[str, str] | None = None,
+def fake_node(name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
+              labels: dict[str, str] | None = None,
               taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """A Node kwok manages (it turns it Ready and runs its pods)."""
     alloc = {"cpu": cpu, "memory": memory, "pods": "110"} | ({"nvidia.com/gpu": str(gpus)} if gpus else {})

@@ -85,7 +85,8 @@ class Address:
     @classmethod
     def parse(cls, url_path: str) -> Address:
         parts = [unquote(p) for p in url_path.strip("/").split("/")]
-        group_version, rest = (parts[1], parts[2:]) if parts[0] == "api" else ("/".join(parts[1:3]), parts[3:])
+        group_version, rest = ((parts[1], parts[2:]) if parts[0] == "api"
+                               else ("/".join(parts[1:3]), parts[3:]))
         namespace = ""
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
@@ -208,7 +209,8 @@ class MemoryKube:
         self.oldest = 0  # the oldest revision a watch may start from
         self._objects: dict[Key, dict[str, Any]] = {}  # the stored objects, handed out live by `collection`
         self._published: dict[Key, dict[str, Any]] = {}  # each as the last write left it (see `sync`)
-        self._managed: dict[tuple[Key, str], set[tuple[str, ...]]] = {}  # (object, field manager) -> its fields
+        # (object, field manager) -> its fields
+        self._managed: dict[tuple[Key, str], set[tuple[str, ...]]] = {}
         self._changes: list[Change] = []
         self._watchers: list[tuple[Address, str | None, asyncio.Queue[Change | None]]] = []
         self._uids = itertools.count(1)
@@ -230,7 +232,8 @@ class MemoryKube:
     async def list(self, url_path: str, **query: Any) -> list[dict[str, Any]]:
         return (await self.snapshot(url_path, **query))[0]
 
-    async def watch(self, url_path: str, resource_version: str, **query: Any) -> AsyncIterator[dict[str, Any]]:
+    async def watch(self, url_path: str, resource_version: str,
+                    **query: Any) -> AsyncIterator[dict[str, Any]]:
         self.requests.append(Request("WATCH", url_path, query={**query, "resourceVersion": resource_version}))
         since = int(resource_version or 0)
         if since < self.oldest:
@@ -275,7 +278,8 @@ class MemoryKube:
                 self._refuse("POST", url_path, e)
         attributes = body["spec"]["resourceAttributes"]
         wanted = (attributes.get("verb", ""), attributes.get("resource", ""), attributes.get("namespace", ""))
-        return {**copy.deepcopy(dict(body)), "status": {"allowed": self.grants is None or wanted in self.grants}}
+        return {**copy.deepcopy(dict(body)),
+                "status": {"allowed": self.grants is None or wanted in self.grants}}
 
     async def patch(self, url_path: str, body: Mapping[str, Any], content_type: str = MERGE,
                     ok: tuple[int, ...] = (404,)) -> dict[str, Any] | None:
@@ -316,7 +320,7 @@ class MemoryKube:
     async def close(self) -> None:
         pass
 
-    # ------------------------------------------------------------------ for tests: the cluster's other writers
+    # -------------------------------------------------------------- for tests: the cluster's other writers
 
     def collection(self, url_path: str) -> Collection:
         """The objects of a collection by name, live: edit them in place (then `sync`), set or delete them."""
@@ -409,8 +413,8 @@ class MemoryKube:
         meta = body.get("metadata") or {}
         for field_name in ("resourceVersion", "uid"):
             if field_name in meta and meta[field_name] != old["metadata"].get(field_name):
-                raise Refused(409, "Conflict", f"the object has been modified: {field_name} {meta[field_name]} "
-                              f"is not {old['metadata'].get(field_name)}")
+                raise Refused(409, "Conflict", f"the object has been modified: {field_name} "
+                              f"{meta[field_name]} is not {old['metadata'].get(field_name)}")
         if content_type == MERGE:
             patched = merge_patch(old, body)
         elif content_type == STRATEGIC:
@@ -456,8 +460,8 @@ class MemoryKube:
         obj = self._found(key)
         meta = obj["metadata"]
         if uid is not None and uid != meta.get("uid"):
-            raise Refused(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
-                          f"{meta.get('uid')}")
+            raise Refused(409, "Conflict", f"Precondition failed: UID in precondition: {uid}, "
+                          f"UID in object meta: {meta.get('uid')}")
         self._admit("delete", obj)
         grace = self._grace(key, obj, grace_seconds)
         if grace == 0 and not meta.get("finalizers"):
@@ -498,7 +502,8 @@ class MemoryKube:
         uid = obj["metadata"].get("uid")
         if cascade and uid:  # the garbage collector: the dependents go after their owner
             for dependent in [k for k, o in self._objects.items()
-                              if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])]:
+                              if any(r.get("uid") == uid
+                                     for r in o["metadata"].get("ownerReferences") or [])]:
                 if dependent in self._objects:
                     self._delete(dependent, None, None, True)
 

@@ -32,11 +32,13 @@ def check_invariants(api, ns: str, uid: str) -> None:
         meta = p["metadata"]
         restart, rank = int(meta["labels"][contract.LABEL_RESTART]), int(meta["labels"][contract.LABEL_RANK])
         assert meta["name"] == names.pod("chaos", restart, rank)
-        assert [r["uid"] for r in meta.get("ownerReferences", [])] == [uid], f"orphan or foreign pod {meta['name']}"
+        assert [r["uid"] for r in meta.get("ownerReferences", [])] == [uid], (
+            f"orphan or foreign pod {meta['name']}")
         assert 0 <= rank < NODES
         # The status is written before a new gang is created, so pods never run ahead of it.
         assert restart <= recorded, f"pod {meta['name']} ahead of status.restarts={recorded}"
-        per_restart[meta["labels"][contract.LABEL_RESTART]] = per_restart.get(meta["labels"][contract.LABEL_RESTART], 0) + 1
+        per_restart[meta["labels"][contract.LABEL_RESTART]] = per_restart.get(
+            meta["labels"][contract.LABEL_RESTART], 0) + 1
         if not meta.get("deletionTimestamp") and p["status"].get("phase") in ("Pending", "Running"):
             live_restarts.add(restart)
     assert len(live_restarts) <= 1, f"two gangs alive at once: {live_restarts}"
@@ -91,7 +93,8 @@ def test_sigkill_at_random_points_never_duplicates_or_orphans(api, operator_clus
         # Every gang incarnation that had a failure was restarted exactly once.
         assert st["restarts"] == len(failed_incarnations), (st["restarts"], failed_incarnations)
         pods = api.pods(ns, "chaos")
-        assert sorted(p["metadata"]["name"] for p in pods) == sorted(names.pod("chaos", st["restarts"], r) for r in range(NODES))
+        assert sorted(p["metadata"]["name"] for p in pods) == sorted(names.pod("chaos", st["restarts"], r)
+                                                                     for r in range(NODES))
         assert all(p["status"]["phase"] == "Succeeded" for p in pods)
     finally:
         proc.terminate()

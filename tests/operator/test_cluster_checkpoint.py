@@ -63,7 +63,8 @@ def test_status_checkpoint_survives_a_restart_and_says_where_it_resumed(api, ope
             committed = time.time()
             rank0.set(contract.METRIC_CHECKPOINT_STEP, 10)
             rank0.set(contract.METRIC_CHECKPOINT_TIME, committed)
-            st = wait_for(lambda: checkpoint() if checkpoint().get("step") == 10 else None, what="step 10 committed")
+            st = wait_for(lambda: checkpoint() if checkpoint().get("step") == 10 else None,
+                          what="step 10 committed")
             assert st["path"] == "/ckpt/step-00000010" and st["time"].endswith("Z")
             assert last_ckpt_column() == "10"
 

@@ -43,12 +43,14 @@ def group_phase(api, ns: str, name: str) -> str | None:
     return ((pg or {}).get("status") or {}).get("phase")
 
 
-def test_a_job_is_gang_scheduled_by_scheduler_plugins_and_succeeds(api, coscheduling, operator, namespace, pool):
+def test_a_job_is_gang_scheduled_by_scheduler_plugins_and_succeeds(
+        api, coscheduling, operator, namespace, pool):
     ns = namespace
     pool(2)
     api.create_job(ns, cosched_job("cj", pool))
     pg = wait_for(lambda: api.get(podgroups(ns, "cj-r0")), what="the PodGroup of restart 0")
-    assert pg["spec"] == {"minMember": 2, "minResources": {"cpu": "12", "memory": "2Gi"}, "scheduleTimeoutSeconds": 10}
+    assert pg["spec"] == {"minMember": 2, "minResources": {"cpu": "12", "memory": "2Gi"},
+                          "scheduleTimeoutSeconds": 10}
     assert pg["metadata"]["ownerReferences"][0]["name"] == "cj"
     pods = wait_running(api, ns, "cj", 2, timeout=90)
     for p in pods:
@@ -63,7 +65,8 @@ def test_a_job_is_gang_scheduled_by_scheduler_plugins_and_succeeds(api, coschedu
     wait_for(lambda: group_phase(api, ns, "cj-r0") == "Finished", timeout=30, what="PodGroup Finished")
 
 
-def test_two_gangs_with_room_for_one_and_a_half_run_one_after_the_other(api, coscheduling, operator, namespace, pool):
+def test_two_gangs_with_room_for_one_and_a_half_run_one_after_the_other(
+        api, coscheduling, operator, namespace, pool):
     """All or nothing, and no deadlock: two 3-pod gangs on 4 nodes can each take two nodes and wait
     for a third forever (Volcano #3373, scheduler-plugins #713); here one runs whole, the other has
     no pod bound although a node has room for one, and starts once the first finishes."""
@@ -71,7 +74,8 @@ def test_two_gangs_with_room_for_one_and_a_half_run_one_after_the_other(api, cos
     pool(4)
     api.create_job(ns, cosched_job("first", pool, nodes=3))
     api.create_job(ns, cosched_job("second", pool, nodes=3))
-    running = wait_for(lambda: [j for j in ("first", "second") if api.status(ns, j).get("phase") == "Running"],
+    running = wait_for(lambda: [j for j in ("first", "second")
+                                if api.status(ns, j).get("phase") == "Running"],
                        timeout=120, what="one gang running")
     assert len(running) == 1
     winner, waiter = running[0], ({"first", "second"} - set(running)).pop()
@@ -79,8 +83,9 @@ def test_two_gangs_with_room_for_one_and_a_half_run_one_after_the_other(api, cos
     st = wait_phase(api, ns, waiter, "GangWaiting")
     assert condition(st, "GangWaiting")["reason"] == "WaitingForScheduler"
     # Its status gives the scheduler's reason, as the pods' PodScheduled condition says it.
+    # e.g. "0/1 nodes are available: 1 optimistic rejection in PostFilter."
     wait_for(lambda: api.status(ns, waiter)["message"].partition("place and start them: ")[2], timeout=60,
-             what="the scheduler's reason in the waiter's status")  # e.g. "0/1 nodes are available: 1 optimistic rejection in PostFilter."
+             what="the scheduler's reason in the waiter's status")
     for _ in range(30):  # past its 10 s permit timeout: the waiter goes round the scheduler, none bound
         assert not bound(api, ns, waiter) and len(bound(api, ns, winner)) == 3
         time.sleep(0.5)
@@ -90,7 +95,8 @@ def test_two_gangs_with_room_for_one_and_a_half_run_one_after_the_other(api, cos
     assert binders(api, ns, pods) == {SCHEDULER}
 
 
-def test_a_whole_gang_restart_is_scheduled_again_through_a_new_pod_group(api, coscheduling, operator, namespace, pool):
+def test_a_whole_gang_restart_is_scheduled_again_through_a_new_pod_group(
+        api, coscheduling, operator, namespace, pool):
     ns = namespace
     pool(2)
     api.create_job(ns, cosched_job("re", pool))

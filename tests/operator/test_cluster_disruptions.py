@@ -27,7 +27,8 @@ def test_disruptions_over_the_budget_fail_the_job(api, operator, namespace):
     terminate(api, ns, "spot-r1-0", 75)  # again: over it
     st = wait_phase(api, ns, "spot", "Failed")
     assert condition(st, "Failed")["reason"] == "DisruptionBudgetExceeded"
-    assert "spec.runPolicy.maxDisruptions=1" in st["message"] and "spot-r1-0 failed with exit code 75" in st["message"]
+    assert ("spec.runPolicy.maxDisruptions=1" in st["message"]
+            and "spot-r1-0 failed with exit code 75" in st["message"])
     assert (st["restarts"], st["disruptions"]) == (1, 1)
     assert "DisruptionBudgetExceeded" in [e["reason"] for e in api.events(ns, "spot")]
 
@@ -65,7 +66,8 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
             api.create_job(ns, ptj("hang", nodes=2, metrics={"port": rank0.port},
                                    runPolicy={"stallTimeoutSeconds": 4, "backoffSeconds": 1}))
             wait_running(api, ns, "hang", 2)
-            wait_for(lambda: api.status(ns, "hang").get("training", {}).get("lastStepTime"), what="a heartbeat")
+            wait_for(lambda: api.status(ns, "hang").get("training", {}).get("lastStepTime"),
+                     what="a heartbeat")
             time.sleep(8)  # twice the timeout with a steady heartbeat: nothing happens
             st = api.status(ns, "hang")
             assert (st["phase"], st["restarts"]) == ("Running", 0), st
@@ -73,9 +75,11 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
 
             rank0.beating.clear()  # rank 0 hangs
             hung = time.monotonic()
-            wait_for(lambda: api.status(ns, "hang").get("restarts") == 1, timeout=30, what="the stalled gang restarted")
+            wait_for(lambda: api.status(ns, "hang").get("restarts") == 1, timeout=30,
+                     what="the stalled gang restarted")
             waited = time.monotonic() - hung
-            # lastStepTime has whole seconds (up to 1 s early); then a scrape (1 s) and a resync (2 s) at most.
+            # lastStepTime has whole seconds (up to 1 s early); then a scrape (1 s) and a resync (2 s)
+            # at most.
             assert 4 - 1 <= waited <= 4 + 1 + 2 + 1, f"acted after {waited:.1f}s"
             st = api.status(ns, "hang")
             assert st["disruptions"] == 1

@@ -48,9 +48,11 @@ def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api,
         "nodeSelector": pool.label, "tolerations": [{**taint, "operator": "Equal"}]}))
     pods = wait_running(api, ns, "fits", 2)
     st = api.status(ns, "fits")
-    assert condition(st, "GangReleased")["status"] == "True" and condition(st, "GangReleased")["reason"] == "Admitted"
+    assert (condition(st, "GangReleased")["status"] == "True"
+            and condition(st, "GangReleased")["reason"] == "Admitted")
     for p in pods:
-        assert not p["spec"].get("schedulingGates") and "tetrad.dev/gang-released" in p["metadata"]["annotations"]
+        assert (not p["spec"].get("schedulingGates")
+                and "tetrad.dev/gang-released" in p["metadata"]["annotations"])
         assert p["metadata"]["generation"] == 1, "the pod's spec was written once: created without its gate"
     assert "WaitingForCapacity" not in [e["reason"] for e in api.events(ns, "fits")]
 
@@ -62,7 +64,8 @@ def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, na
     api.create_job(ns, pool_job("first", pool, nodes=2))
     api.create_job(ns, pool_job("second", pool, nodes=2))
     # The oldest complete gang goes first; which gang completes first depends on the watch.
-    running = wait_for(lambda: [j for j in ("first", "second") if api.status(ns, j).get("phase") == "Running"],
+    running = wait_for(lambda: [j for j in ("first", "second")
+                                if api.status(ns, j).get("phase") == "Running"],
                        what="one gang running")
     assert len(running) == 1
     winner, waiter = running[0], ({"first", "second"} - set(running)).pop()
@@ -80,7 +83,8 @@ def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, na
 def test_volcano_pod_group(api, operator, namespace):
     ns = namespace
     api.create_job(ns, ptj("vj", nodes=3, cpu="2", gang={"scheduler": "volcano", "queue": "research"}))
-    pg = wait_for(lambda: api.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/vj"), what="PodGroup")
+    pg = wait_for(lambda: api.get(f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups/vj"),
+                  what="PodGroup")
     assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"] == "research"
     assert pg["spec"]["minResources"] == {"cpu": "6", "memory": "3Gi"}
     assert pg["metadata"]["ownerReferences"][0]["name"] == "vj"
@@ -100,11 +104,13 @@ def test_gang_timeout_regates_a_gang_the_scheduler_cannot_place(api, operator, n
     # The fit counts resources, not pod anti-affinity: it releases both pods onto the one node,
     # where the scheduler can place only one. The gang times out and goes back behind its gate.
     anti = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "spread"}}, "topologyKey": "kubernetes.io/hostname"}]}}
-    api.create_job(ns, ptj("spread", nodes=2, cpu="1", template={"nodeSelector": pool.label, "affinity": anti},
+        {"labelSelector": {"matchLabels": {contract.LABEL_JOB: "spread"}},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+    api.create_job(ns, ptj("spread", nodes=2, cpu="1",
+                           template={"nodeSelector": pool.label, "affinity": anti},
                            gang={"timeoutSeconds": 3}))
-    timeout = wait_for(lambda: [e for e in api.events(ns, "spread") if e["reason"] == "GangTimeout"], timeout=40,
-                       what="a GangTimeout event")
+    timeout = wait_for(lambda: [e for e in api.events(ns, "spread") if e["reason"] == "GangTimeout"],
+                       timeout=40, what="a GangTimeout event")
     assert timeout[0]["type"] == "Warning" and "still unscheduled 3s after release" in timeout[0]["message"]
     st = api.status(ns, "spread")
     assert st["restarts"] == 0, "a gang timeout is not a restart"

@@ -45,7 +45,8 @@ def test_changes_arrive_as_old_and_new_views_grouped_by_job(operator_cluster, ap
     async def run() -> list[tuple[Any, Any]]:
         kube = kube_for(operator_cluster)
         seen: list[tuple[Any, Any]] = []
-        informer = Informer(kube, path("v1", "pods", namespace), PodState.from_body, lambda o, n: seen.append((o, n)),
+        informer = Informer(kube, path("v1", "pods", namespace), PodState.from_body,
+                            lambda o, n: seen.append((o, n)),
                             selector=contract.LABEL_JOB, group=lambda p: (p.namespace, p.job))
         task = asyncio.create_task(informer.run())
         try:
@@ -69,7 +70,8 @@ def test_changes_arrive_as_old_and_new_views_grouped_by_job(operator_cluster, ap
     seen = asyncio.run(run())
     assert seen[0][0] is None and seen[0][1].name == "w-0" and seen[0][1].job == "w"
     assert all(new is None or new.name == "w-0" for _, new in seen)  # the unlabelled pod never came
-    assert all(old == before for (_, before), (old, _) in zip(seen, seen[1:], strict=False))  # each old is the last new
+    # each old is the last new
+    assert all(old == before for (_, before), (old, _) in zip(seen, seen[1:], strict=False))
     marked = next(i for i, (_, new) in enumerate(seen) if new is not None and new.checkpoint_request == "t1")
     assert seen[marked][0].checkpoint_request is None
     assert seen[-1][0].name == "w-0" and seen[-1][1] is None
@@ -84,7 +86,8 @@ def test_a_list_after_a_gap_tells_what_went_meanwhile(operator_cluster, api, nam
         informer = Informer(kube, path("v1", "pods", namespace), PodState.from_body,
                             lambda o, n: None if informer.synced.is_set() else seen.append((o, n)),
                             group=lambda p: p.job)
-        stale = PodState(name="gone-0", uid="u-gone", job="gone", restart=0, rank=0, phase="Running", namespace=namespace)
+        stale = PodState(name="gone-0", uid="u-gone", job="gone", restart=0, rank=0, phase="Running",
+                         namespace=namespace)
         informer._put(f"{namespace}/gone-0", stale)
         api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod("kept-0", job="kept"))
         seen.clear()
@@ -100,22 +103,26 @@ def test_a_list_after_a_gap_tells_what_went_meanwhile(operator_cluster, api, nam
     assert [(o and o.name, n and n.name) for o, n in seen] == [("gone-0", None), (None, "kept-0")]
 
 
-def test_the_operators_one_pod_watch_keeps_its_finished_pods_and_lets_anothers_go(operator_cluster, api, namespace):
+def test_the_operators_one_pod_watch_keeps_its_finished_pods_and_lets_anothers_go(
+        operator_cluster, api, namespace):
     """The job loops need their finished pods; the gang admission needs every pod that takes room."""
     async def run() -> dict[str, Any]:
         kube = kube_for(operator_cluster)
         gone: list[str] = []
         informer = Informer(kube, path("v1", "pods", namespace), pod_view,
-                            lambda o, n: gone.append(o.name) if o is not None and n is None else None, group=job_key)
+                            lambda o, n: gone.append(o.name) if o is not None and n is None else None,
+                            group=job_key)
         task = asyncio.create_task(informer.run())
         try:
             await asyncio.wait_for(informer.synced.wait(), 30)
             for name, job in (("ours-0", "ours"), ("theirs", None)):
                 api.create(f"/api/v1/namespaces/{namespace}/pods", fake_pod(name, job=job))
             await until(lambda: len(informer.items) == 2)
-            assert informer.groups == {(namespace, "ours"): {f"{namespace}/ours-0": informer.items[f"{namespace}/ours-0"]}}
+            assert informer.groups == {
+                (namespace, "ours"): {f"{namespace}/ours-0": informer.items[f"{namespace}/ours-0"]}}
             for name in ("ours-0", "theirs"):
-                api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {"phase": "Succeeded"}})
+                api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                          {"status": {"phase": "Succeeded"}})
             await until(lambda: gone == ["theirs"] and informer.items[f"{namespace}/ours-0"].terminal)
             return informer.items
         finally:
@@ -130,13 +137,15 @@ def compact_etcd(cluster: Any) -> None:
     url = f"http://127.0.0.1:{cluster.env['ETCD_PORT']}/v3/kv"
     with urlopen(Request(f"{url}/range", data=b'{"key": "AA=="}')) as rsp:
         revision = json.load(rsp)["header"]["revision"]
-    with urlopen(Request(f"{url}/compaction", data=json.dumps({"revision": revision, "physical": True}).encode())):
+    with urlopen(Request(f"{url}/compaction",
+                         data=json.dumps({"revision": revision, "physical": True}).encode())):
         pass
 
 
 def event(name: str, namespace: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": name},
-            "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace}, "reason": "Test", "message": name}
+            "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace}, "reason": "Test",
+            "message": name}
 
 
 class Forgetful(Informer[str]):
@@ -151,7 +160,8 @@ class Forgetful(Informer[str]):
         return "1" if self.lists == 1 else version
 
 
-def test_a_watch_from_a_forgotten_version_lists_again_and_tells_what_changed_meanwhile(operator_cluster, api, namespace):
+def test_a_watch_from_a_forgotten_version_lists_again_and_tells_what_changed_meanwhile(
+        operator_cluster, api, namespace):
     """410 Gone from the real API server: the watch raises Gone, the informer lists again, and a
     change made in between arrives as a difference of the new LIST. Events, because the API
     server keeps no watch cache for them: their watches read etcd, whose history is compacted."""

@@ -22,7 +22,8 @@ def queue(api, kueue, namespace):
     """A ClusterQueue of 16 GPUs (two 8-GPU pods) for this namespace, and its LocalQueue `team-a`."""
     name = f"cq-{namespace}"
     if not api.get(f"{KUEUE}/resourceflavors/default-flavor"):
-        api.create(f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+        api.create(f"{KUEUE}/resourceflavors", {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                                                "kind": "ResourceFlavor",
                                                 "metadata": {"name": "default-flavor"}})
     api.create(f"{KUEUE}/clusterqueues", {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name},
@@ -35,8 +36,8 @@ def queue(api, kueue, namespace):
     api.create(f"{KUEUE}/namespaces/{namespace}/localqueues", {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "team-a"},
         "spec": {"clusterQueue": name}})
-    wait_for(lambda: condition_true(api.get(f"{KUEUE}/clusterqueues/{name}").get("status"), "Active"), timeout=60,
-             what="the ClusterQueue Active")
+    wait_for(lambda: condition_true(api.get(f"{KUEUE}/clusterqueues/{name}").get("status"), "Active"),
+             timeout=60, what="the ClusterQueue Active")
     yield name
     api.delete(f"{KUEUE}/clusterqueues/{name}")
 
@@ -59,7 +60,8 @@ def admission_gated(pods: list[dict]) -> bool:
 def priority_class(api, name: str, value: int) -> str:
     if not api.get(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}"):
         api.create("/apis/scheduling.k8s.io/v1/priorityclasses",
-                   {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value})
+                   {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                    "value": value})
     return name
 
 
@@ -75,13 +77,15 @@ def test_a_job_is_admitted_by_kueue_then_runs_and_succeeds(api, queue, operator,
     assert [(ps["name"], ps["count"]) for ps in wl[0]["spec"]["podSets"]] == [("trainer", 2)]
     for p in pods:  # Kueue's webhook took them (its finalizer), its admission released them (no gate left)
         labels, annotations = p["metadata"]["labels"], p["metadata"]["annotations"]
-        assert labels["kueue.x-k8s.io/queue-name"] == "team-a" and labels["kueue.x-k8s.io/pod-group-name"] == "kj"
+        assert (labels["kueue.x-k8s.io/queue-name"] == "team-a"
+                and labels["kueue.x-k8s.io/pod-group-name"] == "kj")
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "2"
         assert "kueue.x-k8s.io/managed" in p["metadata"]["finalizers"]
         assert not p["spec"].get("schedulingGates")
     finish_all(api, ns, "kj", 0)
     wait_phase(api, ns, "kj", "Succeeded")
-    wait_for(lambda: condition_true(api.get(f"{KUEUE}/namespaces/{ns}/workloads/kj").get("status"), "Finished"),
+    wait_for(lambda: condition_true(api.get(f"{KUEUE}/namespaces/{ns}/workloads/kj").get("status"),
+                                    "Finished"),
              what="the Workload Finished")
 
 
@@ -91,8 +95,8 @@ def test_two_jobs_over_the_quota_one_waits_for_it_and_says_why(api, queue, opera
     wait_running(api, ns, "first", 2, timeout=90)
     api.create_job(ns, kueue_job("second"))
     st = wait_phase(api, ns, "second", "GangWaiting")
-    st = wait_for(lambda: (lambda s: s if condition(s, "GangWaiting")["reason"] == "WaitingForQueue" else None)(
-        api.status(ns, "second")), what="second waiting for its queue")
+    st = wait_for(lambda: (lambda s: s if condition(s, "GangWaiting")["reason"] == "WaitingForQueue"
+                           else None)(api.status(ns, "second")), what="second waiting for its queue")
     assert "kueue has not admitted them: couldn't assign flavors" in st["message"]
     assert "insufficient unused quota for nvidia.com/gpu" in st["message"]
     events = [e for e in api.events(ns, "second") if e["reason"] == "WaitingForQueue"]
@@ -107,7 +111,8 @@ def test_two_jobs_over_the_quota_one_waits_for_it_and_says_why(api, queue, opera
     wait_phase(api, ns, "second", "Succeeded")
 
 
-def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resumes(api, queue, operator, namespace):
+def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resumes(
+        api, queue, operator, namespace):
     ns = namespace
     low = priority_class(api, "tetrad-test-low", 10)
     high = priority_class(api, "tetrad-test-high", 1000)
@@ -117,19 +122,22 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resume
     # Kueue evicts low's Workload and deletes its pods, marked TerminationTarget; the kubelet's
     # SIGTERM makes each trainer save a checkpoint and exit 75, played here.
     stopped = wait_for(lambda: (lambda ps: ps if len(ps) == 2 else None)(
-        [p for p in api.pods(ns, "low") if p["metadata"].get("deletionTimestamp")]), timeout=60, what="low's pods stopped")
+        [p for p in api.pods(ns, "low") if p["metadata"].get("deletionTimestamp")]), timeout=60,
+        what="low's pods stopped")
     for p in stopped:
         assert any(c["type"] == "TerminationTarget" for c in p["status"]["conditions"])
         terminate(api, ns, p["metadata"]["name"], 75)
     wait_running(api, ns, "high", 2, timeout=90)
-    st = wait_for(lambda: (lambda s: s if (s.get("restarts") == 1 and s.get("phase") == "GangWaiting") else None)(
-        api.status(ns, "low")), timeout=60, what="low's next incarnation waiting")
+    st = wait_for(lambda: (lambda s: s if (s.get("restarts") == 1 and s.get("phase") == "GangWaiting")
+                           else None)(api.status(ns, "low")),
+                  timeout=60, what="low's next incarnation waiting")
     assert condition(st, "GangWaiting")["reason"] == "WaitingForQueue"
     assert st.get("disruptions") == 1, "a preemption spends the disruption budget, not maxRestarts"
     said = [e["message"] for e in api.events(ns, "low") if e["type"] == "Warning"]
     assert any("Preempted to accommodate a workload" in m for m in said), said
     # restart 1's pods wait at the gate (restart 0's, finished, may linger under Kueue's finalizer)
-    assert admission_gated([p for p in api.pods(ns, "low") if p["metadata"]["labels"][contract.LABEL_RESTART] == "1"])
+    assert admission_gated([p for p in api.pods(ns, "low")
+                            if p["metadata"]["labels"][contract.LABEL_RESTART] == "1"])
     finish_all(api, ns, "high", 0)
     wait_phase(api, ns, "high", "Succeeded")
     pods = wait_running(api, ns, "low", 2, restart=1, timeout=90)

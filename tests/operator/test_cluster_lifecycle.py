@@ -40,8 +40,9 @@ def test_job_runs_to_success_with_every_object_correct(api, operator, namespace)
     assert shared["metadata"]["ownerReferences"][0]["uid"] == uid
     for p in pods:
         meta = p["metadata"]
-        assert meta["ownerReferences"] == [{"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
-                                            "name": "train", "uid": uid, "controller": True, "blockOwnerDeletion": True}]
+        assert meta["ownerReferences"] == [{"apiVersion": "tetrad.dev/v1alpha1",
+                                            "kind": "ParallelTrainingJob", "name": "train", "uid": uid,
+                                            "controller": True, "blockOwnerDeletion": True}]
         assert meta["labels"][contract.LABEL_RESTART] == "0"
         assert not p["spec"].get("schedulingGates"), "the gang was released"
         assert "tetrad.dev/gang-released" in meta["annotations"]
@@ -112,7 +113,8 @@ def test_max_restarts_exhausted_fails_with_reason(api, operator, namespace):
     assert condition(st, "Failed")["reason"] == "MaxRestartsExceeded"
     assert "maxRestarts=1; 1 disruptions not counted" in st["message"]
     assert (st["restarts"], st["disruptions"]) == (2, 1)
-    wait_for(lambda: not running_pods(api, ns, "doomed"), what="survivors cleaned up (cleanPodPolicy Running)")
+    wait_for(lambda: not running_pods(api, ns, "doomed"),
+             what="survivors cleaned up (cleanPodPolicy Running)")
 
 
 def test_permanent_exit_code_fails_at_once(api, operator, namespace):
@@ -133,7 +135,8 @@ def test_evicted_pod_restarts_the_gang_even_with_a_retryable_list(api, operator,
         "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}})
     wait_for(lambda: api.status(ns, "evicted").get("restarts") == 1, what="restart after the eviction")
     # kopf posts events in the background: the Warning may land just after the restart's status write
-    wait_for(lambda: [e["reason"] for e in api.events(ns, "evicted") if e["type"] == "Warning"] == ["PodEvicted"],
+    wait_for(lambda: [e["reason"] for e in api.events(ns, "evicted")
+                      if e["type"] == "Warning"] == ["PodEvicted"],
              timeout=30, what="one PodEvicted Warning")
     assert api.status(ns, "evicted")["disruptions"] == 1
     wait_running(api, ns, "evicted", 2, restart=1)
@@ -185,7 +188,8 @@ def test_deleting_the_job_garbage_collects_every_owned_object(api, operator, nam
     wait_for(lambda: api.job(ns, "gone") is None, what="job deleted")
     wait_for(lambda: not api.pods(ns, "gone"), timeout=60, what="pods garbage-collected")
     wait_for(lambda: api.get(f"/api/v1/namespaces/{ns}/services/gone") is None, timeout=60, what="service GC")
-    wait_for(lambda: api.get(f"/api/v1/namespaces/{ns}/configmaps/gone-config") is None, timeout=60, what="configmap GC")
+    wait_for(lambda: api.get(f"/api/v1/namespaces/{ns}/configmaps/gone-config") is None, timeout=60,
+             what="configmap GC")
 
 
 def test_ttl_deletes_the_finished_job(api, operator, namespace):

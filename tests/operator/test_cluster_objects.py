@@ -44,14 +44,17 @@ def test_a_field_the_operator_stops_rendering_leaves_the_object(api, operator, n
 
 def test_a_foreign_object_of_the_same_name_is_left_alone_with_an_event(api, operator, namespace):
     ns = namespace
-    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-config"}, "data": {"mine": "1"}}
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-config"},
+               "data": {"mine": "1"}}
     api.create(f"/api/v1/namespaces/{ns}/configmaps", foreign)
     api.create_job(ns, ptj("taken", nodes=2))
 
-    wait_for(lambda: [e for e in api.events(ns, "taken") if e["reason"] == "ObjectConflict"], what="ObjectConflict")
+    wait_for(lambda: [e for e in api.events(ns, "taken") if e["reason"] == "ObjectConflict"],
+             what="ObjectConflict")
     event = next(e for e in api.events(ns, "taken") if e["reason"] == "ObjectConflict")
     assert event["type"] == "Warning"
-    assert event["message"] == "ConfigMap taken-config exists and is not owned by this job; delete it or rename the job"
+    assert event["message"] == ("ConfigMap taken-config exists and is not owned by this job; "
+                                "delete it or rename the job")
     cm = api.get(f"/api/v1/namespaces/{ns}/configmaps/taken-config")
     assert cm["data"] == {"mine": "1"} and not cm["metadata"].get("ownerReferences")
     assert not any(m["manager"] == FIELD_MANAGER for m in cm["metadata"]["managedFields"])
@@ -66,9 +69,11 @@ def test_a_foreign_object_of_the_same_name_is_left_alone_with_an_event(api, oper
 
 def test_pods_a_resource_quota_refuses_fail_the_job_with_the_api_servers_message(api, operator, namespace):
     ns = namespace
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods"},
+             "spec": {"hard": {"pods": "0"}}}
     api.create(f"/api/v1/namespaces/{ns}/resourcequotas", quota)
-    wait_for(lambda: (api.get(f"/api/v1/namespaces/{ns}/resourcequotas/no-pods").get("status") or {}).get("hard"),
+    wait_for(lambda: (api.get(f"/api/v1/namespaces/{ns}/resourcequotas/no-pods").get("status")
+                      or {}).get("hard"),
              what="the quota controller to fill the quota's status")
     api.create_job(ns, ptj("quota", nodes=2))
 
@@ -79,5 +84,7 @@ def test_pods_a_resource_quota_refuses_fail_the_job_with_the_api_servers_message
     assert "exceeded quota: no-pods" in st["message"], st["message"]
     assert not api.pods(ns, "quota")
     refused = [e for e in api.events(ns, "quota") if e["reason"] == "FailedCreatePod"]
-    assert refused and "exceeded quota" in refused[0]["message"] and "1 more pods refused alike" in refused[0]["message"]
-    assert any(e["reason"] == "PodCreationRejected" and e["type"] == "Warning" for e in api.events(ns, "quota"))
+    assert (refused and "exceeded quota" in refused[0]["message"]
+            and "1 more pods refused alike" in refused[0]["message"])
+    assert any(e["reason"] == "PodCreationRejected" and e["type"] == "Warning"
+               for e in api.events(ns, "quota"))

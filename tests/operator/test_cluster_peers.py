@@ -25,7 +25,8 @@ WORKERS = 3
 
 
 def env(pod: dict[str, Any], name: str) -> str | None:
-    return next((e.get("value") for e in pod["spec"]["containers"][0].get("env") or [] if e["name"] == name), None)
+    return next((e.get("value") for e in pod["spec"]["containers"][0].get("env") or [] if e["name"] == name),
+                None)
 
 
 @pytest.mark.parametrize("name", list(PEERS))
@@ -34,11 +35,13 @@ def test_a_peer_runs_the_benchmarks_job_on_kwok_nodes(operator_cluster, api, nam
     up = cluster_script("peer", name, name=operator_cluster.name, timeout=1800)
     assert up.returncode == 0, up.stderr[-4000:]
     api.create(peer.jobs(namespace), peer.body("j", WORKERS, SMALL))
-    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS and all(p["status"].get("phase") == "Running" for p in ps)
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS
+                             and all(p["status"].get("phase") == "Running" for p in ps)
                              else None)(api.list(f"/api/v1/namespaces/{namespace}/pods")),
                     timeout=120, what=f"{WORKERS} Running pods of {name}'s job")
     if peer.running:
-        wait_for(lambda: peer.running(api.get(f"{peer.jobs(namespace)}/j") or {}), timeout=60, what=f"{name}'s job Running")
+        wait_for(lambda: peer.running(api.get(f"{peer.jobs(namespace)}/j") or {}), timeout=60,
+                 what=f"{name}'s job Running")
     if name.startswith("kubeflow-v1"):  # the operator gives every pod the torchrun environment
         assert sorted(env(p, "RANK") or "" for p in pods) == ["0", "1", "2"]
         assert {env(p, "WORLD_SIZE") for p in pods} == {str(WORKERS)}
@@ -55,7 +58,8 @@ def test_a_peer_runs_the_benchmarks_job_on_kwok_nodes(operator_cluster, api, nam
         assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] for p in pods} == {"j"}
     if name == "kubeflow-trainer":  # Trainer made a JobSet of the TrainJob, JobSet made the pods
         jobsets = api.list(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets")
-        assert [(s["metadata"]["name"], s["metadata"]["ownerReferences"][0]["kind"]) for s in jobsets] == [("j", "TrainJob")]
+        assert [(s["metadata"]["name"], s["metadata"]["ownerReferences"][0]["kind"])
+                for s in jobsets] == [("j", "TrainJob")]
         assert {env(p, "PET_NNODES") for p in pods} == {str(WORKERS)}
 
 
@@ -66,7 +70,8 @@ def test_jobset_runs_pods_with_tetrads_content(operator_cluster, api, namespace)
     assert up.returncode == 0, up.stderr[-4000:]
     peer, content = PEERS["jobset"], tetrad_pod()
     api.create(peer.jobs(namespace), with_pod(peer.body, content)("t", WORKERS, SMALL))
-    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS and all(p["status"].get("phase") == "Running" for p in ps)
+    pods = wait_for(lambda: (lambda ps: ps if len(ps) == WORKERS
+                             and all(p["status"].get("phase") == "Running" for p in ps)
                              else None)(api.list(f"/api/v1/namespaces/{namespace}/pods")),
                     timeout=120, what=f"{WORKERS} Running pods of the JobSet")
     for p in pods:

@@ -25,13 +25,15 @@ def fail_preflight(api: Api, ns: str, pod: str, message: str) -> None:
                             "startedAt": t, "finishedAt": t}}
     api.patch(f"/api/v1/namespaces/{ns}/pods/{pod}/status", {"status": {
         "phase": "Failed",
-        "containerStatuses": [{"name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "", "ready": False,
-                               "restartCount": 0, "state": state}]}})
+        "containerStatuses": [{"name": "trainer", "image": "tetrad/trainer:0.1.0", "imageID": "",
+                               "ready": False, "restartCount": 0, "state": state}]}})
 
 
 def excluded_in(pod: dict[str, Any]) -> list[str]:
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    return [v for t in terms for f in t.get("matchFields", []) if f["operator"] == "NotIn" for v in f["values"]]
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    return [v for t in terms for f in t.get("matchFields", []) if f["operator"] == "NotIn"
+            for v in f["values"]]
 
 
 def test_a_node_that_fails_the_gate_is_named_and_the_next_gang_avoids_it(api, operator, namespace):
@@ -46,14 +48,16 @@ def test_a_node_that_fails_the_gate_is_named_and_the_next_gang_avoids_it(api, op
         pods = wait_running(api, ns, "gate", 2)
         bad = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"][contract.LABEL_RANK] == "1")
         reason = "devices: 7 CUDA devices visible, the job runs nprocPerNode=8 processes, one per GPU"
-        fail_preflight(api, ns, "gate-r0-1", TerminationMessage(preflight=(NodeFailure(bad, 1, reason),)).encode())
+        fail_preflight(api, ns, "gate-r0-1",
+                       TerminationMessage(preflight=(NodeFailure(bad, 1, reason),)).encode())
 
         st = wait_for(lambda: (lambda s: s if s.get("failedNodes") else None)(api.status(ns, "gate")),
                       what="the failed node in status")
         assert st["failedNodes"] == [{"node": bad, "reason": reason, "restart": 0, "excluded": True}]
         assert st["disruptions"] == 1, "a bad node is a disruption: maxRestarts=0 is not spent"
         events = {e["reason"]: e for e in api.events(ns, "gate")}
-        assert f"pod gate-r0-1 failed the preflight gate: node {bad}: {reason}" in events["PreflightFailed"]["message"]
+        assert (f"pod gate-r0-1 failed the preflight gate: node {bad}: {reason}"
+                in events["PreflightFailed"]["message"])
         assert events["NodeExcluded"]["type"] == "Warning" and bad in events["NodeExcluded"]["message"]
 
         # The next gang avoids the bad node: with one good node it cannot fit, a third one lets it run.
@@ -85,9 +89,11 @@ def test_the_measured_bandwidth_reaches_status_and_a_slow_node_is_reported(api, 
     server, _ = start_http_server(port, addr="127.0.0.1", registry=registry)
     try:
         with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
-            api.create_job(ns, ptj("bw", nodes=3, metrics={"port": port}, preflight={"slowNodeFraction": 0.5}))
+            api.create_job(ns, ptj("bw", nodes=3, metrics={"port": port},
+                                   preflight={"slowNodeFraction": 0.5}))
             wait_running(api, ns, "bw", 3)
-            st = wait_for(lambda: (lambda s: s if any(c["type"] == "SlowNodes" for c in s.get("conditions", []))
+            st = wait_for(lambda: (lambda s: s if any(c["type"] == "SlowNodes"
+                                                      for c in s.get("conditions", []))
                                    else None)(api.status(ns, "bw")), what="the SlowNodes condition")
             assert st["preflight"]["restart"] == 0 and st["preflight"]["busBandwidthGBps"] == 38.0
             assert [(n["node"], n["nodeRank"], n["busBandwidthGBps"]) for n in st["preflight"]["nodes"]] == [
@@ -95,7 +101,8 @@ def test_the_measured_bandwidth_reaches_status_and_a_slow_node_is_reported(api, 
             slow = condition(st, "SlowNodes")
             assert slow["status"] == "True" and slow["message"].startswith("node slow-2 measured")
             assert st["phase"] == "Running", "reported, not acted on"
-            wait_for(lambda: [e for e in api.events(ns, "bw") if e["reason"] == "SlowNodes"], what="the event")
+            wait_for(lambda: [e for e in api.events(ns, "bw") if e["reason"] == "SlowNodes"],
+                     what="the event")
             finish_all(api, ns, "bw", 0)
             wait_phase(api, ns, "bw", "Succeeded")
             events = [e for e in api.events(ns, "bw") if e["reason"] == "SlowNodes"]

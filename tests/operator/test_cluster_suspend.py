@@ -47,20 +47,23 @@ def test_suspend_saves_records_the_step_and_resume_continues_from_it(api, operat
 
             committed = time.time()
             for pod in pods:  # the trainer saved step 40 on SIGTERM and exited 75
-                message = json.dumps({contract.TERMINATION_CHECKPOINT_STEP: 40, contract.TERMINATION_CHECKPOINT_TIME:
-                                      committed}) if pod.endswith("-0") else None
+                message = (json.dumps({contract.TERMINATION_CHECKPOINT_STEP: 40,
+                                       contract.TERMINATION_CHECKPOINT_TIME: committed})
+                           if pod.endswith("-0") else None)
                 terminate(api, ns, pod, contract.EXIT_PREEMPTED, message)
             wait_for(lambda: (api.status(ns, "sus").get("checkpoint") or {}).get("step") == 40,
                      what="the saved step in status.checkpoint")
             for pod in pods:
                 api.patch(f"/api/v1/namespaces/{ns}/pods/{pod}", {"metadata": {"finalizers": None}})
             wait_for(lambda: not api.pods(ns, "sus"), what="the pods gone")
-            st = wait_for(lambda: (lambda s: s if condition(s, "Suspended")["reason"] == "Suspended" else None)(
-                api.status(ns, "sus")), what="Suspended with the saved step")
+            st = wait_for(lambda: (lambda s: s if condition(s, "Suspended")["reason"] == "Suspended"
+                                   else None)(api.status(ns, "sus")), what="Suspended with the saved step")
             assert "the last committed checkpoint is step 40" in condition(st, "Suspended")["message"]
-            assert st["checkpoint"]["path"] == "/ckpt/step-00000040" and st["checkpoint"]["time"].endswith("Z")
+            assert (st["checkpoint"]["path"] == "/ckpt/step-00000040"
+                    and st["checkpoint"]["time"].endswith("Z"))
             assert st["restarts"] == 0 and st["disruptions"] == 0, "a suspend is no restart"
-            assert any(e["reason"] == "Suspended" and "step 40" in e["message"] for e in api.events(ns, "sus"))
+            assert any(e["reason"] == "Suspended" and "step 40" in e["message"]
+                       for e in api.events(ns, "sus"))
 
             rank0.new_process()  # the resumed trainer: its gauges unset until it decided
             api.patch(job, {"spec": {"runPolicy": {"suspend": False}}})
@@ -80,8 +83,10 @@ def test_suspend_saves_records_the_step_and_resume_continues_from_it(api, operat
 
 def test_checkpoint_now_reaches_rank_0_and_status_shows_its_commit(api, operator_cluster, namespace):
     ns, rank0 = namespace, Rank0()
-    request_step = Gauge(contract.METRIC_REQUEST_STEP, "", [contract.LABEL_REQUEST_TOKEN], registry=rank0.registry)
-    request_time = Gauge(contract.METRIC_REQUEST_TIME, "", [contract.LABEL_REQUEST_TOKEN], registry=rank0.registry)
+    request_step = Gauge(contract.METRIC_REQUEST_STEP, "", [contract.LABEL_REQUEST_TOKEN],
+                         registry=rank0.registry)
+    request_time = Gauge(contract.METRIC_REQUEST_TIME, "", [contract.LABEL_REQUEST_TOKEN],
+                         registry=rank0.registry)
     try:
         with operator_in_thread([ns]):
             api.create_job(ns, ptj("now", nodes=2, metrics={"port": rank0.port},

@@ -56,7 +56,8 @@ def test_the_kube_scheduler_binds_the_gang_only_when_all_of_it_fits(api, operato
     # The real scheduler could place two pods, but places none: the gang does not fit.
     stays_unbound(api, ns, "wl", 3)
     for p in api.pods(ns, "wl"):
-        assert p["spec"]["schedulingGroup"] == {"podGroupName": "wl-r0"} and not p["spec"].get("schedulingGates")
+        assert (p["spec"]["schedulingGroup"] == {"podGroupName": "wl-r0"}
+                and not p["spec"].get("schedulingGates"))
     pg = api.get(f"{WORKLOAD_API}/namespaces/{ns}/podgroups/wl-r0")
     scheduled = next(c for c in pg["status"]["conditions"] if c["type"] == "PodGroupScheduled")
     assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable"
@@ -65,7 +66,8 @@ def test_the_kube_scheduler_binds_the_gang_only_when_all_of_it_fits(api, operato
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
 
 
-def test_a_whole_gang_restart_schedules_through_the_new_incarnations_pod_group(api, operator, namespace, pool):
+def test_a_whole_gang_restart_schedules_through_the_new_incarnations_pod_group(
+        api, operator, namespace, pool):
     ns = namespace
     pool(2)
     api.create_job(ns, pool_job("re", pool, nodes=2))
@@ -74,8 +76,10 @@ def test_a_whole_gang_restart_schedules_through_the_new_incarnations_pod_group(a
     pods = wait_running(api, ns, "re", 2, restart=1, timeout=60)
     assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == {"re-r1"}
     # The old incarnation's Workload and PodGroup are gone (the PodGroup once its pods were).
-    wait_for(lambda: workload_objects(api, ns, "podgroups") == ["re-r1"], timeout=30, what="only re-r1's PodGroup")
-    wait_for(lambda: workload_objects(api, ns, "workloads") == ["re-r1"], timeout=30, what="only re-r1's Workload")
+    wait_for(lambda: workload_objects(api, ns, "podgroups") == ["re-r1"], timeout=30,
+             what="only re-r1's PodGroup")
+    wait_for(lambda: workload_objects(api, ns, "workloads") == ["re-r1"], timeout=30,
+             what="only re-r1's Workload")
     assert api.status(ns, "re")["restarts"] == 1
     finish_all(api, ns, "re", 0)
     wait_phase(api, ns, "re", "Succeeded")
@@ -85,7 +89,8 @@ def stage_racks(api: Api, ns: str, job: str) -> dict[str, set[str]]:
     racks = {n["metadata"]["name"]: n["metadata"]["labels"].get(RACK) for n in api.list("/api/v1/nodes")}
     out: dict[str, set[str]] = {}
     for p in bound(api, ns, job):
-        out.setdefault(p["metadata"]["labels"]["tetrad.dev/pipeline-stage"], set()).add(racks[p["spec"]["nodeName"]])
+        out.setdefault(p["metadata"]["labels"]["tetrad.dev/pipeline-stage"], set()).add(
+            racks[p["spec"]["nodeName"]])
     return out
 
 
@@ -128,7 +133,8 @@ def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, 
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
     wait_running(api, ns, "bi", 4, timeout=60)
     racks = stage_racks(api, ns, "bi")
-    assert set(racks) == {"0", "1"} and all(len(r) == 1 for r in racks.values()) and racks["0"] != racks["1"], racks
+    assert (set(racks) == {"0", "1"} and all(len(r) == 1 for r in racks.values())
+            and racks["0"] != racks["1"]), racks
     assert api.status(ns, "bi")["restarts"] == 0
     assert not [e for e in api.events(ns, "bi") if e["reason"] == "GangTimeout"]
 

@@ -36,7 +36,8 @@ def test_a_field_the_operator_stops_rendering_leaves_the_object(monkeypatch):
     c.settle(10)
     running(c)
     assert c.status["restarts"] == 1
-    assert set(c.objects[("ConfigMap", "job-config")]["data"]) == {"config.json"}, "what it stopped rendering is gone"
+    assert set(c.objects[("ConfigMap", "job-config")]["data"]) == {"config.json"}, (
+        "what it stopped rendering is gone")
     assert json.loads(c.objects[("ConfigMap", "job-config")]["data"]["config.json"])["nodes"] == 2
     service = c.objects[("Service", "job")]
     assert EXTRA_LABEL not in service["metadata"]["labels"] and service["spec"]["clusterIP"] == "None"
@@ -46,12 +47,14 @@ def test_a_field_the_operator_stops_rendering_leaves_the_object(monkeypatch):
 
 def test_a_foreign_object_of_the_same_name_is_left_alone_with_an_event():
     c = FakeCluster(job_body("taken", nodes=2))
-    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-config"}, "data": {"mine": "1"}}
+    foreign = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "taken-config"},
+               "data": {"mine": "1"}}
     c.kube.put(path("v1", "configmaps", "ns", "taken-config"), foreign)
     c.reconcile()
     conflict = next(e for e in c.events if e.reason == "ObjectConflict")
     assert conflict.type == "Warning"
-    assert conflict.message == "ConfigMap taken-config exists and is not owned by this job; delete it or rename the job"
+    assert conflict.message == ("ConfigMap taken-config exists and is not owned by this job; "
+                                "delete it or rename the job")
     assert c.objects[("ConfigMap", "taken-config")]["data"] == {"mine": "1"}
     assert not c.pods, "no pod starts without its own ConfigMap"
     assert c.phase == "Pending"
@@ -72,8 +75,8 @@ def test_a_status_field_the_model_lacks_is_refused_not_dropped():
     # What the operator reads of a status it cannot read is left out; the rest still counts.
     read = status.read({"phase": "Running", "restarts": "two", "newerField": 1, "training": {"step": 3}})
     assert status.wire(read) == {"phase": "Running", "training": {"step": 3}}
-    assert status.patch({"phase": "Running", "newerField": 1}, status.read({"phase": "Failed"})) == {"phase": "Failed"}, \
-        "a field the model does not know is left as it is"
+    assert status.patch({"phase": "Running", "newerField": 1}, status.read({"phase": "Failed"})) == {
+        "phase": "Failed"}, "a field the model does not know is left as it is"
 
 
 def test_every_scraped_gauge_fills_a_field_of_the_status_model():
@@ -98,7 +101,8 @@ def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
                        "requestCommitted": {"token": "t1", "step": 2, "time": "2030-01-01T00:00:00Z"}},
         "preflight": {"restart": 1, "busBandwidthGBps": 10.0, "updated": "2030-01-01T00:00:00Z",
                       "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]}}
-    assert scrape.status_patch(({}, {}, {}, {}), "/ckpt", 1, T0) == {"training": {"updated": "2030-01-01T00:00:00Z"}}
+    assert scrape.status_patch(({}, {}, {}, {}), "/ckpt", 1, T0) == {
+        "training": {"updated": "2030-01-01T00:00:00Z"}}
     kube = MemoryKube()
     kube.put(JOB, {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j"},
                    "status": {"phase": "Running", "training": {"loss": 6.5}}})

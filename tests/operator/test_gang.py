@@ -21,7 +21,8 @@ def pod(name: str, cpu: str = "4", memory: str = "8Gi", gpu: int = 0, node: str 
         phase: str = "Pending", selector: dict[str, str] | None = None, tolerations: list | None = None,
         affinity: dict | None = None) -> PodState:
     limits = {"cpu": cpu, "memory": memory} | ({"nvidia.com/gpu": gpu} if gpu else {})
-    spec = {"containers": [{"name": "trainer", "resources": {"requests": dict(limits), "limits": dict(limits)}}],
+    spec = {"containers": [{"name": "trainer",
+                            "resources": {"requests": dict(limits), "limits": dict(limits)}}],
             "nodeSelector": selector or {}, "tolerations": tolerations or []}
     if affinity:
         spec["affinity"] = affinity
@@ -42,7 +43,8 @@ def request(name: str, pods: list[PodState], age: int = 0) -> packing.GangReques
 def test_quantities_and_effective_requests():
     assert to_units("cpu", "250m") == 250 and to_units("cpu", "2") == 2000 and to_units("cpu", 0.5) == 500
     assert to_units("memory", "1Gi") == 2**30 and to_units("memory", "1G") == 10**9
-    spec = {"containers": [{"resources": {"requests": {"cpu": "1"}}}, {"resources": {"limits": {"cpu": "500m"}}}],
+    spec = {"containers": [{"resources": {"requests": {"cpu": "1"}}},
+                           {"resources": {"limits": {"cpu": "500m"}}}],
             "initContainers": [{"resources": {"requests": {"cpu": "3", "memory": "1Gi"}}}],
             "overhead": {"cpu": "100m"}}
     r = pod_requests(spec)
@@ -63,7 +65,8 @@ def test_place_is_first_fit_decreasing_and_respects_capacity():
 
 def test_gpus_pods_slots_and_bound_pods_count():
     ns = nodes(node_body("a", cpu="96", gpu=8))
-    bound = [pod("other", cpu="1", gpu=6, node="a", phase="Running"), pod("done", gpu=8, node="a", phase="Succeeded")]
+    bound = [pod("other", cpu="1", gpu=6, node="a", phase="Running"),
+             pod("done", gpu=8, node="a", phase="Succeeded")]
     free = packing.free_capacity(ns, bound)
     assert free["a"].get("nvidia.com/gpu") == 2
     assert packing.place([pod("g", gpu=4)], ns, dict(free)) is None
@@ -80,7 +83,8 @@ def test_pipeline_stages_are_placed_one_rack_each():
     from tetrad.api import parse
     from tetrad.render import render
 
-    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "j", "namespace": "ns"},
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": "j", "namespace": "ns"},
            "spec": {"nodes": 4, "parallelism": {"pp": 2, "dpShard": 2}, "training": {"globalBatch": 8},
                     "resources": {"cpu": "6"}, "gang": {"topologyKey": "rack"}}}
     job, problems = parse(doc)
@@ -163,7 +167,8 @@ def test_in_flight_pods_no_node_may_take_or_being_deleted_hold_no_room():
     """A released gang whose nodes are gone (or NotReady), or whose pods are being deleted, binds
     nowhere: it must not freeze every other gang's admission until its timeout."""
     ns = nodes(node_body("a", cpu="8"), node_body("gone", cpu="8", ready=False))
-    orphaned = [pod("o0", selector={"pool": "old"}), pod("o1", cpu="6", selector={"kubernetes.io/hostname": "gone"})]
+    orphaned = [pod("o0", selector={"pool": "old"}),
+                pod("o1", cpu="6", selector={"kubernetes.io/hostname": "gone"})]
     deleting = [dataclasses.replace(pod("d0", cpu="8"), deleting_since=T0)]
     waiting = request("w", [pod("w0", cpu="6")])
     for flying in (orphaned, deleting):
@@ -171,12 +176,14 @@ def test_in_flight_pods_no_node_may_take_or_being_deleted_hold_no_room():
     # Its pods that may still bind keep their room, and one that cannot fit still blocks.
     partly = [pod("p0", cpu="4"), pod("p1", selector={"pool": "old"})]
     assert packing.plan_admission(ns, [], [partly], [waiting]) == []
-    assert [a.request.name for a in packing.plan_admission(ns, [], [partly], [request("s", [pod("s0", cpu="4")])])] == ["s"]
+    assert [a.request.name for a in packing.plan_admission(ns, [], [partly],
+                                                           [request("s", [pod("s0", cpu="4")])])] == ["s"]
 
 
 def test_a_gang_bigger_than_the_cluster_never_goes():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
-    assert packing.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5") for i in range(3)])]) == []
+    assert packing.plan_admission(ns, [], [], [request("huge", [pod(f"h{i}", cpu="5")
+                                                                for i in range(3)])]) == []
 
 
 class Watch:
@@ -211,7 +218,8 @@ def ask(admitter: GangAdmitter, *gangs: packing.GangRequest) -> list[bool]:
 def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_shows_them():
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     admitter = admitter_on(ns)
-    gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}"), member(pod(f"g{i}-1", cpu="6"), f"g{i}")], age=i)
+    gangs = [request(f"g{i}", [member(pod(f"g{i}-0", cpu="6"), f"g{i}"),
+                               member(pod(f"g{i}-1", cpu="6"), f"g{i}")], age=i)
              for i in range(3)]
 
     # Each fits alone, only one at a time: the oldest goes, released; the others are created gated.
@@ -227,10 +235,12 @@ def test_gangs_that_ask_at_creation_never_overcommit_and_count_until_the_watch_s
     shown = [dataclasses.replace(p, released=True) for p in gangs[0].pods]
     admitter.informers = [Watch(*shown)]  # type: ignore[list-item]
     assert ask(admitter, late)[0] is False and not admitter.released
-    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Running") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
+    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Running")  # type: ignore[list-item]
+                                  for p, n in zip(shown, "ab", strict=True)))]
     assert ask(admitter, late)[0] is False
     # They end (the informer keeps the operator's finished pods): the room is free.
-    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Succeeded") for p, n in zip(shown, "ab", strict=True)))]  # type: ignore[list-item]
+    admitter.informers = [Watch(*(dataclasses.replace(p, node=n, phase="Succeeded")  # type: ignore[list-item]
+                                  for p, n in zip(shown, "ab", strict=True)))]
     assert ask(admitter, late)[0] is True
 
 
@@ -258,7 +268,8 @@ def test_a_round_that_fails_answers_no_and_the_gang_is_created_gated():
     admitter = GangAdmitter(None, broken, lambda key: None, OperatorMetrics(dict), asyncio.Semaphore(4), None)  # type: ignore[arg-type]
 
     async def run() -> bool:
-        asking = asyncio.create_task(admitter.reserve(request("asking", [member(pod("a-0", cpu="6"), "asking")])))
+        asking = asyncio.create_task(admitter.reserve(request("asking",
+                                                              [member(pod("a-0", cpu="6"), "asking")])))
         await asyncio.sleep(0)
         with pytest.raises(RuntimeError):
             await admitter.admit_once()
@@ -270,7 +281,8 @@ def test_a_round_that_fails_answers_no_and_the_gang_is_created_gated():
 
 def test_a_gang_whose_loop_stops_while_it_asks_holds_no_room():
     admitter = admitter_on(nodes(node_body("a", cpu="8")))
-    stopped, later = (request(n, [member(pod(f"{n}-0", cpu="6"), n)], age=i) for i, n in enumerate(("stopped", "later")))
+    stopped, later = (request(n, [member(pod(f"{n}-0", cpu="6"), n)], age=i)
+                      for i, n in enumerate(("stopped", "later")))
 
     async def stop_asking() -> None:
         asking = asyncio.create_task(admitter.reserve(stopped))
@@ -309,7 +321,8 @@ def test_a_gang_being_created_that_the_watch_shows_in_part_is_counted_once():
     third = request("third", [member(pod("t0", cpu="6"), "third")], age=2)
     assert not ask(admitter, third)[0]
     # The first pod is bound where the plan did not put it: it counts as bound, still once.
-    admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True, node="d", phase="Running"))]  # type: ignore[list-item]
+    admitter.informers = [Watch(dataclasses.replace(creating.pods[0], released=True, node="d",  # type: ignore[list-item]
+                                                    phase="Running"))]
     assert not ask(admitter, third)[0]
 
 
@@ -345,7 +358,8 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     admitter.request(first)  # its loop asks again from the same lagging view
     assert asyncio.run(admitter.admit_once()) == [] and patched(kube) == ["f0", "f1"]
     # The watch catches up (released, unbound): still no room for the second.
-    admitter.informers = [Watch(*(dataclasses.replace(p, gated=False, released=True) for p in first.pods), *second.pods)]  # type: ignore[list-item]
+    admitter.informers = [Watch(*(dataclasses.replace(p, gated=False, released=True) for p in first.pods),  # type: ignore[list-item]
+                                *second.pods)]
     assert asyncio.run(admitter.admit_once()) == [] and not admitter.released
     # The first gang ends: the second goes.
     admitter.informers = [Watch(*second.pods)]  # type: ignore[list-item]

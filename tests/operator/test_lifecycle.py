@@ -41,7 +41,8 @@ def test_first_reconcile_creates_every_object_and_fills_status():
     d = c.reconcile(admit=False)
     kinds = [type(a).__name__ for a in d.actions]
     assert kinds == ["Ensure", "Ensure", "Ensure", "CreatePod", "CreatePod", "CreatePod"]
-    assert [a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Ensure)] == ["job", "job-config", "job-env"]
+    assert [a.obj["metadata"]["name"] for a in d.actions if isinstance(a, Ensure)] == ["job", "job-config",
+                                                                                        "job-env"]
     assert [a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-0", "job-r0-1", "job-r0-2"]
     s = c.status
     assert s["phase"] == "Pending" and s["restarts"] == 0 and s["observedGeneration"] == 1
@@ -151,7 +152,8 @@ def test_disruptions_restart_without_spending_the_budget():
     c.finish(3, rank=1)
     c.reconcile()
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "MaxRestartsExceeded"
-    assert "restarted 1 times after failures (maxRestarts=1; 3 disruptions not counted)" in c.status["message"]
+    assert ("restarted 1 times after failures (maxRestarts=1; 3 disruptions not counted)"
+            in c.status["message"])
 
 
 def test_disruptions_have_their_own_budget():
@@ -160,7 +162,8 @@ def test_disruptions_have_their_own_budget():
     for restart in (1, 2):
         c.pods[f"job-r{restart - 1}-1"]["status"].update(phase="Failed", reason="Evicted")
         c.reconcile()
-        assert c.phase == "Restarting" and (c.status["restarts"], c.status["disruptions"]) == (restart, restart)
+        assert (c.phase == "Restarting"
+                and (c.status["restarts"], c.status["disruptions"]) == (restart, restart))
         c.settle(60)
         running(c)
     c.pods["job-r2-0"]["status"].update(phase="Failed", reason="Evicted")  # the third disruption: over budget
@@ -216,8 +219,9 @@ def test_device_out_of_memory_fails_at_once_and_says_what_to_read():
     c.reconcile()
     assert c.phase == "Failed" and c.status["restarts"] == 0, "retrying the same layout cannot help"
     assert cond(c, "Failed")["reason"] == "DeviceOutOfMemory"
-    assert c.status["message"] == ("pod job-r0-1 failed with exit code 77 in container trainer: the trainer ran out "
-                                   "of device memory; see the pod log for the planner's figures and the knobs to turn")
+    assert c.status["message"] == ("pod job-r0-1 failed with exit code 77 in container trainer: "
+                                   "the trainer ran out of device memory; see the pod log for the planner's "
+                                   "figures and the knobs to turn")
     assert c.events[-1].type == "Warning" and c.events[-1].reason == "DeviceOutOfMemory"
 
 
@@ -242,7 +246,8 @@ def test_device_out_of_memory_restarts_when_the_user_made_it_retryable():
 
 
 def test_pods_the_api_server_refuses_fail_the_job_after_a_few_passes():
-    refused = 'pods "job-r0-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0'
+    refused = ('pods "job-r0-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, '
+               'limited: pods=0')
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     c.refuse = refused
     attempts = c.settings.pod_create_attempts
@@ -252,7 +257,8 @@ def test_pods_the_api_server_refuses_fail_the_job_after_a_few_passes():
     assert c.rejection is not None and c.rejection.attempts == attempts
     d = c.reconcile()
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "PodCreationRejected"
-    assert c.status["message"] == f"the API server rejected the job's pods {attempts} times in a row: {refused}"
+    assert c.status["message"] == (f"the API server rejected the job's pods {attempts} times in a row: "
+                                   f"{refused}")
     assert not [a for a in d.actions if isinstance(a, CreatePod)]
 
 
@@ -288,7 +294,8 @@ def test_eviction_is_retryable_even_with_a_retryable_list():
 
 
 def test_deleted_node_is_a_lost_pod_force_deleted():
-    c = FakeCluster(job_body(nodes=2, runPolicy=FAST), nodes=[node_body("a", cpu="4"), node_body("b", cpu="4")])
+    c = FakeCluster(job_body(nodes=2, runPolicy=FAST),
+                    nodes=[node_body("a", cpu="4"), node_body("b", cpu="4")])
     running(c)
     victim = next(p for p in c.pods.values() if p["spec"]["nodeName"] == "b")
     c.tick(20)
@@ -314,7 +321,8 @@ def test_not_ready_node_is_lost_only_after_the_grace_period():
 
 def test_stuck_terminating_pod_is_force_deleted():
     settings = lifecycle.Settings(stuck_terminating_seconds=5)
-    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "terminationGracePeriodSeconds": 5}), settings=settings)
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "terminationGracePeriodSeconds": 5}),
+                    settings=settings)
     running(c)
     c.finish(1, rank=1)  # the API server removes the finished pod at once; rank 0's deletion takes its grace
     c.reconcile()
@@ -405,7 +413,8 @@ def test_ttl_deletes_the_finished_job():
     assert c.job is None
 
 
-@pytest.mark.parametrize(("policy", "left"), [("All", set()), ("Running", {"job-r0-1"}), ("None", {"job-r0-0", "job-r0-1"})])
+@pytest.mark.parametrize(("policy", "left"), [("All", set()), ("Running", {"job-r0-1"}),
+                                              ("None", {"job-r0-0", "job-r0-1"})])
 def test_clean_pod_policy(policy, left):
     c = FakeCluster(job_body(nodes=2, runPolicy={"cleanPodPolicy": policy}))
     running(c)
@@ -488,7 +497,8 @@ def test_no_release_at_creation_for_missing_pods_a_gang_timeout_or_other_schedul
     c.reconcile(admit=False)
     del c.pods["job-r0-1"]  # a pod of a gated incarnation deleted before its release
     d = c.reconcile(admit=False)
-    assert [a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-1"] and d.release_at_creation is None
+    assert ([a.name for a in d.actions if isinstance(a, CreatePod)] == ["job-r0-1"]
+            and d.release_at_creation is None)
     c.reconcile()  # admitted and ungated
     c.tick(schedule=False)
     c.reconcile()
@@ -518,7 +528,8 @@ def test_volcano_gets_a_pod_group_and_no_gate():
 def test_coscheduling_gets_a_pod_group_per_incarnation_and_deletes_the_old_one():
     c = FakeCluster(job_body(nodes=2, gang={"scheduler": "coscheduling"}, runPolicy=FAST))
     d = c.reconcile()
-    assert [(a.obj["kind"], a.obj["metadata"]["name"]) for a in d.actions if isinstance(a, Ensure)][-1] == ("PodGroup", "job-r0")
+    assert [(a.obj["kind"], a.obj["metadata"]["name"]) for a in d.actions if isinstance(a, Ensure)][-1] == (
+        "PodGroup", "job-r0")
     assert not any(isinstance(a, lifecycle.DeleteStaleGang) for a in d.actions)
     c.reconcile()
     assert c.phase == "GangWaiting" and cond(c, "GangWaiting")["reason"] == "WaitingForScheduler"
@@ -536,7 +547,8 @@ def test_a_job_waiting_for_its_scheduler_says_why_in_status():
     c.reconcile()
     assert c.status["message"] == "all 2 pods exist; waiting for coscheduling to place and start them"
     events = len(c.events)
-    for why in ("0/4 nodes are available: 4 Insufficient cpu.", "rejected due to timeout after waiting 10s at permit"):
+    for why in ("0/4 nodes are available: 4 Insufficient cpu.",
+                "rejected due to timeout after waiting 10s at permit"):
         c.pods["job-r0-1"].setdefault("status", {})["conditions"] = [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}]
         c.reconcile()
@@ -555,28 +567,33 @@ def test_a_job_kueue_holds_says_why_and_tells_it_once():
         c.reconcile()
         assert cond(c, "GangWaiting")["reason"] == "WaitingForQueue"
         assert c.status["message"] == f"all 2 pods exist; kueue has not admitted them: {c.queued}"
-    assert [e.reason for e in c.events].count("WaitingForQueue") == 1, "a changed reason updates status, not another event"
+    assert [e.reason for e in c.events].count("WaitingForQueue") == 1, (
+        "a changed reason updates status, not another event")
     c.queued = None  # admitted
     running(c)
 
 
 def test_a_failed_kueue_job_closes_its_pod_group_on_one_pod_once():
-    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}, runPolicy={"maxRestarts": 0}))
+    c = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"},
+                             runPolicy={"maxRestarts": 0}))
     running(c)
     c.finish(1)
     for _ in range(3):
         c.reconcile()
         c.tick()
     assert c.phase == "Failed"
-    closed = [n for n, p in c.pods.items() if p["metadata"].get("annotations", {}).get("kueue.x-k8s.io/retriable-in-group") == "false"]
-    assert len(closed) == 1, "one pod says the group is over; Kueue then finishes its Workload and lets the pods go"
+    closed = [n for n, p in c.pods.items()
+              if p["metadata"].get("annotations", {}).get("kueue.x-k8s.io/retriable-in-group") == "false"]
+    assert len(closed) == 1, (
+        "one pod says the group is over; Kueue then finishes its Workload and lets the pods go")
     d = c.reconcile()
     assert not [a for a in d.actions if isinstance(a, lifecycle.AnnotatePod)], "said once"
     ok = FakeCluster(job_body(nodes=2, gang={"scheduler": "kueue", "queue": "team-a"}))
     running(ok)
     ok.finish(0)
     ok.settle(3)
-    assert ok.phase == "Succeeded" and not [a for a in ok.reconcile().actions if isinstance(a, lifecycle.AnnotatePod)]
+    assert ok.phase == "Succeeded" and not [a for a in ok.reconcile().actions
+                                            if isinstance(a, lifecycle.AnnotatePod)]
 
 
 def test_a_finished_pod_held_by_a_finalizer_does_not_hold_up_the_next_incarnation():
@@ -599,7 +616,8 @@ def test_workload_gang_gets_a_workload_and_pod_group_per_incarnation():
     d = c.reconcile()
     ensured = [(a.obj["kind"], a.obj["metadata"]["name"]) for a in d.actions if isinstance(a, Ensure)]
     assert ensured[-2:] == [("Workload", "job-r0"), ("PodGroup", "job-r0")]
-    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "job-r0"} and "schedulingGates" not in p["spec"]
+    assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "job-r0"}
+               and "schedulingGates" not in p["spec"]
                for p in c.pods.values())
     assert not any(isinstance(a, lifecycle.DeleteStaleGang) for a in d.actions)  # nothing earlier to remove
     c.reconcile()
@@ -611,7 +629,8 @@ def test_workload_gang_gets_a_workload_and_pod_group_per_incarnation():
     assert c.status["restarts"] == 1 and set(c.pods) == {"job-r1-0", "job-r1-1"}
     assert all(p["spec"]["schedulingGroup"] == {"podGroupName": "job-r1"} for p in c.pods.values())
     # The new incarnation's Workload and PodGroup replace the old ones.
-    assert sorted(k for k in c.objects if k[0] in ("Workload", "PodGroup")) == [("PodGroup", "job-r1"), ("Workload", "job-r1")]
+    assert sorted(k for k in c.objects if k[0] in ("Workload", "PodGroup")) == [("PodGroup", "job-r1"),
+                                                                                ("Workload", "job-r1")]
 
 
 # ----------------------------------------------------------------------------- properties
@@ -652,7 +671,8 @@ def test_invariants_hold_for_any_interleaving(ops):
         assert len(incarnations) <= 1, f"two gangs alive at once: {incarnations}"
         for name, pod in c.pods.items():
             labels = pod["metadata"]["labels"]
-            assert name == names.pod("job", int(labels[contract.LABEL_RESTART]), int(labels[contract.LABEL_RANK]))
+            assert name == names.pod("job", int(labels[contract.LABEL_RESTART]),
+                                     int(labels[contract.LABEL_RANK]))
             assert int(labels[contract.LABEL_RESTART]) <= restarts
     # With no more faults the job always ends.
     for _ in range(80):
@@ -723,7 +743,8 @@ def test_a_gang_whose_rank_0_stops_stepping_is_restarted_as_a_disruption():
     d = quiet_for(c, 1)
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
     assert "rank 0 (job-r0-0) completed no step since" in c.status["message"]
-    assert "over the stall timeout of 300s (the default: 10 x the step time, at least 300s)" in c.status["message"]
+    assert ("over the stall timeout of 300s (the default: 10 x the step time, at least 300s)"
+            in c.status["message"])
     assert (c.status["restarts"], c.status["disruptions"]) == (1, 1)
     assert (c.events[-1].type, c.events[-1].reason) == ("Warning", "Stalled")
     assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
@@ -762,8 +783,8 @@ def test_the_default_stall_timeout_waits_past_the_collective_timeout():
     quiet_for(c, 659)
     assert c.phase == "Running", "a hung collective must end as CollectiveTimeout, not Stalled"
     quiet_for(c, 1)
-    assert c.phase == "Restarting" and "stall timeout of 660s (the default: 10 x the step time, at least 660s)" \
-        in c.status["message"]
+    assert c.phase == "Restarting" and (
+        "stall timeout of 660s (the default: 10 x the step time, at least 660s)" in c.status["message"])
 
 
 def test_a_collective_timeout_restarts_the_gang_naming_the_collective_and_its_peers():
@@ -771,12 +792,14 @@ def test_a_collective_timeout_restarts_the_gang_naming_the_collective_and_its_pe
             "not answering: rank 1")
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     running(c)
-    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0, message=TerminationMessage(collective_timeout=said).encode())
+    c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0,
+             message=TerminationMessage(collective_timeout=said).encode())
     c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=1)  # no message: still the same reason
     d = c.reconcile()
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "CollectiveTimeout"
-    assert c.status["message"].startswith(f"pod job-r0-0 failed with exit code 79 in container trainer: a collective "
-                                          f"timed out ({said}) (and 1 more); restarting the whole gang as restart 1")
+    assert c.status["message"].startswith(f"pod job-r0-0 failed with exit code 79 in container trainer: "
+                                          f"a collective timed out ({said}) (and 1 more); "
+                                          f"restarting the whole gang as restart 1")
     assert (c.status["restarts"], c.status["disruptions"]) == (1, 0)  # a failure: it spends maxRestarts
     assert (c.events[-1].type, c.events[-1].reason) == ("Warning", "CollectiveTimeout")
     assert {a.name for a in d.actions if isinstance(a, DeletePod)} == {"job-r0-0", "job-r0-1"}
@@ -793,8 +816,8 @@ def test_a_collective_timeout_is_permanent_only_when_the_user_says_so():
     c.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=1)
     c.reconcile()
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "MaxRestartsExceeded"
-    assert c.status["message"].startswith("pod job-r0-1 failed with exit code 79 in container trainer: a collective "
-                                          "timed out; the gang was already restarted 0 times")
+    assert c.status["message"].startswith("pod job-r0-1 failed with exit code 79 in container trainer: "
+                                          "a collective timed out; the gang was already restarted 0 times")
     permanent = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "permanentExitCodes": [78, 79]}))
     running(permanent)
     permanent.finish(contract.EXIT_COLLECTIVE_TIMEOUT, rank=0)
@@ -841,8 +864,8 @@ def test_an_explicit_short_stall_timeout_spares_the_start_up_up_to_the_default_f
     assert c.phase == "Running", "30 s is the timeout between steps, not for the start-up"
     quiet_for(c, 1)
     assert cond(c, "Restarting")["reason"] == "Stalled"
-    assert ("completed no step for 300s, over the stall timeout of 300s (before the first step: at least 300s and "
-            "2 x the last start-up)") in c.status["message"]
+    assert ("completed no step for 300s, over the stall timeout of 300s (before the first step: "
+            "at least 300s and 2 x the last start-up)") in c.status["message"]
 
 
 def test_a_rank_0_that_stops_answering_is_judged_by_its_last_read_not_by_the_clock():
@@ -853,7 +876,8 @@ def test_a_rank_0_that_stops_answering_is_judged_by_its_last_read_not_by_the_clo
     scraped(c, last_step_ago=10, step=99)  # then the last step, its save and exit: no scrape sees them
     d = unread_for(c, 3600)
     assert c.phase == "Running" and c.status["disruptions"] == 0
-    assert d.requeue_after is None or d.requeue_after >= 30, "no timer spins on a verdict only a read can give"
+    assert d.requeue_after is None or d.requeue_after >= 30, (
+        "no timer spins on a verdict only a read can give")
     quiet_for(c, 0)  # it answers again, at the same step: 3,610 s without one
     assert cond(c, "Restarting")["reason"] == "Stalled" and "completed no step since" in c.status["message"]
     assert "for 3610s, over the stall timeout of 30s" in c.status["message"]
@@ -885,7 +909,8 @@ def test_before_the_first_step_a_start_up_like_the_last_one_is_no_stall():
     quiet_for(c, 0)
     assert c.phase == "Running"
     quiet_for(c, 1)
-    assert c.phase == "Restarting" and "completed no step for 800s, over the stall timeout of 800s" in c.status["message"]
+    assert c.phase == "Restarting" and ("completed no step for 800s, over the stall timeout of 800s"
+                                        in c.status["message"])
     c.settle(60)
     running(c)
     scraped(c, last_step_ago=0, step_time=2.0, startup=400.0)  # once stepping, the start-up no longer counts
@@ -939,8 +964,8 @@ def test_the_cause_a_node_names_is_the_jobs_reason_and_message():
              message=TerminationMessage(reason=contract.REASON_ENTRY_POINT, message=said).encode())
     c.reconcile()
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "EntryPointNotFound"
-    assert c.status["message"] == (f"pod job-r0-1 failed with exit code 78 in container trainer: {said}; exit code 78 "
-                                   "is not retryable")
+    assert c.status["message"] == (f"pod job-r0-1 failed with exit code 78 in container trainer: {said}; "
+                                   "exit code 78 is not retryable")
 
 
 def test_a_scripts_own_exit_code_follows_the_exit_code_policy():
@@ -963,12 +988,14 @@ def test_a_container_the_image_cannot_start_fails_the_job_naming_the_image():
     pod = c.pods["job-r0-1"]
     pod["status"]["phase"] = "Failed"
     pod["status"]["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {
-        "exitCode": 128, "reason": "StartError", "message": 'failed to create containerd task: exec: "python3": '
-                                                             "executable file not found in $PATH: unknown"}}}]
+        "exitCode": 128, "reason": "StartError",
+        "message": 'failed to create containerd task: exec: "python3": '
+                   "executable file not found in $PATH: unknown"}}}]
     c.reconcile()
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "ContainerCannotStart"
-    assert 'the container of pod job-r0-1 could not start: failed to create containerd task: exec: "python3"' \
-        in c.status["message"] and "spec.image must hold what the pods run: python3 with torch" in c.status["message"]
+    assert ('the container of pod job-r0-1 could not start: failed to create containerd task: '
+            'exec: "python3"' in c.status["message"]
+            and "spec.image must hold what the pods run: python3 with torch" in c.status["message"])
     transient = FakeCluster(script_body())
     running(transient)
     pod = transient.pods["job-r0-0"]

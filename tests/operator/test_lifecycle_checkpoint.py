@@ -43,11 +43,12 @@ def test_suspend_of_a_running_job_lets_the_trainer_save_then_records_the_step_an
 
     # The kubelet's SIGTERM: every rank saves step 137 and exits 75; the pods are still terminating.
     for pod in c.pods.values():
-        terminated(pod, contract.EXIT_PREEMPTED, saved(137) if pod["metadata"]["name"].endswith("-0") else None)
+        terminated(pod, contract.EXIT_PREEMPTED,
+                   saved(137) if pod["metadata"]["name"].endswith("-0") else None)
     c.reconcile()
     assert c.phase == "Suspended" and cond(c, "Suspended")["reason"] == "Suspending"
-    assert c.status["checkpoint"] == {"step": 137, "path": "/ckpt/step-00000137", "time": "2030-03-17T17:46:40Z",
-                                      "resumedFrom": 0, "resumedAtRestart": 0}
+    assert c.status["checkpoint"] == {"step": 137, "path": "/ckpt/step-00000137",
+                                      "time": "2030-03-17T17:46:40Z", "resumedFrom": 0, "resumedAtRestart": 0}
     assert c.status["restarts"] == 0 and c.status["disruptions"] == 0, "a suspend is no restart"
     c.tick()  # the pods are gone
     c.reconcile()
@@ -60,7 +61,8 @@ def test_suspend_of_a_running_job_lets_the_trainer_save_then_records_the_step_an
     c.reconcile()
     assert c.phase == "Pending" and "resumes from checkpoint step 137" in cond(c, "Pending")["message"]
     assert set(c.pods) == {"job-r0-0", "job-r0-1"}, "the same incarnation again"
-    assert c.status["checkpoint"] == {"step": 137, "path": "/ckpt/step-00000137", "time": "2030-03-17T17:46:40Z"}
+    assert c.status["checkpoint"] == {"step": 137, "path": "/ckpt/step-00000137",
+                                      "time": "2030-03-17T17:46:40Z"}
     running(c)
     assert c.status["restarts"] == 0 and c.status["disruptions"] == 0 and c.phase == "Running"
 
@@ -113,7 +115,8 @@ def test_checkpoint_now_is_forwarded_once_to_rank_0():
     c.job["metadata"]["annotations"] = {contract.ANNOTATION_CHECKPOINT_NOW: "t1"}
     d = c.reconcile()
     assert [a for a in d.actions if isinstance(a, AnnotatePod)] == [
-        AnnotatePod("job-r0-0", c.pods["job-r0-0"]["metadata"]["uid"], {contract.ANNOTATION_CHECKPOINT_NOW: "t1"})]
+        AnnotatePod("job-r0-0", c.pods["job-r0-0"]["metadata"]["uid"],
+                    {contract.ANNOTATION_CHECKPOINT_NOW: "t1"})]
     assert c.status["checkpoint"] == {"requested": "t1"}
     assert c.pods["job-r0-0"]["metadata"]["annotations"][contract.ANNOTATION_CHECKPOINT_NOW] == "t1"
     assert contract.ANNOTATION_CHECKPOINT_NOW not in c.pods["job-r0-1"]["metadata"].get("annotations", {})
@@ -122,7 +125,8 @@ def test_checkpoint_now_is_forwarded_once_to_rank_0():
     assert not d.actions and not d.events and not d.merged, "once per token"
     c.job["metadata"]["annotations"][contract.ANNOTATION_CHECKPOINT_NOW] = "t2"
     d = c.reconcile()
-    assert [a.annotations for a in d.actions if isinstance(a, AnnotatePod)] == [{contract.ANNOTATION_CHECKPOINT_NOW: "t2"}]
+    assert [a.annotations for a in d.actions if isinstance(a, AnnotatePod)] == [
+        {contract.ANNOTATION_CHECKPOINT_NOW: "t2"}]
     assert c.status["checkpoint"]["requested"] == "t2"
 
 

@@ -21,7 +21,8 @@ def left_figures(step: int, loss: float, checkpoint_step: float = float("nan")) 
     registry = CollectorRegistry()
     for name, value in ((contract.METRIC_STEP, step), (contract.METRIC_LOSS, loss),
                         (contract.METRIC_LAST_STEP_TIME, 1_900_000_100.0),
-                        (contract.METRIC_CHECKPOINT_STEP, checkpoint_step), (contract.METRIC_RESUMED_FROM, 0)):
+                        (contract.METRIC_CHECKPOINT_STEP, checkpoint_step),
+                        (contract.METRIC_RESUMED_FROM, 0)):
         Gauge(name, "", registry=registry).set(value)
     return json.dumps({contract.TERMINATION_FIGURES: generate_latest(registry).decode()})
 
@@ -47,7 +48,8 @@ def test_a_finished_job_shows_the_last_step_and_loss_rank0_left():
 
 
 def test_without_figures_the_last_scrape_stays():
-    for message in (None, json.dumps({contract.TERMINATION_CHECKPOINT_STEP: 20}), '{"figures": "tetrad_step 2'):
+    for message in (None, json.dumps({contract.TERMINATION_CHECKPOINT_STEP: 20}),
+                    '{"figures": "tetrad_step 2'):
         c = FakeCluster(job_body(nodes=2))
         running(c)
         scraped_at_step_18(c)

@@ -37,13 +37,15 @@ def fail_preflight(c: FakeCluster, rank: int, *failures: NodeFailure) -> None:
     c.finish(EXIT_PREFLIGHT, rank=rank)
     pod = next(p for p in c.pods.values() if p["metadata"]["labels"][LABEL_RANK] == str(rank)
                and p["status"]["phase"] == "Failed")
-    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = TerminationMessage(preflight=failures).encode()
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = TerminationMessage(
+        preflight=failures).encode()
 
 
 def excluded_in(pod: dict[str, Any]) -> list[str]:
     terms = pod["spec"].get("affinity", {}).get("nodeAffinity", {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
-    return [v for t in terms for f in t.get("matchFields", []) if f["operator"] == "NotIn" for v in f["values"]]
+    return [v for t in terms for f in t.get("matchFields", []) if f["operator"] == "NotIn"
+            for v in f["values"]]
 
 
 def restart_and_run(c: FakeCluster) -> None:
@@ -84,7 +86,8 @@ def test_the_exclusion_budget_names_a_node_beyond_it_without_avoiding_it() -> No
     running(c)
     fail_preflight(c, 0, NodeFailure("n0", 0, "devices: 7 CUDA devices visible"))
     restart_and_run(c)
-    fail_preflight(c, 0, NodeFailure("n1", 0, "cpu: resources.cpu requests 4 CPUs, this node's processes may run on 1"))
+    fail_preflight(c, 0, NodeFailure(
+        "n1", 0, "cpu: resources.cpu requests 4 CPUs, this node's processes may run on 1"))
     c.reconcile()
     assert [(f["node"], f["restart"], f["excluded"]) for f in c.status["failedNodes"]] == [
         ("n0", 0, True), ("n1", 1, False)]
@@ -98,16 +101,18 @@ def test_a_user_who_disallows_exclusion_gets_the_node_named_and_a_plain_restart(
     running(c)
     fail_preflight(c, 1, NodeFailure("n0", 1, "devices: 3 CUDA devices visible"))
     c.reconcile()
-    assert c.status["failedNodes"] == [{"node": "n0", "reason": "devices: 3 CUDA devices visible", "restart": 0,
-                                        "excluded": False}]
+    assert c.status["failedNodes"] == [{"node": "n0", "reason": "devices: 3 CUDA devices visible",
+                                        "restart": 0, "excluded": False}]
     assert any(e.reason == "NodeNotExcluded" and "excludeFailedNodes is false" in e.message for e in c.events)
     restart_and_run(c)
     assert all(excluded_in(p) == [] for p in c.pods.values())
 
 
-def test_a_worker_whose_pod_0_name_never_resolved_restarts_the_gang_as_a_disruption_without_excluding_it() -> None:
-    """tetrad.node.rendezvous: the worker waited rendezvous.timeoutSeconds and exited 69 naming itself. Pod 0 not
-    running or the cluster's DNS is to blame, not the job (maxRestarts=0 is not spent) nor the node (not avoided)."""
+def test_a_worker_whose_pod_0_name_never_resolved_restarts_the_gang_as_a_disruption_without_excluding_it(
+) -> None:
+    """tetrad.node.rendezvous: the worker waited rendezvous.timeoutSeconds and exited 69 naming itself.
+    Pod 0 not running or the cluster's DNS is to blame, not the job (maxRestarts=0 is not spent) nor the
+    node (not avoided)."""
     c = cluster()
     running(c)
     reason = rendezvous_failure("job-r0-0.job.ns.svc", 900, "Name or service not known")
@@ -116,7 +121,8 @@ def test_a_worker_whose_pod_0_name_never_resolved_restarts_the_gang_as_a_disrupt
     assert c.phase == "Restarting" and c.status["disruptions"] == 1
     assert next(x for x in c.status["conditions"] if x["type"] == "Restarting")["reason"] == "PreflightFailed"
     assert c.status["failedNodes"] == [{"node": "n0", "reason": reason, "restart": 0, "excluded": False}]
-    assert any(e.reason == "NodeNotExcluded" and "says nothing against the node" in e.message for e in c.events)
+    assert any(e.reason == "NodeNotExcluded" and "says nothing against the node" in e.message
+               for e in c.events)
     restart_and_run(c)
     assert c.status["restarts"] == 1 and all(excluded_in(p) == [] for p in c.pods.values())
 
@@ -136,7 +142,8 @@ def measured(c: FakeCluster, restart: int, n1: float) -> None:
     """What the scraper writes from rank 0's preflight gauges (n0 measured 10 GB/s)."""
     assert c.job is not None
     c.job["status"]["preflight"] = {"restart": restart, "busBandwidthGBps": (10.0 + n1) / 2, "nodes": [
-        {"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}, {"node": "n1", "nodeRank": 1, "busBandwidthGBps": n1}]}
+        {"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0},
+        {"node": "n1", "nodeRank": 1, "busBandwidthGBps": n1}]}
 
 
 def test_a_slow_node_is_a_condition_and_one_warning_event() -> None:
@@ -149,8 +156,8 @@ def test_a_slow_node_is_a_condition_and_one_warning_event() -> None:
     c.reconcile()
     slow = next(x for x in c.status["conditions"] if x["type"] == "SlowNodes")
     assert slow["status"] == "True" and slow["message"] == (
-        "node n1 measured a preflight all-reduce bus bandwidth below spec.preflight.slowNodeFraction=0.5 of the "
-        "gang's median (6 GB/s): n1 2 GB/s")
+        "node n1 measured a preflight all-reduce bus bandwidth below spec.preflight.slowNodeFraction=0.5 "
+        "of the gang's median (6 GB/s): n1 2 GB/s")
     assert c.status["phase"] == "Running", "a slow node is reported, not acted on"
     c.reconcile()
     assert [e.reason for e in c.events].count("SlowNodes") == 1, "one event, not one per pass"
@@ -171,5 +178,6 @@ def test_status_preflight_is_read_from_rank_0s_gauges() -> None:
         f'{METRIC_PREFLIGHT_BUS_BANDWIDTH}{{node="n2",node_rank="2"}} NaN',
         "# TYPE tetrad_step gauge", "tetrad_step 3", ""])
     assert scrape.preflight(samples(exposition)) == {"busBandwidthGBps": 6.25, "nodes": [
-        {"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}, {"node": "n1", "nodeRank": 1, "busBandwidthGBps": 2.5}]}
+        {"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0},
+        {"node": "n1", "nodeRank": 1, "busBandwidthGBps": 2.5}]}
     assert scrape.preflight(samples("tetrad_step 3\n")) == {}, "no gate reported yet: nothing"

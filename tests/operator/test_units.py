@@ -40,9 +40,11 @@ JOB = path(contract.API_VERSION, contract.PLURAL, "ns", "j")
 
 def pod_body(**status) -> dict:
     return {"metadata": {"name": "j-r2-1", "uid": "u", "namespace": "ns",
-                         "labels": {contract.LABEL_JOB: "j", contract.LABEL_RESTART: "2", contract.LABEL_RANK: "1",
+                         "labels": {contract.LABEL_JOB: "j", contract.LABEL_RESTART: "2",
+                                    contract.LABEL_RANK: "1",
                                     contract.LABEL_MANAGED_BY: contract.MANAGED_BY}},
-            "spec": {"containers": [{"name": "trainer"}], "schedulingGates": [{"name": contract.GANG_GATE}, {"name": "other"}]},
+            "spec": {"containers": [{"name": "trainer"}],
+                     "schedulingGates": [{"name": contract.GANG_GATE}, {"name": "other"}]},
             "status": status}
 
 
@@ -64,7 +66,8 @@ def test_pod_state_reads_labels_gates_and_exit_codes():
          "message": "Preempted to accommodate a workload"}]))
     assert stopped.disrupted == "WorkloadEvictedDueToPreempted: Preempted to accommodate a workload"
     unplaced = PodState.from_body(pod_body(phase="Pending", conditions=[
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes are available"}]))
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/4 nodes are available"}]))
     assert unplaced.unschedulable == "0/4 nodes are available"
 
 
@@ -80,7 +83,8 @@ def test_the_pod_watch_keeps_the_operators_pods_in_any_phase_and_others_while_th
 
 def test_node_state():
     n = NodeState.from_body({"metadata": {"name": "n", "labels": {"a": "b"}},
-                             "spec": {"unschedulable": True, "taints": [{"key": "k", "effect": "NoSchedule"}]},
+                             "spec": {"unschedulable": True,
+                                      "taints": [{"key": "k", "effect": "NoSchedule"}]},
                              "status": {"allocatable": {"cpu": "500m", "nvidia.com/gpu": "8"},
                                         "conditions": [{"type": "Ready", "status": "False",
                                                         "lastTransitionTime": "2030-01-01T00:00:00Z"}]}})
@@ -100,7 +104,8 @@ def test_scrape_parses_a_real_exposition():
     Gauge("other_metric", "", registry=r).set(1)
     out = scrape.parse(generate_latest(r).decode())
     assert out == {"step": 12, "tokensPerSecond": 7.5, "mfu": 0.5}
-    assert isinstance(out["step"], int) and not any(isinstance(v, float) and math.isnan(v) for v in out.values())
+    assert isinstance(out["step"], int) and not any(isinstance(v, float) and math.isnan(v)
+                                                    for v in out.values())
 
 
 def test_scrape_reads_the_heartbeat_as_a_time_and_leaves_out_one_never_set():
@@ -112,7 +117,8 @@ def test_scrape_reads_the_heartbeat_as_a_time_and_leaves_out_one_never_set():
     Gauge(contract.METRIC_STEP_TIME, "", registry=r).set(1.25)
     assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25}  # a gauge never set reads 0
     beat.set(T0.timestamp() + 61.7)
-    assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25, "lastStepTime": "2030-01-01T00:01:01Z"}
+    assert scrape.parse(generate_latest(r).decode()) == {"stepTimeSeconds": 1.25,
+                                                         "lastStepTime": "2030-01-01T00:01:01Z"}
 
 
 def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
@@ -125,16 +131,20 @@ def test_scrape_reads_the_checkpoint_and_leaves_out_what_is_not_set_yet():
     assert scrape.parse(text, contract.SCRAPED_CHECKPOINT) == {} and scrape.checkpoint({}, "/ckpt", 2) == {}
     gauges[contract.METRIC_RESUMED_FROM].labels("0").set(40)
     gauges[contract.METRIC_RESUMED_FROM].labels("1").set(39)  # rank 0's wins
-    out = scrape.checkpoint(scrape.parse(generate_latest(r).decode(), contract.SCRAPED_CHECKPOINT), "/ckpt", 2)
-    assert out == {"resumedFrom": 40, "resumedAtRestart": 2}  # no commit in this incarnation yet: no step, no path
+    out = scrape.checkpoint(scrape.parse(generate_latest(r).decode(), contract.SCRAPED_CHECKPOINT),
+                            "/ckpt", 2)
+    # no commit in this incarnation yet: no step, no path
+    assert out == {"resumedFrom": 40, "resumedAtRestart": 2}
     gauges[contract.METRIC_CHECKPOINT_STEP].labels("0").set(50)
     gauges[contract.METRIC_CHECKPOINT_TIME].labels("0").set(T0.timestamp() + 3.2)
     text = generate_latest(r).decode()
     out = scrape.checkpoint(scrape.parse(text, contract.SCRAPED_CHECKPOINT), "/mnt/ckpt", 2)
-    assert out == {"step": 50, "time": "2030-01-01T00:00:03Z", "path": "/mnt/ckpt/" + contract.step_dir_name(50),
+    assert out == {"step": 50, "time": "2030-01-01T00:00:03Z",
+                   "path": "/mnt/ckpt/" + contract.step_dir_name(50),
                    "resumedFrom": 40, "resumedAtRestart": 2}
     assert isinstance(out["step"], int) and out["path"] == "/mnt/ckpt/step-00000050"
-    assert scrape.parse(text) == {"step": 57}  # status.training's step is the training step, not the checkpoint's
+    # status.training's step is the training step, not the checkpoint's
+    assert scrape.parse(text) == {"step": 57}
 
 
 def stored(kube: MemoryKube, job_status: dict, revision: int = 7) -> dict:
@@ -152,7 +162,8 @@ def test_the_status_write_leaves_the_scrapers_fields_alone():
     kube = MemoryKube()
     ctl = Controller(kube, OperatorSettings())
     checkpoint = {"step": 50, "path": "/ckpt/step-00000050"}
-    old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57}, "checkpoint": checkpoint}
+    old = {"phase": "Running", "restarts": 0, "message": "m", "training": {"step": 57},
+           "checkpoint": checkpoint}
     body = stored(kube, old)
     new = status.read({"phase": "Restarting", "restarts": 1})
     assert asyncio.run(ctl._write_status(JobLoop(("ns", "j")), JOB, body, new))
@@ -248,13 +259,16 @@ def test_a_job_kueue_holds_reads_its_workload_at_most_every_few_seconds():
     workload = path("kueue.x-k8s.io/v1beta2", "workloads", "ns", "j")
 
     def kueue_says(message: str) -> None:
-        kube.put(workload, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": {"name": "j"},
-                            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": message}]}})
+        kube.put(workload, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                            "metadata": {"name": "j"},
+                            "status": {"conditions": [{"type": "QuotaReserved", "status": "False",
+                                                       "message": message}]}})
 
     ctl = Controller(kube, OperatorSettings())
     loop = JobLoop(("ns", "j"))
     spec = loop.resolved(job_body("j", gang={"scheduler": "kueue", "queue": "team-a"}))
-    waiting = [PodState(name=f"j-r0-{i}", uid=str(i), job="j", restart=0, rank=i, phase="Pending") for i in range(2)]
+    waiting = [PodState(name=f"j-r0-{i}", uid=str(i), job="j", restart=0, rank=i, phase="Pending")
+               for i in range(2)]
     # a burst of passes (pod events come many a second): one read, the same reason
     kueue_says("no quota (1)")
     assert [asyncio.run(ctl._queued(loop, spec, waiting)) for _ in range(5)] == ["no quota (1)"] * 5
@@ -271,7 +285,8 @@ def test_a_job_kueue_holds_reads_its_workload_at_most_every_few_seconds():
     next_incarnation = [dataclasses.replace(p, name=f"j-r1-{p.rank}", restart=1) for p in waiting]
     assert asyncio.run(ctl._queued(loop, spec, next_incarnation)) == "no quota (3)"
     running = [dataclasses.replace(p, phase="Running", node="n0") for p in next_incarnation]
-    assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(gets()) == 3  # nothing waits: no read
+    # nothing waits: no read
+    assert asyncio.run(ctl._queued(loop, spec, running)) is None and len(gets()) == 3
 
 
 def test_only_a_change_the_decisions_see_wakes_a_job_loop():
@@ -293,12 +308,14 @@ def test_only_a_change_the_decisions_see_wakes_a_job_loop():
 
 
 def test_settings_from_env():
-    s = OperatorSettings.from_env({"TETRAD_OPERATOR_RESYNC_SECONDS": "4", "TETRAD_OPERATOR_NODE_LOST_SECONDS": "7",
+    s = OperatorSettings.from_env({"TETRAD_OPERATOR_RESYNC_SECONDS": "4",
+                                   "TETRAD_OPERATOR_NODE_LOST_SECONDS": "7",
                                    "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1", "UNRELATED": "x"})
     assert s.resync_seconds == 4.0 and s.scrape_host == "127.0.0.1"
     assert s.lifecycle.node_lost_seconds == 7.0
     assert s.lifecycle.stuck_terminating_seconds == LifecycleSettings().stuck_terminating_seconds == 30.0
-    assert OperatorSettings.from_env({"TETRAD_OPERATOR_POD_CREATE_ATTEMPTS": "5"}).lifecycle.pod_create_attempts == 5
+    assert OperatorSettings.from_env(
+        {"TETRAD_OPERATOR_POD_CREATE_ATTEMPTS": "5"}).lifecycle.pod_create_attempts == 5
     with pytest.raises(ValueError, match="TETRAD_OPERATOR_NODE_LOST_SECONDS='soon' is not a valid float"):
         OperatorSettings.from_env({"TETRAD_OPERATOR_NODE_LOST_SECONDS": "soon"})
     with pytest.raises(ValueError, match="TETRAD_OPERATOR_API_CONCURRENCY"):
@@ -323,7 +340,8 @@ def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_neve
     loop.last_listed -= 31.0
     assert loop.list_due(reconciled, 30.0), "once per resync period"
     new = JobLoop(("ns", "k"))
-    assert not new.list_due({"metadata": {}}, 30.0), "no status: nothing of ours exists that the watch could hide"
+    assert not new.list_due({"metadata": {}}, 30.0), (
+        "no status: nothing of ours exists that the watch could hide")
     assert not new.list_due({"metadata": {}}, 30.0), "asking changes nothing"
     new.last_listed = time.monotonic()  # what reconcile does on a new job's first pass
     assert not new.list_due({"status": {"phase": "Pending"}}, 30.0), "its first pass started the period"
@@ -340,9 +358,11 @@ def test_a_new_jobs_first_pass_waits_for_kopfs_finalizer_before_writing_anything
     loop.body_read = time.monotonic()
     assert 0 < asyncio.run(ctl.reconcile(loop)) <= FINALIZER_WAIT_SECONDS and not kube.requests, \
         "no write races kopf's finalizer patch"
-    loop.keep({"metadata": {**new["metadata"], "resourceVersion": "6", "finalizers": [FINALIZER]}})  # the watch
+    # the watch
+    loop.keep({"metadata": {**new["metadata"], "resourceVersion": "6", "finalizers": [FINALIZER]}})
     assert not loop.awaits_finalizer(loop.body)
-    assert not loop.awaits_finalizer({**new, "status": {"phase": "Pending"}}), "a job reconciled before never waits"
+    assert not loop.awaits_finalizer({**new, "status": {"phase": "Pending"}}), (
+        "a job reconciled before never waits")
     loop.started -= FINALIZER_WAIT_SECONDS
     assert not loop.awaits_finalizer(new), "nor for longer than FINALIZER_WAIT_SECONDS"
 
@@ -435,12 +455,15 @@ def test_a_job_loop_resolves_the_spec_once_per_generation():
 
 
 def test_a_job_loop_counts_refused_passes_and_lets_transient_errors_retry():
-    quota = ApiError(403, "POST", "/api/v1/namespaces/ns/pods", {"reason": "Forbidden", "message": "exceeded quota: q"})
-    invalid = ApiError(422, "POST", "/api/v1/namespaces/ns/pods", {"reason": "Invalid", "message": "spec.x: Invalid"})
+    quota = ApiError(403, "POST", "/api/v1/namespaces/ns/pods",
+                     {"reason": "Forbidden", "message": "exceeded quota: q"})
+    invalid = ApiError(422, "POST", "/api/v1/namespaces/ns/pods",
+                       {"reason": "Invalid", "message": "spec.x: Invalid"})
     busy = ApiError(503, "POST", "/api/v1/namespaces/ns/pods", {"message": "the server is busy"})
     loop = JobLoop(("ns", "job"))
     assert loop.count_creations([quota, quota]) == [quota, quota]
-    assert loop.rejection is not None and (loop.rejection.attempts, loop.rejection.message) == (1, "exceeded quota: q")
+    assert loop.rejection is not None and (loop.rejection.attempts, loop.rejection.message) == (
+        1, "exceeded quota: q")
     assert loop.count_creations([busy, ConnectionError()]) == []
     assert loop.rejection.attempts == 1, "transient errors neither count nor reset"
     loop.count_creations([invalid])

@@ -1,4 +1,5 @@
-"""Run `tetrad_trainer.train.main` (or another `main(argv)`) on N local gloo ranks, as torchrun would, cheaply.
+"""Run `tetrad_trainer.train.main` (or another `main(argv)`) on N local gloo ranks, as torchrun would,
+cheaply.
 
 Ranks are forked from a forkserver that imported torch and the trainer once, so a 16-rank world
 starts in seconds instead of paying torch's import per rank on a 2-core machine. Each rank gets
@@ -145,7 +146,8 @@ def run_ranks(target: str, argv: list[str], nodes: int, nproc: int, out: Path, *
             # Each node's ranks serve on its base port + LOCAL_RANK: give every node its own block.
             "TETRAD_METRICS_PORT": str(metrics + rank // nproc * nproc), **(env or {}),
         }
-        procs.append(ctx.Process(target=_rank_main, args=(target, argv, rank_env, str(out / f"rank-{rank}.log")),
+        procs.append(ctx.Process(target=_rank_main,
+                                 args=(target, argv, rank_env, str(out / f"rank-{rank}.log")),
                                  daemon=False))  # a daemon may not start children (compile workers)
     start = time.monotonic()
     for p in procs:

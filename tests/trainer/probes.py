@@ -20,7 +20,8 @@ from torch.distributed.tensor import DTensor
 
 
 def _parallel_model(argv: list[str]) -> tuple[str, Mesh, ParallelModel, torch.device]:
-    """From --config and --out: join the process group and build this rank's parallel model; (out, mesh, model, device)."""
+    """From --config and --out: join the process group and build this rank's parallel model; (out, mesh,
+    model, device)."""
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
@@ -81,8 +82,10 @@ def cp_attention(argv: list[str]) -> int:
     (out * local(w)).sum().backward()
     checks = {"out": (out, local(ref)), "dq": (ql.grad, local(q.grad)), "dk": (kl.grad, local(k.grad)),
               "dv": (vl.grad, local(v.grad))}
-    bad = {name: (a - b).abs().max().item() for name, (a, b) in checks.items() if not torch.allclose(a, b, atol=1e-10)}
-    print(f"rank {rank} of cp={cp}: mismatches {bad}" if bad else f"rank {rank} of cp={cp}: exact", flush=True)
+    bad = {name: (a - b).abs().max().item() for name, (a, b) in checks.items()
+           if not torch.allclose(a, b, atol=1e-10)}
+    print(f"rank {rank} of cp={cp}: mismatches {bad}" if bad else f"rank {rank} of cp={cp}: exact",
+          flush=True)
     dist.destroy_process_group()
     return 1 if bad else 0
 
@@ -104,7 +107,8 @@ class PaddedSource:
 
 
 def padded_training(argv: list[str]) -> int:
-    """`tetrad_trainer.train.main` on the job's data padded by PaddedSource (test only: patches this rank's trainer)."""
+    """`tetrad_trainer.train.main` on the job's data padded by PaddedSource (test only: patches this rank's
+    trainer)."""
     from tetrad_trainer import train
 
     real = train.build_source

@@ -14,11 +14,12 @@ SPECIAL = [BOS, EOS, PAD, "<|im_start|>", "<|endoftext|>"]
 # ChatML, with transformers' {% generation %} markers around what the assistant says (for its assistant mask).
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}"
     "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-WORDS = ["cat", "dog", "bird", "fish", "tree", "rock", "sun", "moon", "star", "cloud", "rain", "snow", "wind", "fire",
-         "lake", "hill", "road", "door"]
+WORDS = ["cat", "dog", "bird", "fish", "tree", "rock", "sun", "moon", "star", "cloud", "rain", "snow", "wind",
+         "fire", "lake", "hill", "road", "door"]
 SENTENCES = [
     "Repeat after me: the cat sat on the mat.", "What is the colour of the sky?", "The sky is blue.",
     "Name three animals.", "A cat, a dog and a bird.", "You are a helpful assistant.", "Hello! How are you?",
@@ -28,7 +29,8 @@ SENTENCES = [
 
 def write_tokenizer(directory: Path, *, vocab_size: int = 400, config: dict[str, Any] | None = None,
                     post_processor_bos: bool = True) -> Path:
-    """A tokenizer directory: tokenizer.json (byte-level BPE trained on SENTENCES and WORDS) and tokenizer_config.json."""
+    """A tokenizer directory: tokenizer.json (byte-level BPE trained on SENTENCES and WORDS) and
+    tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -44,7 +46,8 @@ def write_tokenizer(directory: Path, *, vocab_size: int = 400, config: dict[str,
     tok.save(str(directory / "tokenizer.json"))
     settings = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "chat_template": CHAT_TEMPLATE,
                 "tokenizer_class": "PreTrainedTokenizerFast", **(config or {})}
-    (directory / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+    (directory / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in settings.items()
+                                                                 if v is not None}))
     return directory
 
 

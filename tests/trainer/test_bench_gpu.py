@@ -1,4 +1,5 @@
-"""bench/gpu.py: imports without a GPU or transformers, plans every configuration, and runs end to end with --smoke."""
+"""bench/gpu.py: imports without a GPU or transformers, plans every configuration, and runs end to end with
+--smoke."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def test_the_planner_predicts_every_configuration_for_an_h100() -> None:
     # issue 11: full AC at microBatch 16 ran out of memory on the 80 GB H100; the chunked loss is the way out
     assert plans["1b-16x2048-fullAC-eager"]["peak_bytes"] > 72 * GiB
     assert plans["1b-16x2048-fullAC-lossChunks8-eager"]["peak_bytes"] < 72 * GiB
-    assert gpu.planned(gpu.CONFIGS["1b-4x2048-eager"], 40, "bf16", None) == {"tokens_per_second": None, "peak_bytes": None}
+    assert gpu.planned(gpu.CONFIGS["1b-4x2048-eager"], 40, "bf16", None) == {"tokens_per_second": None,
+                                                                             "peak_bytes": None}
 
 
 @pytest.mark.distributed
@@ -37,7 +39,8 @@ def test_smoke_runs_every_system_on_the_cpu(tmp_path: Path) -> None:
     assert set(rows) == {"tetrad", "hf", "hand"}
     for system in ("tetrad", "hand"):
         assert rows[system]["status"] == "ok", rows[system]
-        assert rows[system]["tokens_per_second"] > 0 and rows[system]["peak_bytes"] > 0 and rows[system]["mfu"] > 0
+        assert (rows[system]["tokens_per_second"] > 0 and rows[system]["peak_bytes"] > 0
+                and rows[system]["mfu"] > 0)
     if importlib.util.find_spec("transformers") is None:
         assert rows["hf"]["status"] == "skipped: transformers is not installed (pip install transformers)"
         assert "ratio" not in rows["tetrad"]
@@ -48,8 +51,8 @@ def test_smoke_runs_every_system_on_the_cpu(tmp_path: Path) -> None:
 
 def test_the_gpu_checks_refuse_to_run_without_a_gpu_and_their_preflight_check_holds_on_the_cpu() -> None:
     """hack/gpu_checks.py runs on the GPU machine only; its device-count check is plain logic."""
-    done = subprocess.run([sys.executable, str(ROOT / "hack" / "gpu_checks.py")], capture_output=True, text=True,
-                          env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, timeout=120)
+    done = subprocess.run([sys.executable, str(ROOT / "hack" / "gpu_checks.py")], capture_output=True,
+                          text=True, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}, timeout=120)
     assert done.returncode == 1 and "no CUDA device: these checks need one" in done.stderr
     sys.path.insert(0, str(ROOT / "hack"))
     import gpu_checks

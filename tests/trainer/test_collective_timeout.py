@@ -31,7 +31,8 @@ def test_the_flight_recorder_is_sized_through_the_variable_the_torch_in_use_read
     assert collective.flight_recorder_variable("2.10.0a0+git1234") == "TORCH_FR_BUFFER_SIZE"
 
 
-def test_a_fault_acts_only_when_tests_allow_faults(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_fault_acts_only_when_tests_allow_faults(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv(ENV_TEST_FAULT, "hang-rank:1:step:3")
     monkeypatch.delenv(ENV_TEST_FAULTS_ALLOWED, raising=False)
     assert faults.configured() is None
@@ -53,13 +54,15 @@ def test_the_timed_out_collective_is_the_newest_one_not_completed() -> None:
     assert collective.last_collective({"entries": []}) is None
     line = collective.summary({"rank": 2, "collective": "gloo:all_reduce", "sequence": 7, "group": "mesh_tp",
                                "group_ranks": [2, 3], "timeout_s": 20, "not_answering": [3]})
-    assert line == "rank 2: gloo:all_reduce #7 in process group mesh_tp (ranks 2,3) timed out after 20s; not answering: rank 3"
+    assert line == ("rank 2: gloo:all_reduce #7 in process group mesh_tp (ranks 2,3) timed out after 20s; "
+                    "not answering: rank 3")
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     timeout = 20
     monkeypatch.setenv(ENV_TEST_FAULT, "hang-rank:1:step:3")
@@ -89,9 +92,12 @@ def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path
     assert "hanging at the start of step 3 (test fault)" in logs[0]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    summaries = [TerminationMessage.parse(p.read_text()).collective_timeout for p in work.glob("node-*.termination")]
-    assert any(s is not None and s.endswith("timed out after 20s; not answering: rank 1") for s in summaries), summaries
-    terminal = " ".join(capsys.readouterr().err.split())  # the failed node's summary in the terminal, not only its log
+    summaries = [TerminationMessage.parse(p.read_text()).collective_timeout
+                 for p in work.glob("node-*.termination")]
+    assert any(s is not None and s.endswith("timed out after 20s; not answering: rank 1")
+               for s in summaries), summaries
+    # the failed node's summary in the terminal, not only its log
+    terminal = " ".join(capsys.readouterr().err.split())
     assert "collective timeout: rank " in terminal and "not answering: rank 1" in terminal, terminal
     assert took < 240, took  # start-up, two steps, the timeout, the peers' exchange, the stop
     assert not processes_mentioning(str(work))

@@ -38,7 +38,8 @@ def global_batches(source, global_batch: int, dp: int, steps: int, cp: int = 1) 
 def test_global_batch_is_identical_for_every_layout(dp: int, cp: int) -> None:
     source = SyntheticTokens(seed=5, vocab=1000, seq_len=64)
     single = global_batches(source, 8, 1, steps=3)
-    assert all(torch.equal(a, b) for a, b in zip(single, global_batches(source, 8, dp, steps=3, cp=cp), strict=True))
+    assert all(torch.equal(a, b)
+               for a, b in zip(single, global_batches(source, 8, dp, steps=3, cp=cp), strict=True))
     assert not torch.equal(single[0], single[1])
 
 
@@ -76,10 +77,12 @@ def test_token_file_is_memory_mapped_windows_that_wrap(tmp_path: Path) -> None:
     tokens = np.arange(1000, dtype=np.uint32) % 300
     path = tmp_path / "tokens.bin"
     tokens.tofile(path)
-    cfg = job({}, nproc=1, model={"seqLen": 64, "vocab": 512}, data={"source": "tokens", "path": str(path), "tokenDtype": "uint32"})
+    cfg = job({}, nproc=1, model={"seqLen": 64, "vocab": 512},
+              data={"source": "tokens", "path": str(path), "tokenDtype": "uint32"})
     notes: list[str] = []
     source = build_source(cfg, notes.append)
-    assert notes[0].startswith(f"token file {path}: 1,000 uint32 tokens, every id inside the vocab of 512 (checked in ")
+    assert notes[0].startswith(f"token file {path}: 1,000 uint32 tokens, every id inside the vocab of 512 "
+                               "(checked in ")
     assert isinstance(source.tokens, np.memmap)
     assert np.array_equal(source.sample(2), tokens[128:193])
     windows = (1000 - 1) // 64

@@ -33,12 +33,13 @@ def single_process_init(cfg) -> dict[str, torch.Tensor]:
     ({"pp": 2, "ppSchedule": "Interleaved1F1B", "tp": 2}, 4),  # 2 stages per rank, TP inside
     ({"cp": 2, "dpShard": 2}, 4),  # FSDP over dp_shard x cp
 ], ids=["dpShard2-tp2", "dpReplicate2-dpShard2", "pp2-interleaved-tp2", "cp2-dpShard2"])
-def test_initial_weights_do_not_depend_on_layout(parallelism: dict[str, object], nproc: int, tmp_path: Path) -> None:
+def test_initial_weights_do_not_depend_on_layout(parallelism: dict[str, object], nproc: int,
+                                                 tmp_path: Path) -> None:
     cfg = job(parallelism, nproc=nproc, training={"seed": 3}, model={"seqLen": 64})
     (tmp_path / "config.json").write_text(cfg.to_json())
     out = tmp_path / "init.pt"
-    run = run_ranks("tests.trainer.probes:initial_parameters", ["--config", str(tmp_path / "config.json"), "--out", str(out)],
-                    1, nproc, tmp_path)
+    run = run_ranks("tests.trainer.probes:initial_parameters",
+                    ["--config", str(tmp_path / "config.json"), "--out", str(out)], 1, nproc, tmp_path)
     assert run.codes == [0] * nproc, run.logs()
     got, want = torch.load(out), single_process_init(cfg)
     assert got.keys() == want.keys()
@@ -51,13 +52,14 @@ def test_initial_weights_do_not_depend_on_layout(parallelism: dict[str, object],
     ({"reshardAfterForward": False}, True, "OffloadPolicy"),  # ZeRO-2 behaviour: they stay for the backward
     ({"offload": "cpu"}, False, "CPUOffloadPolicy"),
 ], ids=["default", "reshardAfterForward-false", "offload-cpu"])
-def test_fsdp_settings_reach_every_unit(fsdp: dict[str, object], gathered: bool, offload: str, tmp_path: Path) -> None:
+def test_fsdp_settings_reach_every_unit(fsdp: dict[str, object], gathered: bool, offload: str,
+                                        tmp_path: Path) -> None:
     """The equivalence tests show these settings change no numbers; this shows they are applied."""
     cfg = job({"dpShard": 2}, nproc=2, training={"fsdp": fsdp}, model={"seqLen": 64})
     (tmp_path / "config.json").write_text(cfg.to_json())
     out = tmp_path / "units.json"
-    run = run_ranks("tests.trainer.probes:fsdp_units", ["--config", str(tmp_path / "config.json"), "--out", str(out)],
-                    1, 2, tmp_path)
+    run = run_ranks("tests.trainer.probes:fsdp_units",
+                    ["--config", str(tmp_path / "config.json"), "--out", str(out)], 1, 2, tmp_path)
     assert run.codes == [0, 0], run.logs()
     report = json.loads(out.read_text())
     assert report["gathered_after_forward"] == [gathered] * cfg.model.layers
@@ -77,7 +79,8 @@ def test_mesh_that_cannot_be_built_exits_78_naming_the_degrees(tmp_path: Path) -
     bad = cfg.model_copy(update={"layout": Layout(tp=2, cp=2)})  # 4 ranks of mesh on a world of 2
     run = run_trainer(bad, tmp_path)
     assert run.codes == [EXIT_CONFIG_ERROR] * 2, run.logs()
-    assert "cannot build the device mesh pp=1 x dp_replicate=1 x dp_shard=1 x cp=2 x tp=2 = 4 ranks on a world of 2" in run.log(0)
+    assert ("cannot build the device mesh pp=1 x dp_replicate=1 x dp_shard=1 x cp=2 x tp=2 = 4 ranks on a "
+            "world of 2" in run.log(0))
 
 
 def test_too_few_pipeline_microbatches_exit_78(tmp_path: Path) -> None:
@@ -94,7 +97,9 @@ def gauge(body: str, name: str) -> float | None:
 
 
 def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> None:
-    cfg = job({"dpShard": 2}, nproc=2, model={"seqLen": 32}, training={"steps": 100, "globalBatch": 2, "precision": "fp32"})  # ample time to scrape on a fast machine
+    cfg = job({"dpShard": 2}, nproc=2, model={"seqLen": 32},
+              training={"steps": 100, "globalBatch": 2,
+                        "precision": "fp32"})  # ample time to scrape on a fast machine
     port = free_port_block(2)
     seen: dict[int, str] = {}
 
@@ -103,7 +108,8 @@ def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> 
         while time.monotonic() < deadline and len(seen) < 2:
             for rank in {0, 1} - set(seen):
                 try:
-                    body = urllib.request.urlopen(f"http://127.0.0.1:{port + rank}/metrics", timeout=2).read().decode()
+                    body = urllib.request.urlopen(f"http://127.0.0.1:{port + rank}/metrics",
+                                                  timeout=2).read().decode()
                 except OSError:
                     continue
                 if (gauge(body, "tetrad_step") or 0) >= 1:
@@ -116,8 +122,8 @@ def test_every_rank_serves_prometheus_metrics_while_training(tmp_path: Path) -> 
     scraper.join()
     assert run.codes == [0, 0], run.logs()
     assert set(seen) == {0, 1}, "a rank's endpoint never served a completed step"
-    for name in ("tetrad_step", "tetrad_loss", "tetrad_tokens_per_second", "tetrad_mfu", "tetrad_peak_memory_bytes",
-                 "tetrad_last_step_timestamp_seconds"):
+    for name in ("tetrad_step", "tetrad_loss", "tetrad_tokens_per_second", "tetrad_mfu",
+                 "tetrad_peak_memory_bytes", "tetrad_last_step_timestamp_seconds"):
         value = gauge(seen[0], name)
         assert value is not None and value > 0, name
     assert 'tetrad_info{job="test",mesh="pp1.dpr1.dps2.cp1.tp1",rank="1"} 1.0' in seen[1]

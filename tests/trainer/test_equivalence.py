@@ -20,7 +20,8 @@ TRAINING = {"steps": 5, "globalBatch": 8, "microBatch": 2, "precision": "fp32", 
             "gradClip": 1.0, "seed": 7}
 MODEL = {"seqLen": 64}
 # name: (parallelism, nodes, processes per node[, training overrides])
-LAYOUTS: dict[str, tuple[dict[str, object], int, int] | tuple[dict[str, object], int, int, dict[str, object]]] = {
+LAYOUTS: dict[str, (tuple[dict[str, object], int, int]
+                    | tuple[dict[str, object], int, int, dict[str, object]])] = {
     "dpReplicate2": ({"dpReplicate": 2}, 1, 2),
     "dpShard2": ({"dpShard": 2}, 1, 2),
     "tp2": ({"tp": 2}, 1, 2),
@@ -44,7 +45,8 @@ LAYOUTS: dict[str, tuple[dict[str, object], int, int] | tuple[dict[str, object],
     # the offload policy runs FSDP's offload code path with nothing to copy (no pinned memory).
     "dpShard2-zero2": ({"dpShard": 2}, 1, 2, {"fsdp": {"reshardAfterForward": False}}),
     "dpShard2-offload": ({"dpShard": 2}, 1, 2, {"fsdp": {"offload": "cpu"}}),
-    "dpShard2-tp2-zero2-offload": ({"dpShard": 2, "tp": 2}, 1, 4, {"fsdp": {"reshardAfterForward": False, "offload": "cpu"}}),
+    "dpShard2-tp2-zero2-offload": ({"dpShard": 2, "tp": 2}, 1, 4,
+                                   {"fsdp": {"reshardAfterForward": False, "offload": "cpu"}}),
 }
 LOSS_RTOL = 1e-4
 PARAM_ATOL = 1e-4
@@ -52,7 +54,8 @@ PARAM_ATOL = 1e-4
 
 def train(tmp: Path, parallelism: dict[str, object], nodes: int, nproc: int,
           training: dict[str, object] | None = None, *, model: dict[str, object] = MODEL,
-          env: dict[str, str] | None = None, data: dict[str, object] | None = None) -> tuple[Run, dict[str, torch.Tensor]]:
+          env: dict[str, str] | None = None,
+          data: dict[str, object] | None = None) -> tuple[Run, dict[str, torch.Tensor]]:
     cfg = job(parallelism, nodes=nodes, nproc=nproc, model=model, training={**TRAINING, **(training or {})},
               **({"data": data} if data is not None else {}))
     params = tmp / "params.pt"
@@ -76,17 +79,19 @@ def test_layout_matches_single_process(name: str, reference: tuple[list[float], 
 
 
 def assert_matches(name: str, reference: tuple[list[float], dict[str, torch.Tensor]], run: Run,
-                   params: dict[str, torch.Tensor], model: dict[str, object] = MODEL, unmoved: tuple[str, ...] = ()) -> None:
+                   params: dict[str, torch.Tensor], model: dict[str, object] = MODEL,
+                   unmoved: tuple[str, ...] = ()) -> None:
     """Per-step losses and final parameters of run within the tolerances of the single-process reference.
-    unmoved: name suffixes of parameters that get no gradient (left out of the check that training moved them)."""
+    unmoved: name suffixes of parameters that get no gradient (left out of the check that training moved
+    them)."""
     ref_losses, ref_params = reference
     losses = [r["loss"] for r in run.records]
     assert [r["step"] for r in run.records] == list(range(1, TRAINING["steps"] + 1))
     loss_rel = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
     assert params.keys() == ref_params.keys()
     param_diff = max((params[k] - ref_params[k]).abs().max().item() for k in ref_params)
-    moved = min((ref_params[k] - initial).abs().max().item() for k, initial in _initial(ref_params, model).items()
-                if not k.endswith(unmoved))
+    moved = min((ref_params[k] - initial).abs().max().item()
+                for k, initial in _initial(ref_params, model).items() if not k.endswith(unmoved))
     print(f"\n[equivalence] {name:24s} world {len(run.codes):2d}  max loss rel diff {loss_rel:.2e}"
           f"  max param abs diff {param_diff:.2e}  ({run.seconds:.1f} s)")
     assert loss_rel < LOSS_RTOL, (losses, ref_losses)
@@ -116,7 +121,8 @@ def jsonl_reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     from tests.trainer.sft_data import mixed_lines, sft_data
 
     path, tokenizer = sft_data(tmp_path_factory.mktemp("sft-data"), mixed_lines(24))
-    data: dict[str, object] = {"source": "jsonl", "path": str(path), "tokenizer": str(tokenizer), "packing": request.param}
+    data: dict[str, object] = {"source": "jsonl", "path": str(path), "tokenizer": str(tokenizer),
+                               "packing": request.param}
     run, params = train(tmp_path_factory.mktemp("sft-single"), {}, 1, 1, data=data)
     return data, ([r["loss"] for r in run.records], params)
 

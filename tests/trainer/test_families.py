@@ -56,14 +56,16 @@ def build_hf_dir(name: str, out: Path, dtype: torch.dtype = torch.float32) -> Pa
     published-style config.json, a tokenizer and a generation config."""
     published = shrunk(PUBLISHED[name])
     config = transformers.AutoConfig.for_model(published["model_type"],  # it edits the dicts it is given
-                                               **{k: v for k, v in copy.deepcopy(published).items() if k != "model_type"})
+                                               **{k: v for k, v in copy.deepcopy(published).items()
+                                                  if k != "model_type"})
     torch.manual_seed(sum(map(ord, name)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for p in model.parameters():  # norms and biases away from 1 and 0
             p.add_(torch.randn_like(p) * 0.05)
     model.to(dtype).save_pretrained(out)
-    (out / "config.json").write_text(json.dumps({**published, "torch_dtype": str(dtype).removeprefix("torch.")}))
+    (out / "config.json").write_text(json.dumps({**published,
+                                                 "torch_dtype": str(dtype).removeprefix("torch.")}))
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = published["vocab_size"]
@@ -89,7 +91,8 @@ def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 
 
 def model_config(d: Path, seq_len: int = WINDOW, **spec: Any) -> ModelConfig:
-    """The resolved model of a job whose spec.model is the directory's config.json fields (as the CLI fills it)."""
+    """The resolved model of a job whose spec.model is the directory's config.json fields (as the CLI fills
+    it)."""
     fields = read_hf_config(json.loads((d / "config.json").read_text())).fields
     return job({}, nproc=1, model={**fields, "hfDir": str(d), "seqLen": seq_len, **spec}).model
 
@@ -113,12 +116,13 @@ class _Float64Torch:
 def float64_reference(d: Path) -> transformers.PreTrainedModel:
     """transformers' model in float64, its RoPE tables from its own formula (default or llama3) in float64:
     its fp32 tables (angles rounded at large positions) are the largest error of its fp32 run."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64, attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float64,
+                                                              attn_implementation="eager").eval()
     rotary = model.model.rotary_emb
     fn = (type(rotary).compute_default_rope_parameters if rotary.rope_type == "default"
           else ROPE_INIT_FUNCTIONS[rotary.rope_type])
-    fn64 = types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch()}, fn.__name__, fn.__defaults__,
-                              fn.__closure__)
+    fn64 = types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch()}, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
     inv_freq, scale = fn64(model.config)
     assert inv_freq.dtype == torch.float64
 
@@ -132,7 +136,8 @@ def float64_reference(d: Path) -> transformers.PreTrainedModel:
 
 
 def transformers_fp32(d: Path) -> transformers.PreTrainedModel:
-    return transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -153,11 +158,12 @@ def test_logits_match_transformers_past_the_scaling_threshold(name: str, hf_dir:
     model, exact, fp32 = tetrad_model(d), float64_reference(d), transformers_fp32(d)
     errors = {start: logits_error(model, exact, start) for start in STARTS}
     theirs = {start: logits_error_of(fp32, exact, start, model.cfg.vocab) for start in STARTS}
-    print(f"\n[families] {name:14s} ours vs float64 {max(errors.values()):.1e}; transformers fp32 vs float64 at "
-          f"{STARTS[-1]}: {theirs[STARTS[-1]]:.1e}")
+    print(f"\n[families] {name:14s} ours vs float64 {max(errors.values()):.1e}; transformers fp32 vs "
+          f"float64 at {STARTS[-1]}: {theirs[STARTS[-1]]:.1e}")
     assert max(errors.values()) < TOLERANCE, errors
     assert logits_error(model, fp32, 0) < TOLERANCE  # at small positions transformers' fp32 agrees too
-    assert theirs[STARTS[-1]] > 10 * errors[STARTS[-1]], "the float64 reference must be the better one out there"
+    assert theirs[STARTS[-1]] > 10 * errors[STARTS[-1]], ("the float64 reference must be the better one out "
+                                                          "there")
 
 
 @torch.no_grad()
@@ -165,7 +171,8 @@ def logits_error_of(model: transformers.PreTrainedModel, reference: transformers
                     vocab: int) -> float:
     tokens = torch.randint(0, vocab, (2, WINDOW), generator=torch.Generator().manual_seed(start))
     positions = torch.arange(start, start + WINDOW).expand(2, -1)
-    return relative(model(tokens, position_ids=positions).logits, reference(tokens, position_ids=positions).logits)
+    return relative(model(tokens, position_ids=positions).logits,
+                    reference(tokens, position_ids=positions).logits)
 
 
 def _no_permutation(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,10 +216,11 @@ def hf_tensors(d: Path) -> dict[str, torch.Tensor]:
     return {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
 
-@pytest.mark.parametrize("name, dtype", [*((n, torch.float32) for n in PUBLISHED), ("qwen3-8b", torch.bfloat16),
-                                         ("llama3.2-1b", torch.bfloat16)])
+@pytest.mark.parametrize("name, dtype", [*((n, torch.float32) for n in PUBLISHED),
+                                         ("qwen3-8b", torch.bfloat16), ("llama3.2-1b", torch.bfloat16)])
 def test_import_then_export_gives_back_the_directory_bit_for_bit(name: str, dtype: torch.dtype,
-                                                                 hf_dir: Callable[..., Path], tmp_path: Path) -> None:
+                                                                 hf_dir: Callable[..., Path],
+                                                                 tmp_path: Path) -> None:
     d = hf_dir(name, dtype)
     cfg = model_config(d)
     params = hf.import_hf(d, cfg)
@@ -224,13 +232,15 @@ def test_import_then_export_gives_back_the_directory_bit_for_bit(name: str, dtyp
     back = hf.import_hf(tmp_path, cfg)
     assert all(torch.equal(back[k], v) for k, v in params.items())
     written, original = (json.loads((x / "config.json").read_text()) for x in (tmp_path, d))
-    assert {k: written[k] for k in original if k != "rope_theta"} == {k: v for k, v in original.items() if k != "rope_theta"}
+    assert ({k: written[k] for k in original if k != "rope_theta"}
+            == {k: v for k, v in original.items() if k != "rope_theta"})
     assert written["rope_theta"] == original.get("rope_theta", 10000.0)
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / f).read_bytes() == (d / f).read_bytes(), f
 
 
-def test_a_large_export_is_sharded_with_an_index_transformers_loads(hf_dir: Callable[..., Path], tmp_path: Path) -> None:
+def test_a_large_export_is_sharded_with_an_index_transformers_loads(hf_dir: Callable[..., Path],
+                                                                    tmp_path: Path) -> None:
     d = hf_dir("qwen3-8b")
     cfg = model_config(d)
     params = hf.import_hf(d, cfg)
@@ -275,7 +285,8 @@ def test_the_trainer_starts_from_the_directory_with_transformers_loss_and_export
     assert run.codes == [0], run.logs()
     assert f"initial weights from the Hugging Face model {d}" in run.log(0)
 
-    inputs, labels = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=0, dp_size=1).next_batch()
+    inputs, labels = BatchLoader(build_source(cfg), cfg.training.global_batch, dp_rank=0,
+                                 dp_size=1).next_batch()
     with torch.no_grad():
         logits = transformers_fp32(d)(inputs).logits
     theirs = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
@@ -283,7 +294,8 @@ def test_the_trainer_starts_from_the_directory_with_transformers_loss_and_export
     print(f"\n[families] {name}: first loss {ours:.6f}, transformers {theirs:.6f}")
     assert ours == pytest.approx(theirs, rel=1e-5)
 
-    for parallelism in ({"tp": 2}, {"dpShard": 2}, {"pp": 2}):  # pp2: a tied output's stage reads the embedding
+    # pp2: a tied output's stage reads the embedding
+    for parallelism in ({"tp": 2}, {"dpShard": 2}, {"pp": 2}):
         other = run_trainer(trainer_job(d, parallelism, 2), tmp_path / next(iter(parallelism)))
         assert other.codes == [0, 0], other.logs()
         assert first_loss(other) == pytest.approx(ours, rel=1e-5), parallelism
@@ -300,10 +312,12 @@ def test_the_trainer_starts_from_the_directory_with_transformers_loss_and_export
     back = hf.import_hf(out, cfg.model)
     assert all(torch.equal(back[k], trained[k]) for k in back)
     tokenizers = [transformers.AutoTokenizer.from_pretrained(x) for x in (out, d)]
-    assert tokenizers[0]("t5 t7 t9") == tokenizers[1]("t5 t7 t9")  # transformers picks the same tokenizer class
+    # transformers picks the same tokenizer class
+    assert tokenizers[0]("t5 t7 t9") == tokenizers[1]("t5 t7 t9")
     assert (out / "tokenizer.json").read_bytes() == (d / "tokenizer.json").read_bytes()
     assert transformers.GenerationConfig.from_pretrained(out).eos_token_id == [2, 3]
-    assert json.loads((out / "config.json").read_text())["eos_token_id"] == PUBLISHED[name]["eos_token_id"] % 512
+    assert (json.loads((out / "config.json").read_text())["eos_token_id"]
+            == PUBLISHED[name]["eos_token_id"] % 512)
 
 
 @pytest.mark.distributed
@@ -321,7 +335,8 @@ def test_a_run_resumed_in_another_layout_ends_where_the_uninterrupted_one_did(
     for label, parallelism in (("straight", {"pp": 2}), ("resumed", {"dpShard": 2})):
         if label == "resumed":
             rewind(ckpt, 2)
-        runs[label] = run_trainer(trainer_job(d, parallelism, 2, steps=4, checkpoint=checkpoint), tmp_path / label,
+        runs[label] = run_trainer(trainer_job(d, parallelism, 2, steps=4, checkpoint=checkpoint),
+                                  tmp_path / label,
                                   args=("--save-full-parameters", str(tmp_path / f"{label}.pt")))
         assert runs[label].codes == [0, 0], runs[label].logs()
         params[label] = torch.load(tmp_path / f"{label}.pt")
@@ -335,13 +350,14 @@ def test_a_run_resumed_in_another_layout_ends_where_the_uninterrupted_one_did(
 
 
 @pytest.mark.distributed
-def test_a_directory_the_trainer_cannot_train_exits_78_on_every_rank_naming_the_key(hf_dir: Callable[..., Path],
-                                                                                    tmp_path: Path) -> None:
+def test_a_directory_the_trainer_cannot_train_exits_78_on_every_rank_naming_the_key(
+        hf_dir: Callable[..., Path], tmp_path: Path) -> None:
     d = hf_dir("qwen3-0.6b")
     cfg = trainer_job(d, {"dpShard": 2}, 2)
     bad = tmp_path / "gelu"
     bad.mkdir()
-    (bad / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()), "hidden_act": "gelu"}))
+    (bad / "config.json").write_text(json.dumps({**json.loads((d / "config.json").read_text()),
+                                                 "hidden_act": "gelu"}))
     run = run_trainer(cfg.model_copy(update={"model": cfg.model.model_copy(update={"hf_dir": str(bad)})}),
                       tmp_path / "gelu-run")
     assert run.codes == [EXIT_CONFIG_ERROR] * 2, run.logs()

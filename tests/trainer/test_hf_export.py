@@ -66,7 +66,8 @@ def test_export_loads_in_transformers_with_the_same_logits_and_imports_back(one_
     assert hf_model.config.rope_parameters["rope_theta"] == model.cfg.rope_theta
     assert hf_model.config.rms_norm_eps == model.cfg.norm_eps
 
-    tokens = torch.randint(0, model.cfg.vocab, (3, model.cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(0, model.cfg.vocab, (3, model.cfg.seq_len),
+                           generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(tokens)
         got = hf_model(tokens).logits
@@ -94,8 +95,8 @@ def test_the_latest_checkpoint_is_exported_and_a_damaged_one_is_refused(one_rank
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(hf.ConversionError, match=r"is damaged: refusing .*step-00000001: __0_0.distcp: CRC32 .* "
-                                                 r"\(corrupted\)"):
+    with pytest.raises(hf.ConversionError, match=r"is damaged: refusing .*step-00000001: __0_0.distcp: CRC32 "
+                                                 r".* \(corrupted\)"):
         hf.export(tmp_path / "ckpt", tmp_path / "x")
 
 
@@ -116,8 +117,8 @@ def test_export_checks_out_dir_first_and_falls_back_as_resume_does(one_rank_mesh
     monkeypatch.setattr(hf, "read_checkpoint", unread)
     (tmp_path / "file").write_text("x")
     assert hf.main([str(ckpt), str(tmp_path / "file")]) == 1
-    assert capsys.readouterr().err == (f"error: OUT_DIR {tmp_path}/file is a file, not a directory; move that file "
-                                       "away or give a directory\n")
+    assert capsys.readouterr().err == (f"error: OUT_DIR {tmp_path}/file is a file, not a directory; move "
+                                       "that file away or give a directory\n")
 
     def read_only(path: Path, data: bytes) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
@@ -125,13 +126,14 @@ def test_export_checks_out_dir_first_and_falls_back_as_resume_does(one_rank_mesh
     monkeypatch.setattr(store, "write_file", read_only)
     assert hf.main([str(ckpt), str(tmp_path / "ro")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: OUT_DIR {tmp_path}/ro is not writable by uid ") and err.count("\n") == 1, err
+    assert (err.startswith(f"error: OUT_DIR {tmp_path}/ro is not writable by uid ")
+            and err.count("\n") == 1), err
     assert err.endswith("(Read-only file system); give a directory you can write\n"), err
     monkeypatch.undo()
 
     assert hf.main([str(tmp_path / "nowhere"), str(tmp_path / "hf2")]) == 1
-    assert capsys.readouterr().err == (f"error: CHECKPOINT_DIR {tmp_path}/nowhere: no such directory; give the "
-                                       "job's checkpoint.path\n")
+    assert capsys.readouterr().err == (f"error: CHECKPOINT_DIR {tmp_path}/nowhere: no such directory; give "
+                                       "the job's checkpoint.path\n")
 
 
 def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:
@@ -142,7 +144,8 @@ def test_import_refuses_weights_of_another_model(one_rank_mesh: DeviceMesh, tmp_
         hf.import_hf(tmp_path / "hf", other)
 
 
-def test_init_from_hf_fills_a_model_with_the_exported_weights(one_rank_mesh: DeviceMesh, tmp_path: Path) -> None:
+def test_init_from_hf_fills_a_model_with_the_exported_weights(one_rank_mesh: DeviceMesh,
+                                                              tmp_path: Path) -> None:
     model, params = _trained(tmp_path / "ckpt")
     hf.export(tmp_path / "ckpt", tmp_path / "hf")
     with torch.device("meta"):
@@ -169,7 +172,8 @@ def test_the_trainer_starts_from_hugging_face_weights_under_tensor_parallelism(t
     hf.save_hf(weights, cfg.model, tmp_path / "hf")
 
     run = run_trainer(cfg, tmp_path / "run",
-                      args=("--init-from", str(tmp_path / "hf"), "--save-full-parameters", str(tmp_path / "p.pt")))
+                      args=("--init-from", str(tmp_path / "hf"), "--save-full-parameters",
+                            str(tmp_path / "p.pt")))
     assert run.codes == [0, 0], run.logs()
     assert f"initial weights from the Hugging Face model {tmp_path / 'hf'}" in run.log(0)
     got = torch.load(tmp_path / "p.pt")
@@ -194,7 +198,8 @@ def test_the_trainer_refuses_weights_of_another_model_with_exit_78(tmp_path: Pat
 
 def test_a_truncated_init_from_file_exits_78_naming_the_field_and_the_file(tmp_path: Path) -> None:
     hf_dir = tmp_path / "hf"
-    cfg = job({}, nproc=1, training={"steps": 1, "globalBatch": 1, "precision": "fp32", "initFrom": str(hf_dir)})
+    cfg = job({}, nproc=1, training={"steps": 1, "globalBatch": 1, "precision": "fp32",
+                                     "initFrom": str(hf_dir)})
     with torch.device("meta"):
         source = Transformer(cfg.model)
     init_weights(source, torch.device("cpu"), seed=1)
@@ -206,8 +211,8 @@ def test_a_truncated_init_from_file_exits_78_naming_the_field_and_the_file(tmp_p
     assert run.codes == [EXIT_CONFIG_ERROR], run.logs()
     lines = [ln for ln in run.log(0).splitlines() if "config error" in ln]
     assert lines == [f"[tetrad rank 0] config error: spec.training.initFrom={hf_dir}: {weights}: not a whole "
-                     "safetensors file (Error while deserializing header: incomplete metadata, file not fully "
-                     "covered); copy it again"], run.log(0)
+                     "safetensors file (Error while deserializing header: incomplete metadata, file not "
+                     "fully covered); copy it again"], run.log(0)
     assert "Traceback" not in run.log(0)
 
 

@@ -22,7 +22,8 @@ from tetrad.api.termination import TerminationMessage
 from tetrad.node import oom_killer
 
 HOG = Path(__file__).parent / "scripts" / "hog.py"
-LIMIT = 1536 << 20  # tetrad run, a torchrun agent and a worker (each about 0.5 GiB with torch) fit; 3 GiB more does not
+# tetrad run, a torchrun agent and a worker (each about 0.5 GiB with torch) fit; 3 GiB more does not
+LIMIT = 1536 << 20
 
 
 @contextlib.contextmanager
@@ -61,28 +62,32 @@ def memory_cgroup(limit: int) -> Iterator[Callable[[], None]]:
 @pytest.mark.slow
 def test_a_worker_the_oom_killer_ends_makes_its_node_exit_77_naming_host_memory(tmp_path: Path) -> None:
     doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "hog"},
-           "spec": {"nodes": 1, "nprocPerNode": 1, "script": {"path": str(HOG), "args": ["--limit-mib", "3072"]},
+           "spec": {"nodes": 1, "nprocPerNode": 1,
+                    "script": {"path": str(HOG), "args": ["--limit-mib", "3072"]},
                     "preflight": {"enabled": False}, "metrics": {"port": free_port_block(1)}}}
     job, work = tmp_path / "job.yaml", tmp_path / "work"
     job.write_text(yaml.safe_dump(doc))
     with memory_cgroup(LIMIT) as join:
         r = subprocess.run([sys.executable, "-m", "tetrad.cli", "run", str(job), "--workdir", str(work)],
-                           capture_output=True, text=True, timeout=300, preexec_fn=join,  # noqa: PLW1509 - cgroup only
+                           capture_output=True, text=True, timeout=300,
+                           preexec_fn=join,  # noqa: PLW1509 - cgroup only
                            env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
     log = (work / "node-0.log").read_text()
     assert r.returncode == EXIT_OOM, r.stderr + log[-3000:]
     text = " ".join(r.stderr.split())
     assert "node 0 exited with code 77" in text, r.stderr
-    assert "HostOutOfMemory: the kernel's out-of-memory killer ended 1 process(es) in this node's memory cgroup" in text, \
-        r.stderr
+    assert ("HostOutOfMemory: the kernel's out-of-memory killer ended 1 process(es) in this node's memory "
+            "cgroup" in text), r.stderr
     said = TerminationMessage.parse((work / "node-0.termination").read_text())
-    assert said.reason == REASON_HOST_OUT_OF_MEMORY and "Raise spec.resources.memory" in (said.message or ""), said
+    assert (said.reason == REASON_HOST_OUT_OF_MEMORY
+            and "Raise spec.resources.memory" in (said.message or "")), said
 
 
 def test_the_oom_killers_counter_is_read_from_the_nodes_cgroup(tmp_path: Path) -> None:
     v1 = "12:pids:/pod\n4:memory:/kubepods/pod1/c1\n0::/\n"
     v2 = "0::/kubepods/pod1/c1\n"
-    assert oom_killer.counter_files(v1, tmp_path)[0] == tmp_path / "memory/kubepods/pod1/c1/memory.oom_control"
+    assert (oom_killer.counter_files(v1, tmp_path)[0]
+            == tmp_path / "memory/kubepods/pod1/c1/memory.oom_control")
     assert oom_killer.counter_files(v2, tmp_path)[:2] == [tmp_path / "kubepods/pod1/c1/memory.events",
                                                           tmp_path / "unified/kubepods/pod1/c1/memory.events"]
     assert oom_killer.counter_files("", tmp_path) == [Path("/proc/vmstat")]

@@ -48,7 +48,8 @@ def test_local_command_is_the_pods_command() -> None:
     cfg = resolve(make_job("cmd"))
     pod = render(make_job("cmd")).pods[0]["spec"]["containers"][0]["command"]
     here = [sys.executable, "/w/tetrad-node.pyz", "/w/config.json"]
-    assert local_command(cfg, Path("/w")) == [{"python3": here[0], LAUNCHER_PATH: here[1], CONFIG_PATH: here[2]}.get(a, a)
+    assert local_command(cfg, Path("/w")) == [{"python3": here[0], LAUNCHER_PATH: here[1],
+                                               CONFIG_PATH: here[2]}.get(a, a)
                                               for a in pod]
 
 
@@ -95,11 +96,13 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     assert (tmp_path / "work" / "torchelastic" / "node-0").is_dir()
     assert not list(Path(tempfile.gettempdir()).glob("torchelastic_*/smoke-*"))
     assert rows[0]["startup_s"] > 0 and all(r["startup_s"] == rows[0]["startup_s"] for r in rows)
-    for node in (0, 1):  # the flight recorder is sized through the variable this torch reads, without its warning
+    # the flight recorder is sized through the variable this torch reads, without its warning
+    for node in (0, 1):
         assert "is deprecated" not in (tmp_path / "work" / f"node-{node}.log").read_text()
 
 
-def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # Rank 1 fails at step 1 while rank 0 waits for it in a collective; the launcher must stop node 0 too.
     # (A test fault: a token id beyond the vocab, which once did this, now stops every rank at start-up.)
     monkeypatch.setenv(ENV_TEST_FAULT, "fail-rank:1:step:1")
@@ -108,7 +111,8 @@ def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path, monk
     start = time.monotonic()
     code = run_local(job, steps=None, jsonl=None, workdir=tmp_path / "work")
     assert code == EXIT_CONFIG_ERROR  # the rank's own code, through the node's exit-code supervisor
-    assert f"{ENV_TEST_FAULT}: failing at the start of step 1" in (tmp_path / "work" / "node-1.log").read_text()
+    assert (f"{ENV_TEST_FAULT}: failing at the start of step 1"
+            in (tmp_path / "work" / "node-1.log").read_text())
     assert not processes_mentioning(str(tmp_path / "work"))
     assert time.monotonic() - start < 240
 
@@ -140,7 +144,8 @@ def _state(pid: int) -> str:
 
 def workers(work: Path) -> list[int]:
     return [pid for pid, args in run_processes(work).items()
-            if "tetrad-node.pyz worker" in args and "torch.distributed.run" not in args and "supervise" not in args]
+            if "tetrad-node.pyz worker" in args and "torch.distributed.run" not in args
+            and "supervise" not in args]
 
 
 def frozen(work: Path) -> list[int]:
@@ -164,13 +169,15 @@ class LocalRun:
         job = job or make_job(name, training={"steps": 100000, "globalBatch": 4, "precision": "fp32"},
                               runPolicy={"terminationGracePeriodSeconds": grace})
         self.job_file, self.work = tmp_path / "job.json", tmp_path / "work"
-        self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_unset=True))  # as the user wrote it
+        # as the user wrote it
+        self.job_file.write_text(job.model_dump_json(by_alias=True, exclude_unset=True))
         self.output = tmp_path / "tetrad-run.out"
         command = [sys.executable, "-m", "tetrad.cli", "run", str(self.job_file), "--workdir", str(self.work)]
         if under_parent:  # a parent that waits for `tetrad run`, as a shell would
             command = [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *command]
         with self.output.open("wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
                                          env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
 
     def wait_for_first_step(self) -> None:
@@ -182,7 +189,8 @@ class LocalRun:
         assert len(workers(self.work)) == 2, run_processes(self.work)
 
     def wait_for_markers(self, directory: Path, count: int, timeout: float = 240) -> None:
-        """Until `count` files are in `directory` (a script's ranks leave one each once their SIGTERM handler is set)."""
+        """Until `count` files are in `directory` (a script's ranks leave one each once their SIGTERM handler
+        is set)."""
         deadline = time.monotonic() + timeout
         while len(list(directory.iterdir())) < count:
             assert self.proc.poll() is None and time.monotonic() < deadline, self.text()
@@ -264,7 +272,8 @@ def test_the_death_of_the_parent_stops_every_process(tmp_path: Path) -> None:
     run = LocalRun(tmp_path, "orphaned", grace=60, under_parent=True)
     try:
         run.wait_for_first_step()
-        launcher = [pid for pid, args in run_processes(run.work).items() if args.split()[1:3] == ["-m", "tetrad.cli"]]
+        launcher = [pid for pid, args in run_processes(run.work).items()
+                    if args.split()[1:3] == ["-m", "tetrad.cli"]]
         assert len(launcher) == 1, run_processes(run.work)
         run.proc.kill()  # SIGKILL to the parent of `tetrad run`
         run.proc.wait()
@@ -290,7 +299,8 @@ def steps_job(name: str, *args: str, **spec: object) -> ParallelTrainingJob:
     return job
 
 
-def tetrad_run(job_file: Path, *args: str, stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+def tetrad_run(job_file: Path, *args: str,
+               stdout: int | None = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", str(job_file), *args], stdout=stdout,
                           stderr=subprocess.PIPE, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"})
@@ -310,7 +320,8 @@ def test_json_lines_stream_to_stdout(tmp_path: Path) -> None:
     assert "metrics: rank 0's JSON lines go to /dev/stdout" in r.stderr
 
 
-def test_a_second_run_on_a_work_directory_in_use_is_refused_and_the_lock_outlives_a_sigkilled_run(tmp_path: Path) -> None:
+def test_a_second_run_on_a_work_directory_in_use_is_refused_and_the_lock_outlives_a_sigkilled_run(
+        tmp_path: Path) -> None:
     run = LocalRun(tmp_path, "first", grace=10, job=steps_job("first"))
     try:
         run.wait_for_first_step()
@@ -319,8 +330,8 @@ def test_a_second_run_on_a_work_directory_in_use_is_refused_and_the_lock_outlive
                             "--workdir", str(run.work))
         assert second.returncode == EXIT_REFUSED, second.stderr
         launcher = run.proc.pid
-        assert second.stderr == (f"error: --workdir {run.work} is in use by another tetrad run (PID {launcher}); wait for"
-                                 " it to end, stop it, or choose another\n")
+        assert second.stderr == (f"error: --workdir {run.work} is in use by another tetrad run (PID "
+                                 f"{launcher}); wait for it to end, stop it, or choose another\n")
         assert (run.work / "node-0.log").stat().st_size >= log, "the first run's log was not truncated"
         assert (run.work / "metrics.jsonl").read_text().startswith(metrics), "nor its JSON lines"
         run.proc.kill()  # SIGKILL: no chance to release anything; its nodes go on and keep the lock
@@ -355,15 +366,19 @@ def test_after_ctrl_c_the_progress_shows_the_last_step_and_the_stop_is_explained
         run.cleanup()
     out = run.output.read_text()
     bars = [line for line in out.splitlines() if line.startswith("train")]
-    assert bars and "7/?" in bars[-1] and "starting" not in bars[-1], out  # the step rank 0 reported while stopping
+    # the step rank 0 reported while stopping
+    assert bars and "7/?" in bars[-1] and "starting" not in bars[-1], out
     text = " ".join(out.split())
-    assert "SIGINT: stopping every node: SIGTERM now, so each finishes its step, saves if checkpointing is on" in text
-    assert "stopped: every node exited 75 (stopped on SIGTERM, after saving if checkpointing is on)" in text, out
+    assert ("SIGINT: stopping every node: SIGTERM now, so each finishes its step, saves if checkpointing is "
+            "on" in text)
+    assert ("stopped: every node exited 75 (stopped on SIGTERM, after saving if checkpointing is on)"
+            in text), out
 
 
 def test_active_deadline_seconds_stops_the_run_as_the_operator_fails_the_job(tmp_path: Path) -> None:
-    job = write_job(tmp_path / "job.json", steps_job("deadline", runPolicy={"activeDeadlineSeconds": 5,
-                                                                            "terminationGracePeriodSeconds": 30}))
+    job = write_job(tmp_path / "job.json",
+                    steps_job("deadline", runPolicy={"activeDeadlineSeconds": 5,
+                                                     "terminationGracePeriodSeconds": 30}))
     start = time.monotonic()
     r = tetrad_run(job, "--workdir", str(tmp_path / "work"))
     assert r.returncode == EXIT_DEADLINE, r.stderr
@@ -385,9 +400,13 @@ def test_the_terminal_says_where_training_starts_and_when_there_is_nothing_to_do
     again = tetrad_run(job, "--workdir", work, "--steps", "2")
     assert again.returncode == 0, again.stderr
     said = " ".join(again.stderr.split())
-    assert f"start: nothing to do: the checkpoint in {ckpt} is at step 2, at or past the 2 steps to train" in said
-    assert "│ start " in again.stderr and "nothing to do" in again.stderr.split("│ start ")[1].splitlines()[0]
+    assert (f"start: nothing to do: the checkpoint in {ckpt} is at step 2, at or past the 2 steps to train"
+            in said)
+    assert ("│ start " in again.stderr
+            and "nothing to do" in again.stderr.split("│ start ")[1].splitlines()[0])
     more = tetrad_run(job, "--workdir", work, "--steps", "3")
     assert more.returncode == 0, more.stderr
-    assert f"start: resumed from step 2 (the checkpoint in {ckpt})" in " ".join(more.stderr.split()), more.stderr
-    assert [json.loads(line)["step"] for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()] == [3]
+    assert (f"start: resumed from step 2 (the checkpoint in {ckpt})"
+            in " ".join(more.stderr.split())), more.stderr
+    assert [json.loads(line)["step"]
+            for line in (tmp_path / "work" / "metrics.jsonl").read_text().splitlines()] == [3]

@@ -21,24 +21,27 @@ ROOT = Path(__file__).parents[2]
 
 
 def write_job(tmp_path: Path, **spec: object) -> str:
-    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "preflight"},
+    doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob",
+           "metadata": {"name": "preflight"},
            "spec": {"nodes": 1, "nprocPerNode": 2, "parallelism": {"dpShard": 2},
-                    "model": {"preset": "debug", "seqLen": 64}, "training": {"steps": 2, "globalBatch": 2}, **spec}}
+                    "model": {"preset": "debug", "seqLen": 64}, "training": {"steps": 2, "globalBatch": 2},
+                    **spec}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return str(path)
 
 
 def tetrad_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run([sys.executable, "-m", "tetrad.cli", "run", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def test_a_gpu_job_without_gpus_is_refused_in_the_terminal(tmp_path: Path) -> None:
     job = write_job(tmp_path, resources={"gpu": 2}, metrics={"port": free_port_block(2)})
     r = tetrad_run(job, "--workdir", str(tmp_path / "w"), env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == EXIT_REFUSED, r.stderr
-    assert r.stderr.startswith("error: spec.resources.gpu: the job needs 2 GPUs here") and "resources.gpu: 0" in r.stderr
+    assert (r.stderr.startswith("error: spec.resources.gpu: the job needs 2 GPUs here")
+            and "resources.gpu: 0" in r.stderr)
     assert not (tmp_path / "w" / "node-0.log").exists(), "nothing may start"
 
 
@@ -53,13 +56,15 @@ def test_a_busy_metrics_port_is_a_warning_in_the_terminal(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     assert f"spec.metrics.port: port {port + 1} is in use" in r.stderr and "rank 1 trains without" in r.stderr
     assert f"port {port} is" not in r.stderr
-    # The job trains in bf16 on the CPU: said in the terminal and in rank 0's log exactly when this CPU is slow at it.
+    # The job trains in bf16 on the CPU: said in the terminal and in rank 0's log exactly when this CPU is
+    # slow at it.
     slow = slow_bf16_warning()
     assert (slow is not None) == ("spec.training.precision: bf16 on this CPU" in r.stderr), r.stderr
     assert (slow is not None) == (f"warning: {slow}" in (tmp_path / "w" / "node-0.log").read_text())
 
 
-AVX2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+AVX2 = ("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\n"
+        "processor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n")
 AVX512 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512dq avx512bw avx512vl avx512_bf16 amx_bf16\n"
 
 

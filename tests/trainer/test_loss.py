@@ -22,7 +22,8 @@ def test_padding_adds_nothing_and_the_mean_is_over_all_valid_tokens_of_the_batch
     batch, seq, vocab = 4, 16, 11
     logits = torch.randn(batch, seq, vocab, requires_grad=True)
     labels = padded_labels(batch, seq, vocab, [16, 3, 9, 1])
-    want = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)  # mean over 29 tokens
+    want = F.cross_entropy(logits.flatten(0, 1), labels.flatten(),
+                           ignore_index=IGNORE_INDEX)  # mean over 29 tokens
     (want_grad,) = torch.autograd.grad(want, logits)
 
     loss = TokenLoss()
@@ -67,14 +68,16 @@ def test_chunked_loss_equals_the_plain_loss_in_fp32(chunks: int) -> None:
 def test_the_compiled_loss_equals_the_eager_one(dtype: torch.dtype) -> None:
     """compile: true compiles the loss too (TokenLoss(compiled=True)); padding and the fp32 math stay."""
     batch, seq, vocab = 3, 24, 257
-    logits = torch.randn(batch, seq, vocab, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
+    logits = torch.randn(batch, seq, vocab,
+                         generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
     labels = padded_labels(batch, seq, vocab, [24, 9, 0])
     eager, compiled = TokenLoss(), TokenLoss(compiled=True)
     want, got = eager.token_sum(logits, labels), compiled.token_sum(logits, labels)
     (want_grad,), (got_grad,) = torch.autograd.grad(want, logits), torch.autograd.grad(got, logits)
     assert got.dtype == want.dtype == torch.float32
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
-    assert got_grad.dtype == dtype and not got_grad[2].any()  # the gradient in the logits' dtype; padding gets none
+    # the gradient in the logits' dtype; padding gets none
+    assert got_grad.dtype == dtype and not got_grad[2].any()
     tolerance = 1e-6 if dtype == torch.float32 else 1e-2  # bf16: one rounding of the gradient either way
     assert torch.allclose(got_grad.float(), want_grad.float(), rtol=tolerance, atol=tolerance * 1e-2)
 

@@ -30,17 +30,20 @@ RECORD = StepRecord(step=3, loss=2.5, grad_norm=0.7, lr=1e-4, step_time_s=0.5, t
 JSON_KEYS = {"step", "loss", "tokens_per_second", "mfu", "tflops", "peak_memory_bytes", "step_time_s"}
 
 
-def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
-    metrics = RankMetrics(port=port, rank=0, labels={"job": "j", "rank": "0", "mesh": "m"}, jsonl=tmp_path / "m.jsonl")
+    metrics = RankMetrics(port=port, rank=0, labels={"job": "j", "rank": "0", "mesh": "m"},
+                          jsonl=tmp_path / "m.jsonl")
     try:
         metrics.log(RECORD)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         metrics.close()
     for line in ("tetrad_step 3.0", "tetrad_loss 2.5", "tetrad_tokens_per_second 4096.0", "tetrad_mfu 0.31",
-                 "tetrad_peak_memory_bytes 1.23456789e+08", "tetrad_tflops 0.2", "tetrad_step_time_seconds 0.5",
-                 "tetrad_grad_norm 0.7", "tetrad_learning_rate 0.0001", "tetrad_tokens_per_second_per_device 1024.0",
+                 "tetrad_peak_memory_bytes 1.23456789e+08", "tetrad_tflops 0.2",
+                 "tetrad_step_time_seconds 0.5", "tetrad_grad_norm 0.7", "tetrad_learning_rate 0.0001",
+                 "tetrad_tokens_per_second_per_device 1024.0",
                  'tetrad_info{job="j",mesh="m",rank="0"} 1.0'):
         assert f"\n{line}\n" in body, line
     printed = json.loads(capsys.readouterr().out.strip())
@@ -51,10 +54,12 @@ def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path, capsys: py
 def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
     metrics = RankMetrics(port=None, rank=0, labels={}, jsonl=None)
     try:
-        assert metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") == 0  # no step yet: the operator leaves a 0 out
+        # no step yet: the operator leaves a 0 out
+        assert metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") == 0
         before = time.time()
         metrics.step_completed()
-        assert before <= metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds") <= time.time()
+        assert (before <= metrics.registry.get_sample_value("tetrad_last_step_timestamp_seconds")
+                <= time.time())
     finally:
         metrics.close()
 
@@ -103,21 +108,24 @@ def test_checkpoint_gauges_follow_the_commits_and_the_resume(tmp_path: Path, asy
     before = time.time()
     first = gang.run(checkpointing_run, 2, spec)
     for seen in first:  # every rank exports them; the operator reads rank 0's
-        assert all(math.isnan(v) for v in seen[0].values() if v is not None)  # unset: the operator leaves NaN out
+        # unset: the operator leaves NaN out
+        assert all(math.isnan(v) for v in seen[0].values() if v is not None)
         assert seen[1]["tetrad_resumed_from_step"] == 0  # a fresh start
         steps = [s["tetrad_checkpoint_step"] for s in seen[2:]]
-        assert [None if math.isnan(v) else int(v) for v in steps] == [None, None, 3, 3, 3, 6, 6]  # type: ignore[arg-type]
+        assert ([None if math.isnan(v) else int(v) for v in steps]  # type: ignore[arg-type]
+                == [None, None, 3, 3, 3, 6, 6])
         times = [s["tetrad_checkpoint_timestamp_seconds"] for s in seen[4:]]
         assert before <= times[0] == times[2] < times[3] <= time.time()  # each commit's own time
     second = gang.run(checkpointing_run, 2, {**spec, "steps": 9})  # resumes from step 6, commits 9
     for seen in second:
         assert seen[1]["tetrad_resumed_from_step"] == 6
         assert math.isnan(seen[1]["tetrad_checkpoint_step"])  # this process committed nothing yet
-        assert [s["tetrad_checkpoint_step"] for s in seen[2:]] == [pytest.approx(math.nan, nan_ok=True)] * 2 + [9]
+        assert ([s["tetrad_checkpoint_step"] for s in seen[2:]]
+                == [pytest.approx(math.nan, nan_ok=True)] * 2 + [9])
 
 
-def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tmp_path: Path,
-                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     port = free_port()
     first = RankMetrics(port=port, rank=0, labels={}, jsonl=None)
     second = RankMetrics(port=port, rank=1, labels={}, jsonl=tmp_path / "x.jsonl")
@@ -131,7 +139,8 @@ def test_only_rank_0_writes_json_lines_and_a_busy_port_does_not_stop_training(tm
 
 
 @pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
-                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0), ("h100", 989.0),
+                                        ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                        ("h100", 989.0),
                                         ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("Tesla T4", None)])
 def test_gpu_peak_table(name: str, peak: float | None) -> None:
     assert gpu_peak_tflops(name) == peak
@@ -151,13 +160,15 @@ def test_mfu_never_exceeds_one_and_says_why_once():
     assert measured.mfu(0.04) == pytest.approx(0.5)  # against the raised peak from now on
     given = MfuPeak(1.0, "metrics.peakTflops")
     assert given.mfu(2.0) == 1.0 and given.tflops == 1.0
-    assert "above the MFU peak of 1 (metrics.peakTflops); MFU is reported as at most 100%" in (given.said or "")
+    assert ("above the MFU peak of 1 (metrics.peakTflops); MFU is reported as at most 100%"
+            in (given.said or ""))
     assert "set spec.metrics.peakTflops" in (given.said or "")
     assert math.isnan(given.mfu(math.nan))  # a script that gives no FLOPs: no figure, no claim
 
 
 def test_the_gates_buffer_is_not_counted_in_the_cpu_peak_memory():
-    """tetrad.node.gang resets the peak after the preflight all-reduce: the trainer reports what training used."""
+    """tetrad.node.gang resets the peak after the preflight all-reduce: the trainer reports what training
+    used."""
     from tetrad_trainer.metrics import peak_memory_bytes
 
     from tetrad.node.gang import forget_peak_memory

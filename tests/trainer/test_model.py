@@ -63,13 +63,15 @@ def test_init_statistics_follow_the_recipe() -> None:
     m = build()
     assert torch.equal(m.layers["2"].ffn_norm.weight, torch.ones(CFG.dim))
     assert m.tok_embeddings.weight.std().item() == pytest.approx(1.0, rel=0.05)
-    assert m.layers["0"].attention.wq.weight.std().item() == pytest.approx(0.02 * 0.88, rel=0.1)  # truncated at 2 std
+    # truncated at 2 std
+    assert m.layers["0"].attention.wq.weight.std().item() == pytest.approx(0.02 * 0.88, rel=0.1)
     # Residual-branch outputs shrink with depth.
     assert m.layers["3"].attention.wo.weight.std() < m.layers["0"].attention.wo.weight.std()
 
 
 def test_canonical_name_strips_wrapper_prefixes() -> None:
-    assert canonical_name("layers.3._orig_mod._checkpoint_wrapped_module.attention.wq.weight") == "layers.3.attention.wq.weight"
+    assert (canonical_name("layers.3._orig_mod._checkpoint_wrapped_module.attention.wq.weight")
+            == "layers.3.attention.wq.weight")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -84,7 +86,8 @@ def test_rope_rotates_each_consecutive_pair_by_its_positions_angle(dtype: torch.
     expected = torch.view_as_real(pairs * turn[None, :, None, :]).flatten(-2)
     rotated = apply_rope(x, rope_tables(head_dim, theta, positions))
     assert rotated.dtype == dtype
-    torch.testing.assert_close(rotated.double(), expected, rtol=0, atol=1e-6 if dtype == torch.float32 else 2e-2)
+    torch.testing.assert_close(rotated.double(), expected, rtol=0,
+                               atol=1e-6 if dtype == torch.float32 else 2e-2)
 
 
 def test_rope_follows_the_context_parallel_positions() -> None:
@@ -101,7 +104,8 @@ def test_rope_follows_the_context_parallel_positions() -> None:
     (2, 4, [[], [0], [1], []]),
     (16, 3, [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]),
 ])
-def test_stage_layers_count_embedding_and_output_as_layers(layers: int, stages: int, expected: list[list[int]]) -> None:
+def test_stage_layers_count_embedding_and_output_as_layers(layers: int, stages: int,
+                                                           expected: list[list[int]]) -> None:
     split = stage_layers(layers, stages)
     assert split == expected
     assert sum(split, []) == list(range(layers))
@@ -130,7 +134,8 @@ def test_pipeline_stages_keep_the_full_models_names_and_compose_to_it() -> None:
     ({"dp_replicate": 2, "tp": 2}, "replicate"),
     ({"dp_replicate": 2, "pp": 2}, "replicate"),
     ({"dp_shard": 2}, "fsdp"),
-    ({"cp": 2}, "fsdp"),  # CP ranks hold the same parameters: FSDP over dp_shard x cp averages their gradients
+    # CP ranks hold the same parameters: FSDP over dp_shard x cp averages their gradients
+    ({"cp": 2}, "fsdp"),
     ({"dp_replicate": 2, "dp_shard": 2}, "fsdp"),  # HSDP
     ({"tp": 2, "pp": 2}, None),
 ])
@@ -156,7 +161,8 @@ def test_fsdp_gives_the_embedding_and_the_output_units_of_their_own(one_rank_mes
         group = module._get_fsdp_state()._fsdp_param_group
         return {id(p.sharded_param) for p in group.fsdp_params} if group else set()
 
-    assert all(isinstance(m, FSDPModule) for m in (model, model.tok_embeddings, model.output, *model.layers.values()))
+    assert all(isinstance(m, FSDPModule)
+               for m in (model, model.tok_embeddings, model.output, *model.layers.values()))
     assert unit_params(model.tok_embeddings) == {id(model.tok_embeddings.weight)}
     assert unit_params(model.output) == {id(model.output.weight), id(model.norm.weight)}
     assert unit_params(model) == set()  # the root holds nothing: every parameter sits in a smaller unit
@@ -173,13 +179,16 @@ def test_any_box_of_a_parameter_equals_that_box_of_its_full_value(name: str, sha
     g = torch.Generator().manual_seed(len(name))
     for _ in range(20):
         start = [int(torch.randint(0, n, (1,), generator=g)) for n in shape]
-        size = [int(torch.randint(0, n - s + 1, (1,), generator=g)) for s, n in zip(start, shape, strict=True)]
+        size = [int(torch.randint(0, n - s + 1, (1,), generator=g))
+                for s, n in zip(start, shape, strict=True)]
         box = initial_slice(name, shape, start, size, CFG, 5)
-        assert torch.equal(box, full[tuple(slice(s, s + n) for s, n in zip(start, size, strict=True))]), (start, size)
+        assert torch.equal(box, full[tuple(slice(s, s + n)
+                                           for s, n in zip(start, size, strict=True))]), (start, size)
     # Even shards, as FSDP on dim 0 and TP on either dim cut them, reassemble the full value.
     if len(shape) == 2:
         bounds = [r * shape[0] // 4 for r in range(5)]
-        rows = [initial_slice(name, shape, [a, 0], [b - a, shape[1]], CFG, 5) for a, b in zip(bounds, bounds[1:], strict=False)]
+        rows = [initial_slice(name, shape, [a, 0], [b - a, shape[1]], CFG, 5)
+                for a, b in zip(bounds, bounds[1:], strict=False)]
         assert torch.equal(torch.cat(rows), full)
 
 

@@ -47,8 +47,8 @@ def test_the_built_in_llama_is_the_definition_of_a_job_without_module() -> None:
     assert load_definition(None) is built_in.definition
     assert checked_definition(LLAMA) is built_in.definition
     names = set(dict(built_in.definition.meta_model(LLAMA.model).named_parameters()))
-    assert {"tok_embeddings.weight", "layers.3.attention.wq.weight", "layers.0.feed_forward.w2.weight", "norm.weight",
-            "output.weight"} <= names
+    assert {"tok_embeddings.weight", "layers.3.attention.wq.weight", "layers.0.feed_forward.w2.weight",
+            "norm.weight", "output.weight"} <= names
 
 
 @pytest.mark.parametrize("which", ["llama", "gpt2"])
@@ -71,7 +71,8 @@ def test_gpt2_gives_logits_per_position_and_is_causal() -> None:
 
 
 def test_tied_parameters_are_one_tensor_once_materialized() -> None:
-    model = build(gpt2(), GPT2.model)  # to_empty gives each module its own parameter: init_weights ties them again
+    # to_empty gives each module its own parameter: init_weights ties them again
+    model = build(gpt2(), GPT2.model)
     assert model.lm_head.weight is model.wte.weight
     all_names = dict(model.named_parameters(remove_duplicate=False))
     assert len(all_names) == len(list(model.parameters())) + 1
@@ -88,9 +89,11 @@ def test_gpt2_initial_values_are_the_same_in_every_box(name: str) -> None:
     g = torch.Generator().manual_seed(len(name))
     for _ in range(10):
         start = [int(torch.randint(0, n, (1,), generator=g)) for n in shape]
-        size = [int(torch.randint(0, n - s + 1, (1,), generator=g)) for s, n in zip(start, shape, strict=True)]
+        size = [int(torch.randint(0, n - s + 1, (1,), generator=g))
+                for s, n in zip(start, shape, strict=True)]
         box = initial_slice(name, shape, start, size, cfg, 5, definition)
-        assert torch.equal(box, full[tuple(slice(s, s + n) for s, n in zip(start, size, strict=True))]), (start, size)
+        assert torch.equal(box, full[tuple(slice(s, s + n)
+                                           for s, n in zip(start, size, strict=True))]), (start, size)
     # Shards as FSDP and TP cut them (dim 0, either dim) reassemble the full value.
     for dim in range(len(shape)):
         bounds = [r * shape[dim] // 4 for r in range(5)]
@@ -121,7 +124,8 @@ def test_parameter_count_and_flops_per_token() -> None:
     params = v * d + s * d + layers * block + 2 * d  # tied wte/lm_head once, wpe, blocks, ln_f
     assert definition.num_params(cfg) == params
     # 6N over the parameters of matmuls (the tied embedding is the output projection; wpe is a lookup only)
-    assert definition.flops_per_token(cfg) == 6 * (params - s * d) + 12 * layers * cfg.heads * (d // cfg.heads) * s
+    assert (definition.flops_per_token(cfg)
+            == 6 * (params - s * d) + 12 * layers * cfg.heads * (d // cfg.heads) * s)
     # The Llama definition gives the planner's closed forms, which counting its model gives too.
     counted = dataclasses.replace(built_in.definition, params=None, flops=None)
     for llama in (built_in.definition, counted):
@@ -133,7 +137,8 @@ def test_gpt2_pipeline_stages_compose_to_the_model_each_end_holding_a_copy_of_th
     definition = gpt2()
     model = build(definition, GPT2.model)
     stages = [pipeline_split(model, s, 2, definition) for s in range(2)]
-    assert stages[0].lm_head is None and stages[0].ln_f is None and stages[1].wte is None and stages[1].wpe is None
+    assert (stages[0].lm_head is None and stages[0].ln_f is None and stages[1].wte is None
+            and stages[1].wpe is None)
     assert torch.equal(stages[1].lm_head.weight, model.wte.weight)
     tokens = torch.randint(0, 256, (2, 64))
     with torch.no_grad():
@@ -184,10 +189,11 @@ def module_job(module: str, **parallelism: int):
     ("broken:definition", "cannot import broken: RuntimeError: this plug-in does not import"),
     ("gpt2_model:nothing", "module gpt2_model has no attribute 'nothing'"),
     ("gpt2_model:GPT2", "gpt2_model.GPT2 is a type, not a tetrad_trainer.models.ModelDefinition"),
-    ("gpt2_model:initial_values", "gpt2_model.initial_values is a function, not a tetrad_trainer.models.ModelDefinition"),
+    ("gpt2_model:initial_values",
+     "gpt2_model.initial_values is a function, not a tetrad_trainer.models.ModelDefinition"),
 ])
-def test_a_module_that_is_no_definition_is_a_config_error_naming_the_field(module: str, message: str, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_module_that_is_no_definition_is_a_config_error_naming_the_field(
+        module: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "broken.py").write_text("raise RuntimeError('this plug-in does not import')\n")
     monkeypatch.syspath_prepend(tmp_path)
     with pytest.raises(ConfigError) as e:
@@ -197,8 +203,10 @@ def test_a_module_that_is_no_definition_is_a_config_error_naming_the_field(modul
 
 
 @pytest.mark.parametrize("name, parallelism, messages", [
-    ("no_blocks", {}, ["ModelDefinition.blocks='h': the model needs a ModuleDict of that name keyed '0'..'3'"]),
-    ("wrong_names", {}, ["the model has no top-level module 'embed'", "ModelDefinition.output='head' is not among last_stage",
+    ("no_blocks", {},
+     ["ModelDefinition.blocks='h': the model needs a ModuleDict of that name keyed '0'..'3'"]),
+    ("wrong_names", {}, ["the model has no top-level module 'embed'",
+                         "ModelDefinition.output='head' is not among last_stage",
                          "parameters of ['wpe', 'wte'] belong to no pipeline stage",
                          "ModelDefinition.attention='attn.kernel' is not a module of a block",
                          "tied ('wte.weight', 'ln_f.weight') are two tensors"]),
@@ -207,9 +215,9 @@ def test_a_module_that_is_no_definition_is_a_config_error_naming_the_field(modul
     ("fails", {}, ["build(bad_defs:fails) failed: ZeroDivisionError: division by zero"]),
     ("reversed_tie", {}, ["tied ('lm_head.weight', 'wte.weight'): name the first stage's end first"]),
 ])
-def test_a_definition_whose_model_lacks_what_it_names_is_a_config_error(name: str, parallelism: dict[str, int],
-                                                                        messages: list[str], tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_definition_whose_model_lacks_what_it_names_is_a_config_error(
+        name: str, parallelism: dict[str, int], messages: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "bad_defs.py").write_text(textwrap.dedent(BAD))
     monkeypatch.syspath_prepend(tmp_path)
     with pytest.raises(ConfigError) as e:
@@ -225,8 +233,8 @@ def test_the_trainer_exits_78_on_every_rank_for_a_module_that_does_not_import(tm
                       env=plugin.env())
     assert run.codes == [EXIT_CONFIG_ERROR] * 2, run.logs()
     for rank in (0, 1):  # checked before any collective: no rank waits for the other
-        assert ("config error: spec.model.module=nope_mod:definition: cannot import nope_mod: ModuleNotFoundError: "
-                "No module named 'nope_mod'") in run.log(rank)
+        assert ("config error: spec.model.module=nope_mod:definition: cannot import nope_mod: "
+                "ModuleNotFoundError: No module named 'nope_mod'") in run.log(rank)
 
 
 def tied_llama() -> ModelDefinition:
@@ -237,8 +245,8 @@ def tied_llama() -> ModelDefinition:
         model.output.weight = model.tok_embeddings.weight
         return model
 
-    return dataclasses.replace(built_in.definition, build=build, tied=(("tok_embeddings.weight", "output.weight"),),
-                               params=None, flops=None)
+    return dataclasses.replace(built_in.definition, build=build,
+                               tied=(("tok_embeddings.weight", "output.weight"),), params=None, flops=None)
 
 
 @pytest.mark.parametrize("which", ["gpt2", "tied-llama"])
@@ -260,8 +268,10 @@ def test_a_tied_llama_counts_its_embedding_once_and_keeps_the_llama_names() -> N
     definition = tied_llama()
     model = build(definition, LLAMA.model)
     assert model.output.weight is model.tok_embeddings.weight
-    assert definition.num_params(LLAMA.model) == LLAMA.model.num_params() - LLAMA.model.vocab * LLAMA.model.dim
-    assert definition.flops_per_token(LLAMA.model) == LLAMA.model.flops_per_token()  # the output still multiplies
+    assert (definition.num_params(LLAMA.model)
+            == LLAMA.model.num_params() - LLAMA.model.vocab * LLAMA.model.dim)
+    # the output still multiplies
+    assert definition.flops_per_token(LLAMA.model) == LLAMA.model.flops_per_token()
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
@@ -275,7 +285,8 @@ def test_the_planners_counts_are_those_of_the_built_model_for_every_family(prese
 
 
 def test_a_models_options_choose_its_definition() -> None:
-    """Qwen3's per-head norms join the TP plan, a tie the definition's tied pairs; without them the Llama's."""
+    """Qwen3's per-head norms join the TP plan, a tie the definition's tied pairs; without them the
+    Llama's."""
     qwen3 = job({}, nproc=1, model={"preset": "qwen3-0.6b", "layers": 2, "seqLen": 32})
     definition = checked_definition(qwen3)
     assert definition.tied == (("tok_embeddings.weight", "output.weight"),)
@@ -290,8 +301,8 @@ def test_tensor_parallel_q_k_norms_are_replicated_and_act_per_head(one_rank_mesh
     from tetrad_trainer.parallelize import apply_tp
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    cfg = job({}, nproc=1, model={"family": "qwen3", "dim": 64, "heads": 4, "kvHeads": 2, "headDim": 32, "layers": 2,
-                                  "vocab": 128, "seqLen": 16}).model
+    cfg = job({}, nproc=1, model={"family": "qwen3", "dim": 64, "heads": 4, "kvHeads": 2, "headDim": 32,
+                                  "layers": 2, "vocab": 128, "seqLen": 16}).model
     definition = definition_of(cfg)
     plain, parallel = build(definition, cfg, seed=3), definition.meta_model(cfg)
     apply_tp(parallel, one_rank_mesh, definition)

@@ -1,4 +1,5 @@
-"""Learning-rate schedules, gradient clipping and the fused step (single process; the distributed norm is covered by the equivalence matrix)."""
+"""Learning-rate schedules, gradient clipping and the fused step (single process; the distributed norm is
+covered by the equivalence matrix)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def test_adamw_uses_the_configured_hyperparameters() -> None:
     p = torch.nn.Parameter(torch.ones(2))
     opt = build_optimizer([p], training("cosine", weight_decay=0.05))
     group = opt.param_groups[0]
-    assert group["weight_decay"] == 0.05 and group["betas"] == (0.9, 0.95) and group["lr"] == pytest.approx(1e-4)
+    assert (group["weight_decay"] == 0.05 and group["betas"] == (0.9, 0.95)
+            and group["lr"] == pytest.approx(1e-4))
 
 
 def params_on(device: str, dtype: torch.dtype = torch.float32, n: int = 3) -> list[torch.nn.Parameter]:
@@ -76,9 +78,11 @@ def test_dtensor_parameters_get_fused_only_when_dtensor_runs_the_kernel(one_rank
     from tetrad_trainer import optim
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    sharded = [torch.nn.Parameter(distribute_tensor(torch.zeros(4, 4), one_rank_mesh, [Shard(0)])) for _ in range(2)]
+    sharded = [torch.nn.Parameter(distribute_tensor(torch.zeros(4, 4), one_rank_mesh, [Shard(0)]))
+               for _ in range(2)]
     assert optim.adamw_implementation(sharded) == "fused"
-    assert optim.adamw_implementation(sharded + params_on("cpu")) == "foreach"  # DTensors mixed with plain tensors
+    # DTensors mixed with plain tensors
+    assert optim.adamw_implementation(sharded + params_on("cpu")) == "foreach"
     monkeypatch.setattr(optim, "_dtensor_has_fused_adamw", lambda: False)  # as in a torch without the rule
     assert optim.adamw_implementation(sharded) == "foreach"
     assert optim.adamw_implementation(params_on("cpu")) == "fused"
@@ -119,7 +123,8 @@ def test_clipping_folded_into_the_fused_step_equals_clipping_then_stepping(max_n
     results = []
     for fold in (True, False):
         params = [torch.nn.Parameter(t.clone()) for t in start]
-        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, **{"fused" if fold else "foreach": True})
+        opt = torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1,
+                                **{"fused" if fold else "foreach": True})
         assert folds_clipping(opt) is fold
         norms = []
         for step in grads:

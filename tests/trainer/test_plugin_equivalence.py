@@ -20,7 +20,8 @@ from tests.trainer.test_equivalence import assert_matches, train
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 # name: (parallelism, nodes, processes per node[, training overrides])
-LAYOUTS: dict[str, tuple[dict[str, object], int, int] | tuple[dict[str, object], int, int, dict[str, object]]] = {
+LAYOUTS: dict[str, (tuple[dict[str, object], int, int]
+                    | tuple[dict[str, object], int, int, dict[str, object]])] = {
     "dpShard2": ({"dpShard": 2}, 1, 2),
     "dpReplicate2": ({"dpReplicate": 2}, 1, 2),
     "tp2": ({"tp": 2}, 1, 2),

@@ -28,10 +28,13 @@ def _importable() -> Iterator[None]:
         yield
 
 
-def train(parallelism: dict[str, object], nproc: int, ckpt: Path, out: Path) -> tuple[Run, dict[str, torch.Tensor]]:
-    cfg = job(parallelism, nproc=nproc, model=plugin.GPT2, training=TRAINING, metrics={"peakTflops": PEAK_TFLOPS},
+def train(parallelism: dict[str, object], nproc: int, ckpt: Path,
+          out: Path) -> tuple[Run, dict[str, torch.Tensor]]:
+    cfg = job(parallelism, nproc=nproc, model=plugin.GPT2, training=TRAINING,
+              metrics={"peakTflops": PEAK_TFLOPS},
               checkpoint={"enabled": True, "path": str(ckpt), "interval": 2})
-    run = run_trainer(cfg, out, args=("--save-full-parameters", str(out / "params.pt"), "--jsonl", str(out / "m.jsonl")),
+    run = run_trainer(cfg, out, args=("--save-full-parameters", str(out / "params.pt"), "--jsonl",
+                                      str(out / "m.jsonl")),
                       env=plugin.env())
     assert run.codes == [0] * nproc, run.logs()
     return run, torch.load(out / "params.pt")
@@ -44,7 +47,8 @@ def from_step_2(ckpt: Path, to: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Run, dict[str, torch.Tensor]]]:
+def straight(
+        tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Run, dict[str, torch.Tensor]]]:
     """Uninterrupted 4-step runs with checkpoints at steps 2 and 4: one pipelined (the tied embedding split
     into a copy per end), one not (one parameter)."""
     runs = {}

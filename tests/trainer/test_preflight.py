@@ -53,7 +53,8 @@ def tetrad_run(tmp_path: Path, doc: dict[str, object], *, cpus: set[int] | None 
 
 
 def preflight_lines(log: Path) -> list[dict[str, object]]:
-    return [json.loads(line)["preflight"] for line in log.read_text().splitlines() if line.startswith('{"preflight"')]
+    return [json.loads(line)["preflight"] for line in log.read_text().splitlines()
+            if line.startswith('{"preflight"')]
 
 
 @pytest.mark.slow
@@ -74,16 +75,21 @@ def test_two_nodes_pass_the_gate_and_report_each_nodes_bus_bandwidth(tmp_path: P
 def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reason(tmp_path: Path) -> None:
     r = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}), cpus={0}, env={ENV_NODE_NAME: "gpu-node-7"})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr[-3000:]
-    # tetrad run gives each node its termination message in the work directory, as a pod's /dev/termination-log
-    said = [TerminationMessage.parse(p.read_text()).preflight for p in sorted((tmp_path / "w").glob("node-*.termination"))]
+    # tetrad run gives each node its termination message in the work directory, as a pod's
+    # /dev/termination-log
+    said = [TerminationMessage.parse(p.read_text()).preflight
+            for p in sorted((tmp_path / "w").glob("node-*.termination"))]
     failure = next(f for failures in said for f in failures)
     assert failure.node == "gpu-node-7" and failure.node_rank in (0, 1)
-    assert failure.reason == "cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their CPU affinity)"
+    assert failure.reason == ("cpu: resources.cpu requests 2 CPUs, this node's processes may run on 1 (their "
+                              "CPU affinity)")
     node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
     assert "preflight failed on node gpu-node-7" in node_log and "torch.distributed.run" not in node_log
-    outside_a_pod = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}, training={"steps": 1, "globalBatch": 4},
+    outside_a_pod = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"},
+                                                 training={"steps": 1, "globalBatch": 4},
                                                  preflight={"allReduceMiB": 1}), cpus={0})
-    assert outside_a_pod.returncode == 0, "`tetrad run`'s nodes share the machine: a pod's CPU request is not checked"
+    assert outside_a_pod.returncode == 0, ("`tetrad run`'s nodes share the machine: a pod's CPU request is "
+                                           "not checked")
 
 
 def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp_path: Path) -> None:
@@ -99,8 +105,10 @@ def test_a_node_whose_rendezvous_name_does_not_resolve_fails_before_torchrun(tmp
     assert r.returncode == EXIT_PREFLIGHT, r.stderr
     assert not started.exists(), "torchrun must not start on a node that failed the gate"
     (failure,) = TerminationMessage.parse(log.read_text()).preflight
-    assert (failure.node, failure.node_rank) == ("node-b", 0)  # rank 0: a worker first waits for the name (test_rendezvous)
-    assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not resolve within 2 s")
+    # rank 0: a worker first waits for the name (test_rendezvous)
+    assert (failure.node, failure.node_rank) == ("node-b", 0)
+    assert failure.reason.startswith("rendezvous: pod 0's name gate-0.no-such-service.invalid did not "
+                                     "resolve within 2 s")
 
 
 def test_rank_0_exports_every_nodes_figures_as_labelled_gauges() -> None:

@@ -32,7 +32,8 @@ def test_rank_0_and_a_node_without_a_master_do_not_wait(capsys: pytest.CaptureFi
     assert capsys.readouterr().out == "", "a name that resolves at once is not announced"
 
 
-def test_a_worker_goes_on_once_the_name_resolves(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_worker_goes_on_once_the_name_resolves(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     real, calls = socket.getaddrinfo, []
 
     def late_dns(host: str, *args: object) -> object:  # pod 0's record appears on the third lookup
@@ -49,13 +50,14 @@ def test_a_worker_goes_on_once_the_name_resolves(monkeypatch: pytest.MonkeyPatch
     assert "waiting up to 30 s for pod 0's name j-0.j.ns.svc" in out and "j-0.j.ns.svc resolves" in out
 
 
-def test_a_worker_whose_master_never_resolves_exits_69_naming_itself_without_starting_torchrun(tmp_path: Path) -> None:
+def test_a_worker_whose_master_never_resolves_exits_69_naming_itself_without_starting_torchrun(
+        tmp_path: Path) -> None:
     started, log = tmp_path / "started", tmp_path / "termination-log"
     t = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", "touch", str(started)],
                        capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PET_MASTER_ADDR": NOWHERE, "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2",
-                            ENV_NODE_NAME: "node-w", ENV_TERMINATION_LOG: str(log)})
+                       env={**os.environ, "PET_MASTER_ADDR": NOWHERE, "PET_NODE_RANK": "1",
+                            ENV_RDZV_TIMEOUT: "2", ENV_NODE_NAME: "node-w", ENV_TERMINATION_LOG: str(log)})
     assert r.returncode == EXIT_PREFLIGHT, r.stderr
     assert not started.exists(), "torchrun must not start before pod 0's name resolves"
     assert time.monotonic() - t >= 2, "it waited the rendezvous timeout"
@@ -66,7 +68,8 @@ def test_a_worker_whose_master_never_resolves_exits_69_naming_itself_without_sta
     assert not blames_the_node(failure.reason), "the operator must not exclude the node for it"
     ok = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", "touch", str(started)],
                         capture_output=True, text=True, timeout=60,
-                        env={**os.environ, "PET_MASTER_ADDR": "localhost", "PET_NODE_RANK": "1", ENV_RDZV_TIMEOUT: "2"})
+                        env={**os.environ, "PET_MASTER_ADDR": "localhost", "PET_NODE_RANK": "1",
+                             ENV_RDZV_TIMEOUT: "2"})
     assert ok.returncode == 0 and started.exists(), ok.stderr
 
 

@@ -11,7 +11,8 @@ from tests.trainer.harness import job, rewind, run_trainer
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-TRAINING = {"steps": 4, "globalBatch": 4, "microBatch": 1, "precision": "fp32", "lr": 1e-3, "warmupSteps": 1, "seed": 2}
+TRAINING = {"steps": 4, "globalBatch": 4, "microBatch": 1, "precision": "fp32", "lr": 1e-3, "warmupSteps": 1,
+            "seed": 2}
 
 
 def test_resume_from_step_2_under_another_layout_continues_the_same_run(tmp_path: Path) -> None:
@@ -26,9 +27,10 @@ def test_resume_from_step_2_under_another_layout_continues_the_same_run(tmp_path
     # Forget the last checkpoint: the next run resumes after step 2, on a TP x PP layout with
     # checkpoint-wrapped blocks (their parameter names carry a wrapper prefix).
     rewind(ckpt, 2)
-    second = job({"pp": 2, "tp": 2}, nproc=4, model=model, training={**TRAINING, "activationCheckpointing": "full"},
-                 checkpoint=checkpoint)
-    resumed = run_trainer(second, tmp_path / "resumed", args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
+    second = job({"pp": 2, "tp": 2}, nproc=4, model=model,
+                 training={**TRAINING, "activationCheckpointing": "full"}, checkpoint=checkpoint)
+    resumed = run_trainer(second, tmp_path / "resumed",
+                          args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
     assert resumed.codes == [0] * 4, resumed.logs()
     assert "resumed step 2" in resumed.log(0)
 

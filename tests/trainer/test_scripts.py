@@ -68,7 +68,8 @@ def preempt(run: LocalRun) -> None:
     """SIGTERM to `tetrad run`, as a pod's deletion: every node saves and exits 75, nothing is left."""
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
-    assert f"stopped: every node exited {EXIT_PREEMPTED} (stopped on SIGTERM" in run.output.read_text(), run.text()
+    assert (f"stopped: every node exited {EXIT_PREEMPTED} (stopped on SIGTERM"
+            in run.output.read_text()), run.text()
     wait_until_gone(run.work, 5)
 
 
@@ -78,7 +79,8 @@ def said(path: Path) -> TerminationMessage:
 
 def test_a_plain_ddp_script_trains_saves_and_resumes_under_the_launcher(tmp_path: Path) -> None:
     ckpt, work = tmp_path / "ckpt", tmp_path / "work"
-    job = script_job("ddp", {"path": str(EXAMPLES / "script" / "train.py"), "args": ["--steps", "4", "--save-every", "2"]},
+    job = script_job("ddp", {"path": str(EXAMPLES / "script" / "train.py"),
+                             "args": ["--steps", "4", "--save-every", "2"]},
                      checkpoint={"path": str(ckpt)})
     assert run_local(job, workdir=work) == 0, logs(work)
     text = logs(work)
@@ -88,12 +90,14 @@ def test_a_plain_ddp_script_trains_saves_and_resumes_under_the_launcher(tmp_path
                      checkpoint={"path": str(ckpt)})
     assert run_local(job, workdir=tmp_path / "again") == 0
     again = logs(tmp_path / "again")
-    assert "rank 0: resumed from step 4" in again and "[train] step 5 loss" in again and "step 1 loss" not in again
+    assert ("rank 0: resumed from step 4" in again and "[train] step 5 loss" in again
+            and "step 1 loss" not in again)
 
 
 def test_each_node_exits_with_its_own_workers_code_and_sees_the_mesh(tmp_path: Path) -> None:
     work = tmp_path / "work"
-    job = script_job("codes", {"path": str(MISBEHAVE), "args": ["--exit", "1:3"]}, parallelism={"dpShard": "auto"})
+    job = script_job("codes", {"path": str(MISBEHAVE), "args": ["--exit", "1:3"]},
+                     parallelism={"dpShard": "auto"})
     assert run_local(job, workdir=work) == 3, logs(work)
     text = logs(work)
     assert "[script] rank 0 of 2, mesh pp=1,dp_replicate=1,dp_shard=2,cp=1,tp=1" in text, text
@@ -102,7 +106,8 @@ def test_each_node_exits_with_its_own_workers_code_and_sees_the_mesh(tmp_path: P
 
 @pytest.mark.parametrize(("entry", "message"), [
     ({"path": "/no/such/train.py"}, "spec.script.path: /no/such/train.py is not a file in the image"),
-    ({"module": "no_such_package.train"}, "spec.script.module: no module no_such_package.train in the image's Python"),
+    ({"module": "no_such_package.train"},
+     "spec.script.module: no module no_such_package.train in the image's Python"),
     ({"command": ["no-such-command", "--flag"]}, "spec.script.command: no-such-command is not in the image"),
 ], ids=["path", "module", "command"])
 def test_an_entry_point_not_in_the_image_is_a_config_error_naming_the_field(
@@ -111,7 +116,8 @@ def test_an_entry_point_not_in_the_image_is_a_config_error_naming_the_field(
     termination = work / "node-0.termination"  # `tetrad run` gives each node its own
     assert run_local(script_job("missing", entry), workdir=work) == EXIT_CONFIG_ERROR, logs(work)
     left = said(termination)
-    assert left.reason == REASON_ENTRY_POINT and left.message is not None and left.message.startswith(message), left
+    assert (left.reason == REASON_ENTRY_POINT and left.message is not None
+            and left.message.startswith(message)), left
     assert '"preflight"' not in logs(work), "nothing else runs: the gang check comes after the entry point's"
 
 
@@ -121,7 +127,8 @@ def test_an_out_of_memory_error_of_a_script_exits_77_with_its_message(tmp_path: 
     job = script_job("oom", {"path": str(MISBEHAVE), "args": ["--oom-on-rank", "0"]})
     assert run_local(job, workdir=work) == EXIT_OOM, logs(work)
     left = said(termination)
-    assert left.reason == REASON_OUT_OF_MEMORY and "Tried to allocate 20.00 GiB (a test's)" in (left.message or "")
+    assert (left.reason == REASON_OUT_OF_MEMORY
+            and "Tried to allocate 20.00 GiB (a test's)" in (left.message or ""))
 
 
 def test_a_collective_of_a_script_that_times_out_exits_79_naming_the_peer(tmp_path: Path) -> None:
@@ -131,8 +138,8 @@ def test_a_collective_of_a_script_that_times_out_exits_79_naming_the_peer(tmp_pa
                      runPolicy={"collectiveTimeoutSeconds": 10})
     assert run_local(job, workdir=work) == EXIT_COLLECTIVE_TIMEOUT, logs(work)
     summary = said(termination).collective_timeout or ""
-    assert summary.startswith("rank 0: gloo:all_reduce") and summary.endswith("timed out after 10s; not answering: rank 1"), \
-        summary
+    assert (summary.startswith("rank 0: gloo:all_reduce")
+            and summary.endswith("timed out after 10s; not answering: rank 1")), summary
 
 
 def test_a_command_entry_point_runs_as_the_workers_child_and_passes_its_code_on(tmp_path: Path) -> None:
@@ -142,8 +149,8 @@ def test_a_command_entry_point_runs_as_the_workers_child_and_passes_its_code_on(
     assert "[script] rank 1 of 2" in logs(work)
 
 
-def test_a_script_that_ignores_sigterm_is_killed_at_the_end_of_the_grace_period(tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_script_that_ignores_sigterm_is_killed_at_the_end_of_the_grace_period(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started = tmp_path / "started"
     started.mkdir()
     monkeypatch.setenv("SCRIPT_STARTED_DIR", str(started))
@@ -155,7 +162,8 @@ def test_a_script_that_ignores_sigterm_is_killed_at_the_end_of_the_grace_period(
         start = time.monotonic()
         run.proc.send_signal(signal.SIGTERM)
         assert run.proc.wait(timeout=90) == 128 + signal.SIGTERM, run.text()
-        assert 4 < time.monotonic() - start < 45, "torchrun's shutdown timeout (grace - 10 s) ends the deaf workers"
+        assert 4 < time.monotonic() - start < 45, ("torchrun's shutdown timeout (grace - 10 s) ends the deaf "
+                                                   "workers")
         wait_until_gone(run.work, 5)
     finally:
         run.cleanup()
@@ -178,7 +186,8 @@ def test_the_runtime_library_saves_on_sigterm_exits_75_and_the_script_resumes(tm
     last = rows(run.work)[-1]
     assert last["step"] == saved and last["tokens_per_second"] > 0 and last["mfu"] > 0, last
     work = tmp_path / "again"
-    again = script_job("runtime", {"path": train, "args": ["--steps", str(saved + 2)]}, checkpoint={"path": str(ckpt)})
+    again = script_job("runtime", {"path": train, "args": ["--steps", str(saved + 2)]},
+                       checkpoint={"path": str(ckpt)})
     assert run_local(again, workdir=work) == 0, logs(work)
     assert f"[train] resumed from step {saved}" in logs(work)
     assert [r["step"] for r in rows(work)] == [saved + 1, saved + 2]
@@ -186,13 +195,14 @@ def test_the_runtime_library_saves_on_sigterm_exits_75_and_the_script_resumes(tm
 
 def test_the_runtime_library_refuses_a_pod_of_a_contract_it_does_not_speak(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "tetrad.node", "worker", "--path", str(EXAMPLES / "runtime" / "train.py"), "--",
-         "--steps", "1"], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "tetrad.node", "worker", "--path", str(EXAMPLES / "runtime" / "train.py"),
+         "--", "--steps", "1"], capture_output=True, text=True, timeout=120,
         env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(free_port()), ENV_CONTRACT: "99", ENV_EXIT_DIR: str(tmp_path)})
     assert r.returncode == EXIT_CONFIG_ERROR, r.stderr
     left = said(tmp_path / "message-rank-0.json")
-    assert left.reason == REASON_CONTRACT and "rendered for Tetrad's contract 99" in (left.message or ""), left
+    assert (left.reason == REASON_CONTRACT
+            and "rendered for Tetrad's contract 99" in (left.message or "")), left
     assert "install the tetrad version of the operator in the image (spec.image)" in (left.message or "")
 
 
@@ -219,16 +229,18 @@ def test_a_hugging_face_trainer_script_reports_and_saves_on_sigterm(tmp_path: Pa
 
 def test_a_checkpoint_now_request_makes_a_runtime_library_script_save_and_go_on(tmp_path: Path) -> None:
     """The request file as a pod's downward-API projection writes it; supervised torchrun, two gloo ranks."""
-    request, ckpt, jsonl, log, port = (tmp_path / "checkpoint-now", tmp_path / "ckpt", tmp_path / "steps.jsonl",
-                                       tmp_path / "node.log", free_port())
+    request, ckpt, jsonl, log, port = (tmp_path / "checkpoint-now", tmp_path / "ckpt",
+                                       tmp_path / "steps.jsonl", tmp_path / "node.log", free_port())
     request.write_text("")
-    command = [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m", "torch.distributed.run",
-               "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker", "--path",
-               str(EXAMPLES / "runtime" / "train.py"), "--", "--steps", "100000", "--step-seconds", "0.2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_CHECKPOINT_REQUEST_FILE: str(request), ENV_CHECKPOINT_DIR: str(ckpt),
-           ENV_JSONL: str(jsonl), ENV_METRICS_PORT: str(port)}
+    command = [sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-m",
+               "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "tetrad.node", "worker",
+               "--path", str(EXAMPLES / "runtime" / "train.py"), "--", "--steps", "100000",
+               "--step-seconds", "0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ENV_CHECKPOINT_REQUEST_FILE: str(request),
+           ENV_CHECKPOINT_DIR: str(ckpt), ENV_JSONL: str(jsonl), ENV_METRICS_PORT: str(port)}
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
     try:
         def steps() -> int:
             assert proc.poll() is None, log.read_text()[-3000:]
@@ -247,7 +259,8 @@ def test_a_checkpoint_now_request_makes_a_runtime_library_script_save_and_go_on(
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         exposition = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        assert f'{METRIC_REQUEST_STEP}{{token="2030-01-01T00:00:00Z"}} {float(saved)}' in exposition, exposition
+        assert (f'{METRIC_REQUEST_STEP}{{token="2030-01-01T00:00:00Z"}} {float(saved)}'
+                in exposition), exposition
         assert f"{METRIC_CHECKPOINT_STEP} {float(saved)}" in exposition
         assert log.read_text().count("[train] saved step") == 1, "the same token asks once"
         proc.send_signal(signal.SIGTERM)
@@ -258,7 +271,8 @@ def test_a_checkpoint_now_request_makes_a_runtime_library_script_save_and_go_on(
 
 
 def test_the_runtime_library_imports_none_of_the_trainers_weight() -> None:
-    code = ("import sys, tetrad_trainer.runtime; heavy = {'tetrad_trainer.train', 'tetrad_trainer.parallelize', "
-            "'tokenizers', 'safetensors', 'kopf', 'kubernetes', 'pydantic_settings'}; print(sorted(heavy & set(sys.modules)))")
+    code = ("import sys, tetrad_trainer.runtime; heavy = {'tetrad_trainer.train', "
+            "'tetrad_trainer.parallelize', 'tokenizers', 'safetensors', 'kopf', 'kubernetes', "
+            "'pydantic_settings'}; print(sorted(heavy & set(sys.modules)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

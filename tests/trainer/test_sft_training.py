@@ -54,15 +54,18 @@ def test_an_interrupted_run_resumes_bit_for_bit(tmp_path: Path, packing: bool) -
     path, tokenizer = sft_data(tmp_path, mixed_lines(8 if not packing else 24))
     ckpt = tmp_path / "ckpt"
     cfg = job({"dpShard": 2}, nproc=2, model=MODEL,
-              training={"steps": 5, "globalBatch": 4, "precision": "fp32", "lr": 1e-3, "warmupSteps": 1, "seed": 2},
+              training={"steps": 5, "globalBatch": 4, "precision": "fp32", "lr": 1e-3, "warmupSteps": 1,
+                        "seed": 2},
               data={"source": "jsonl", "path": str(path), "tokenizer": str(tokenizer), "packing": packing},
               checkpoint={"enabled": True, "path": str(ckpt), "interval": 2})
     rows = build_source(cfg).rows
     assert rows == 8 if not packing else 8 < rows < 20
-    straight = run_trainer(cfg, tmp_path / "straight", args=("--save-full-parameters", str(tmp_path / "straight.pt")))
+    straight = run_trainer(cfg, tmp_path / "straight",
+                           args=("--save-full-parameters", str(tmp_path / "straight.pt")))
     assert straight.codes == [0, 0], straight.logs()
     rewind(ckpt, 2)
-    resumed = run_trainer(cfg, tmp_path / "resumed", args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
+    resumed = run_trainer(cfg, tmp_path / "resumed",
+                          args=("--save-full-parameters", str(tmp_path / "resumed.pt")))
     assert resumed.codes == [0, 0], resumed.logs()
     assert "resumed step 2" in resumed.log(0)
     assert [r["step"] for r in resumed.records] == [3, 4, 5]
@@ -79,11 +82,13 @@ def hand_labelled(lines: list[dict[str, Any]], tokenizer: Path) -> list[tuple[li
     out = []
     for line in lines:
         if "messages" in line:
-            r = hf.apply_chat_template(line["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            r = hf.apply_chat_template(line["messages"], tokenize=True, return_dict=True,
+                                       return_assistant_tokens_mask=True)
             out.append((r["input_ids"], [bool(m) for m in r["assistant_masks"]]))
         else:
             prompt = hf(line["prompt"])["input_ids"]
-            completion = [*hf(line["completion"], add_special_tokens=False)["input_ids"], hf.convert_tokens_to_ids(EOS)]
+            completion = [*hf(line["completion"], add_special_tokens=False)["input_ids"],
+                          hf.convert_tokens_to_ids(EOS)]
             out.append(([*prompt, *completion], [False] * len(prompt) + [True] * len(completion)))
     return out
 
@@ -113,9 +118,10 @@ def test_tetrad_run_trains_two_processes_on_jsonl_and_counts_only_the_learned_to
     lines += [{"prompt": p, "completion": c} for p, c in (copy_task(rng, 3), copy_task(rng, 5))]
     path, tokenizer = sft_data(tmp_path, lines)
     doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": "sft"},
-           "spec": {"nodes": 2, "nprocPerNode": 1, "parallelism": {"dpShard": 2}, "model": {"preset": "debug", **MODEL},
-                    "training": {"steps": 8, "globalBatch": 8, "precision": "fp32", "lr": 3e-3, "warmupSteps": 0,
-                                 "lrSchedule": "constant", "seed": 3},
+           "spec": {"nodes": 2, "nprocPerNode": 1, "parallelism": {"dpShard": 2},
+                    "model": {"preset": "debug", **MODEL},
+                    "training": {"steps": 8, "globalBatch": 8, "precision": "fp32", "lr": 3e-3,
+                                 "warmupSteps": 0, "lrSchedule": "constant", "seed": 3},
                     "data": {"source": "jsonl", "path": str(path), "tokenizer": str(tokenizer)},
                     "metrics": {"port": free_port_block(2)}}}
     parsed, problems = parse(doc)

@@ -26,8 +26,10 @@ ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rende
 ENV_JSONL: Final = "TETRAD_JSONL"  # rank 0 appends its JSON lines there (`tetrad run`)
 ENV_EXIT_DIR: Final = "TETRAD_EXIT_DIR"  # where workers leave their exit codes for the supervisor
 ENV_NODE_NAME: Final = "TETRAD_NODE_NAME"  # the Kubernetes node the pod runs on (downward API spec.nodeName)
-ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"  # where the node writes its termination message (default below)
-ENV_CHECKPOINT_REQUEST_FILE: Final = "TETRAD_CHECKPOINT_REQUEST_FILE"  # rank 0 reads checkpoint-now tokens there
+# where the node writes its termination message (default below)
+ENV_TERMINATION_LOG: Final = "TETRAD_TERMINATION_LOG"
+# rank 0 reads checkpoint-now tokens there
+ENV_CHECKPOINT_REQUEST_FILE: Final = "TETRAD_CHECKPOINT_REQUEST_FILE"
 # The resolved layout, outermost dim first, e.g. pp=1,dp_replicate=1,dp_shard=4,cp=1,tp=2: a script
 # builds the same DeviceMesh with these names and degrees (docs/bring-your-own.md).
 ENV_MESH: Final = "TETRAD_MESH"
@@ -36,12 +38,14 @@ ENV_CPUS: Final = "TETRAD_CPUS"  # CPUs each node requests (resources.cpu), when
 # spec.preflight as JSON ({"timeoutSeconds", "allReduceMiB", "slowNodeFraction"}); unset: the gate is off.
 ENV_PREFLIGHT: Final = "TETRAD_PREFLIGHT"
 ENV_COLLECTIVE_TIMEOUT: Final = "TETRAD_COLLECTIVE_TIMEOUT"  # spec.runPolicy.collectiveTimeoutSeconds
-ENV_CHECKPOINT_DIR: Final = "TETRAD_CHECKPOINT_DIR"  # spec.checkpoint.path: where a script keeps its checkpoints
+# spec.checkpoint.path: where a script keeps its checkpoints
+ENV_CHECKPOINT_DIR: Final = "TETRAD_CHECKPOINT_DIR"
 # The version of this contract (the environment, the exit codes, the metric names, the exit directory's
 # files): a runtime library (tetrad_trainer.runtime) refuses to run under a version it does not speak.
 ENV_CONTRACT: Final = "TETRAD_CONTRACT"
 CONTRACT_VERSION: Final = 1
-ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"  # tests only: the trainer raises torch.OutOfMemoryError at this step
+# tests only: the trainer raises torch.OutOfMemoryError at this step
+ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"
 # Tests only: a fault the trainer injects (tetrad_trainer.faults), e.g. hang-rank:1:step:3; ignored unless
 # ENV_TEST_FAULTS_ALLOWED=1 is set too, so a stray variable can never hang a real job.
 ENV_TEST_FAULT: Final = "TETRAD_TEST_FAULT"
@@ -93,7 +97,8 @@ EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the
 # A collective did not complete within spec.runPolicy.collectiveTimeoutSeconds (a peer hung or is gone);
 # retryable: the rank logged the collective and the peers that did not answer first.
 EXIT_COLLECTIVE_TIMEOUT: Final = 79
-EXIT_PREFLIGHT: Final = 69  # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
+# EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
+EXIT_PREFLIGHT: Final = 69
 # Disruptions, not the job's failures: the operator retries them whatever runPolicy's exit-code lists say.
 EXIT_ALWAYS_RETRIED: Final = (EXIT_PREFLIGHT, EXIT_PREEMPTED)
 
@@ -109,7 +114,8 @@ TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
 TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
 TERMINATION_FIGURES: Final = "figures"
 # Causes a node names in its termination message (`reason`), with the exit code it exits with.
-REASON_ENTRY_POINT: Final = "EntryPointNotFound"  # spec.script's path, module or command is not in the image (78)
+# spec.script's path, module or command is not in the image (78)
+REASON_ENTRY_POINT: Final = "EntryPointNotFound"
 REASON_CONFIG: Final = "ConfigError"  # the config cannot run (78)
 REASON_OUT_OF_MEMORY: Final = "DeviceOutOfMemory"  # (77)
 REASON_HOST_OUT_OF_MEMORY: Final = "HostOutOfMemory"  # the kernel's OOM killer ended a worker (77)
@@ -137,7 +143,8 @@ METRIC_REQUEST_STEP: Final = "tetrad_checkpoint_request_step"  # labelled token=
 METRIC_REQUEST_TIME: Final = "tetrad_checkpoint_request_timestamp_seconds"  # likewise
 LABEL_REQUEST_TOKEN: Final = "token"
 METRIC_INFO: Final = "tetrad_info"
-# The preflight gate's figures, labelled node and node_rank: rank 0 exports every node's, the others their own.
+# The preflight gate's figures, labelled node and node_rank: rank 0 exports every node's, the
+# others their own.
 METRIC_PREFLIGHT_BUS_BANDWIDTH: Final = "tetrad_preflight_bus_bandwidth_bytes_per_second"
 METRIC_PREFLIGHT_SECONDS: Final = "tetrad_preflight_seconds"
 
@@ -153,19 +160,22 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_MFU: "Model FLOPs utilization per device, 0..1.",
     METRIC_PEAK_MEMORY: "Peak device memory allocated (CUDA) or peak RSS (CPU).",
     METRIC_PEAK_MEMORY_RESERVED: "Peak device memory reserved by the allocator.",
-    METRIC_STARTUP: "Seconds from the worker's start to the end of its first step (model build, checkpoint load).",
-    METRIC_LAST_STEP_TIME: "Unix time at which the last optimizer step completed, set on every step: the heartbeat "
-                           "the operator's stall detection reads.",
+    METRIC_STARTUP: "Seconds from the worker's start to the end of its first step (model build, "
+                    "checkpoint load).",
+    METRIC_LAST_STEP_TIME: "Unix time at which the last optimizer step completed, set on every step: the "
+                           "heartbeat the operator's stall detection reads.",
     METRIC_CHECKPOINT_STEP: "Step of the last checkpoint this process committed; NaN until its first commit.",
     METRIC_CHECKPOINT_TIME: "Unix time at which that checkpoint was committed; NaN until then.",
-    METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it decided.",
+    METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it "
+                         "decided.",
     METRIC_REQUEST_STEP: "Step of the checkpoint that served the last checkpoint-now request (label token); "
                          "exported once that checkpoint committed.",
     METRIC_REQUEST_TIME: "Unix time at which that checkpoint committed (label token).",
 }
 PREFLIGHT_GAUGES: Final[dict[str, str]] = {
-    METRIC_PREFLIGHT_BUS_BANDWIDTH: "Bus bandwidth of the preflight all-reduce across the whole gang, as the node's "
-                                    "ranks measured it (the slowest of them): 2(n-1)/n x bytes / time.",
+    METRIC_PREFLIGHT_BUS_BANDWIDTH: "Bus bandwidth of the preflight all-reduce across the whole gang, as the "
+                                    "node's ranks measured it (the slowest of them): "
+                                    "2(n-1)/n x bytes / time.",
     METRIC_PREFLIGHT_SECONDS: "Wall time of the preflight gang check on the node (the slowest of its ranks).",
 }
 

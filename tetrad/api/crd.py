@@ -78,7 +78,8 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         del s["default"]
     if isinstance(s.get("additionalProperties"), bool):  # structural schemas prune instead
         del s["additionalProperties"]
-    if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):  # not converted yet (Optional fields recurse)
+    # not converted yet (Optional fields recurse)
+    if "exclusiveMinimum" in s and not isinstance(s["exclusiveMinimum"], bool):
         s["minimum"], s["exclusiveMinimum"] = s["exclusiveMinimum"], True
     if "const" in s:
         s["enum"] = [s.pop("const")]
@@ -90,7 +91,8 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     elif s.get("type") == "object" and not s.get("properties"):
         s["x-kubernetes-preserve-unknown-fields"] = True
     if s.get("type") == "array" and "items" in s:
-        s["items"] = _structural(s["items"], defs) if "type" in s["items"] or "$ref" in s["items"] else s["items"]
+        s["items"] = (_structural(s["items"], defs) if "type" in s["items"] or "$ref" in s["items"]
+                      else s["items"])
         s["items"].setdefault("type", "object")
     return s
 
@@ -128,7 +130,8 @@ _PRESET = f"(has(self.model) && has(self.model.preset) ? self.model.preset : '{D
 def _model_dim(dim: str) -> str:
     """A model dim as resolve.expand_model takes it: explicit, else a plug-in's default (kvHeads: heads),
     else the preset's (debug without one)."""
-    table = ", ".join(f"'{name}': {dims[dim]}" for name, dims in PRESETS.items())  # type: ignore[literal-required]
+    table = ", ".join(f"'{name}': {dims[dim]}"  # type: ignore[literal-required]
+                      for name, dims in PRESETS.items())
     fallback = f"{{{table}}}[{_PRESET}]"
     if dim == "kvHeads":
         fallback = f"(has(self.model) && has(self.model.module) ? {_model_dim('heads')} : {fallback})"
@@ -156,7 +159,8 @@ def _fmt(text: str, *args: str) -> str:
 def _stages_per_rank() -> str:
     """rules.stages_per_rank: ppStagesPerRank, else 2 for the multi-stage schedules, else 1."""
     multi = ", ".join(f"'{s.value}'" for s in MULTI_STAGE)
-    return f"(has(self.parallelism.ppStagesPerRank) ? self.parallelism.ppStagesPerRank : (self.parallelism.ppSchedule in [{multi}] ? {DEFAULT_MULTI_STAGES_PER_RANK} : 1))"
+    return ("(has(self.parallelism.ppStagesPerRank) ? self.parallelism.ppStagesPerRank : "
+            f"(self.parallelism.ppSchedule in [{multi}] ? {DEFAULT_MULTI_STAGES_PER_RANK} : 1))")
 
 
 def spec_rules() -> list[dict[str, str]]:
@@ -168,22 +172,26 @@ def spec_rules() -> list[dict[str, str]]:
         {
             "rule": f"!({_is_int(*DEGREES)}) || {product} == self.nodes * self.nprocPerNode",
             "messageExpression": _fmt(
-                "spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = %d*%d*%d*%d*%d = %d"
-                " must equal nodes*nprocPerNode = %d*%d = %d; change a degree or set dpShard: auto",
-                *(_degree(d) for d in DEGREES), product, "self.nodes", "self.nprocPerNode", "self.nodes * self.nprocPerNode"),
+                "spec.parallelism: the product of the degrees dpReplicate*dpShard*tp*cp*pp = %d*%d*%d*%d*%d "
+                "= %d must equal nodes*nprocPerNode = %d*%d = %d; change a degree or set dpShard: auto",
+                *(_degree(d) for d in DEGREES), product, "self.nodes", "self.nprocPerNode",
+                "self.nodes * self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism",
         },
         {
-            "rule": f"!{BUILTIN} || !({_is_int('tp')}) || ({heads} % {_degree('tp')} == 0 && {kv} % {_degree('tp')} == 0)",
+            "rule": (f"!{BUILTIN} || !({_is_int('tp')})"
+                     f" || ({heads} % {_degree('tp')} == 0 && {kv} % {_degree('tp')} == 0)"),
             "messageExpression": _fmt(
-                "spec.parallelism.tp: tp=%d must divide heads=%d and kvHeads=%d; use a common divisor of both",
+                "spec.parallelism.tp: tp=%d must divide heads=%d and kvHeads=%d; use a common divisor"
+                " of both",
                 _degree("tp"), heads, kv),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.tp",
         },
         {
-            "rule": f"!{BUILTIN} || !({_is_int('tp', 'cp')}) || {seq} % ({_degree('tp')} * 2 * {_degree('cp')}) == 0",
+            "rule": (f"!{BUILTIN} || !({_is_int('tp', 'cp')})"
+                     f" || {seq} % ({_degree('tp')} * 2 * {_degree('cp')}) == 0"),
             "messageExpression": _fmt(
                 "spec.model.seqLen: seqLen=%d must be divisible by tp*2*cp = %d; change seqLen, tp or cp",
                 seq, f"{_degree('tp')} * 2 * {_degree('cp')}"),
@@ -191,28 +199,33 @@ def spec_rules() -> list[dict[str, str]]:
             "fieldPath": ".model",
         },
         {
-            "rule": f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1 || {_degree('pp')} * {per_rank} <= {max_stages}",
+            "rule": (f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1"
+                     f" || {_degree('pp')} * {per_rank} <= {max_stages}"),
             "messageExpression": _fmt(
-                f"spec.parallelism: pp*ppStagesPerRank = %d*%d = %d stages exceed layers=%d + {NON_BLOCK_STAGE_UNITS}"
-                " (the embedding and the output take a stage each); use at most %d stages",
+                "spec.parallelism: pp*ppStagesPerRank = %d*%d = %d stages exceed layers=%d + "
+                f"{NON_BLOCK_STAGE_UNITS} (the embedding and the output take a stage each); use at most "
+                "%d stages",
                 _degree("pp"), per_rank, f"{_degree('pp')} * {per_rank}", layers, max_stages),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.pp",
         },
         {
-            "rule": (f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1 || !has(self.parallelism.ppMicrobatches)"
+            "rule": (f"!{BUILTIN} || !({_is_int('pp')}) || {_degree('pp')} == 1"
+                     " || !has(self.parallelism.ppMicrobatches)"
                      f" || self.parallelism.ppMicrobatches >= {_degree('pp')} * {per_rank}"),
             "messageExpression": _fmt(
-                "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below the %d pipeline stages (pp=%d x %d per rank);"
-                " use ppMicrobatches >= %d",
-                "self.parallelism.ppMicrobatches", f"{_degree('pp')} * {per_rank}", _degree("pp"), per_rank, f"{_degree('pp')} * {per_rank}"),
+                "spec.parallelism.ppMicrobatches: ppMicrobatches=%d is below the %d pipeline stages"
+                " (pp=%d x %d per rank); use ppMicrobatches >= %d",
+                "self.parallelism.ppMicrobatches", f"{_degree('pp')} * {per_rank}", _degree("pp"), per_rank,
+                f"{_degree('pp')} * {per_rank}"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".parallelism.ppMicrobatches",
         },
         {
             "rule": "self.resources.gpu == 0 || self.resources.gpu == self.nprocPerNode",
             "messageExpression": _fmt(
-                "spec.resources.gpu: gpu=%d must equal nprocPerNode=%d (one process per GPU), or be 0 for CPU",
+                "spec.resources.gpu: gpu=%d must equal nprocPerNode=%d (one process per GPU), or be 0"
+                " for CPU",
                 "self.resources.gpu", "self.nprocPerNode"),
             "reason": "FieldValueInvalid",
             "fieldPath": ".resources.gpu",
@@ -222,8 +235,8 @@ def spec_rules() -> list[dict[str, str]]:
                      f" || self.training.fsdp.offload != '{Offload.CPU.value}'"
                      f" || {_degree('dpShard')} * {_degree('cp')} > 1"),
             "messageExpression": _fmt(
-                "spec.training.fsdp.offload: offload=cpu needs FSDP, but dpShard*cp = %d*%d = 1 shards nothing;"
-                " set dpShard >= 2 or offload: none", _degree("dpShard"), _degree("cp")),
+                "spec.training.fsdp.offload: offload=cpu needs FSDP, but dpShard*cp = %d*%d = 1 shards "
+                "nothing; set dpShard >= 2 or offload: none", _degree("dpShard"), _degree("cp")),
             "reason": "FieldValueInvalid",
             "fieldPath": ".training.fsdp.offload",
         },
@@ -242,14 +255,16 @@ def spec_rules() -> list[dict[str, str]]:
 def script_rules() -> list[dict[str, str]]:
     """A script job (spec.script) names what runs in one way: none of the trainer's sections or settings
     (tetrad.resolve.check_script says the same)."""
-    rules = [{"rule": f"{BUILTIN} || !has(self.{name})", "message": f"spec.{name}: {trainer_only_message(name)}",
+    rules = [{"rule": f"{BUILTIN} || !has(self.{name})",
+              "message": f"spec.{name}: {trainer_only_message(name)}",
               "reason": "FieldValueForbidden", "fieldPath": f".{name}"} for name in TRAINER_ONLY]
     rules.append({"rule": f"{BUILTIN} || !self.checkpoint.enabled",
                   "message": f"spec.checkpoint.enabled: {SCRIPT_CHECKPOINT_MESSAGE}",
                   "reason": "FieldValueForbidden", "fieldPath": ".checkpoint.enabled"})
     rules += [{"rule": f"{BUILTIN} || !has(self.parallelism.{name})",
                "message": f"spec.parallelism.{name}: {trainer_pipeline_message(name)}",
-               "reason": "FieldValueForbidden", "fieldPath": f".parallelism.{name}"} for name in TRAINER_PIPELINE]
+               "reason": "FieldValueForbidden", "fieldPath": f".parallelism.{name}"}
+              for name in TRAINER_PIPELINE]
     return rules
 
 
@@ -261,16 +276,18 @@ def data_rules() -> list[dict[str, str]]:
     assert all(dims["vocab"] >= BYTE_VOCAB for dims in PRESETS.values())
     return [
         {"rule": f"!has(self.data) || !(self.data.source in [{sources}]) || has(self.data.path)",
-         "messageExpression": _fmt("spec.data.path: " + DATA_PATH_MESSAGE.replace("{}", "%s"), "self.data.source"),
+         "messageExpression": _fmt("spec.data.path: " + DATA_PATH_MESSAGE.replace("{}", "%s"),
+                                   "self.data.source"),
          "reason": "FieldValueRequired", "fieldPath": ".data.path"},
         {"rule": (f"!has(self.data) || self.data.source != '{DataSource.JSONL.value}'"
                   f" || self.data.tokenizer != '{BYTE_TOKENIZER}'"),
          "message": f"spec.data.tokenizer: {JSONL_TOKENIZER_MESSAGE}",
          "reason": "FieldValueInvalid", "fieldPath": ".data.tokenizer"},
         {"rule": (f"!{BUILTIN} || !has(self.data) || self.data.source != '{DataSource.TEXT.value}'"
-                  f" || self.data.tokenizer != '{BYTE_TOKENIZER}' || !has(self.model) || !has(self.model.vocab)"
-                  f" || self.model.vocab >= {BYTE_VOCAB}"),
-         "messageExpression": _fmt("spec.model.vocab: " + BYTE_VOCAB_MESSAGE.replace("{}", "%d"), "self.model.vocab"),
+                  f" || self.data.tokenizer != '{BYTE_TOKENIZER}' || !has(self.model)"
+                  f" || !has(self.model.vocab) || self.model.vocab >= {BYTE_VOCAB}"),
+         "messageExpression": _fmt("spec.model.vocab: " + BYTE_VOCAB_MESSAGE.replace("{}", "%d"),
+                                   "self.model.vocab"),
          "reason": "FieldValueInvalid", "fieldPath": ".model.vocab"},
     ]
 
@@ -280,7 +297,8 @@ def run_policy_rules() -> list[dict[str, str]]:
     rp = "self.runPolicy"
     permanent = f"(has({rp}.permanentExitCodes) ? {rp}.permanentExitCodes : {PERMANENT_DEFAULT})"
     return [
-        {"rule": f"!has({rp}.permanentExitCodes) || !{rp}.permanentExitCodes.exists(c, c in {list(EXIT_ALWAYS_RETRIED)})",
+        {"rule": (f"!has({rp}.permanentExitCodes)"
+                  f" || !{rp}.permanentExitCodes.exists(c, c in {list(EXIT_ALWAYS_RETRIED)})"),
          "message": f"spec.runPolicy.permanentExitCodes: {ALWAYS_RETRIED_MESSAGE}",
          "reason": "FieldValueInvalid", "fieldPath": ".runPolicy.permanentExitCodes"},
         {"rule": f"!has({rp}.retryableExitCodes) || !{permanent}.exists(c, c in {rp}.retryableExitCodes)",
@@ -298,14 +316,17 @@ SCRIPT_RULE = {
     "message": "spec.script: give exactly one entry point of path, module or command",
 }
 PLUGIN_RULES = [
-    {"rule": "!has(self.module) || !has(self.preset)", "message": f"spec.model.preset: {PLUGIN_PRESET_MESSAGE}"},
+    {"rule": "!has(self.module) || !has(self.preset)",
+     "message": f"spec.model.preset: {PLUGIN_PRESET_MESSAGE}"},
     {"rule": f"!has(self.module) || ({' && '.join(f'has(self.{d})' for d in PLUGIN_DIMS)})",
      "message": f"spec.model: {plugin_dims_message(PLUGIN_DIMS)}"},
-    {"rule": "!has(self.module) || (!has(self.family) && !has(self.hfDir))", "message": f"spec.model: {PLUGIN_HF_MESSAGE}"},
+    {"rule": "!has(self.module) || (!has(self.family) && !has(self.hfDir))",
+     "message": f"spec.model: {PLUGIN_HF_MESSAGE}"},
 ]
 # The families' rules on spec.model (resolve.expand_model says the same).
 FAMILY_RULES = [
-    {"rule": f"!has(self.hfDir) || has(self.module) || has(self.preset) || ({' && '.join(f'has(self.{d})' for d in HF_DIMS)})",
+    {"rule": (f"!has(self.hfDir) || has(self.module) || has(self.preset)"
+              f" || ({' && '.join(f'has(self.{d})' for d in HF_DIMS)})"),
      "message": f"spec.model.hfDir: {hf_dims_message(HF_DIMS)}"},
     {"rule": (f"!has(self.family) || !has(self.preset) || !(self.preset in {_PRESET_FAMILIES})"
               f" || {_PRESET_FAMILIES}[self.preset] == self.family"),
@@ -316,13 +337,14 @@ FAMILY_RULES = [
 def degree_rule(name: str) -> dict[str, str]:
     return {
         "rule": "type(self) == string ? self == 'auto' : self >= 1",
-        "message": (f"spec.parallelism.{name} must be an integer >= 1, unquoted ({name}: 2, not {name}: \"2\"), or 'auto';"
-                    " use 1 to disable this dimension"),
+        "message": (f"spec.parallelism.{name} must be an integer >= 1, unquoted ({name}: 2, not {name}: "
+                    "\"2\"), or 'auto'; use 1 to disable this dimension"),
     }
 
 
 def immutable_rule(name: str) -> dict[str, str]:
-    return {"rule": "self == oldSelf", "message": f"spec.{name} is immutable; delete and recreate the job to change it"}
+    return {"rule": "self == oldSelf",
+            "message": f"spec.{name} is immutable; delete and recreate the job to change it"}
 
 
 def presence_immutable_rule(name: str) -> dict[str, str]:
@@ -341,8 +363,10 @@ def spec_schema() -> dict[str, Any]:
     props["model"]["x-kubernetes-validations"] = [*PLUGIN_RULES, *FAMILY_RULES]
     props["script"]["x-kubernetes-validations"] = [SCRIPT_RULE]
     for name in IMMUTABLE:
-        props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []), immutable_rule(name)]
-    s["x-kubernetes-validations"] = [*spec_rules(), *[presence_immutable_rule(name) for name in IMMUTABLE_PRESENCE]]
+        props[name]["x-kubernetes-validations"] = [*props[name].get("x-kubernetes-validations", []),
+                                                   immutable_rule(name)]
+    s["x-kubernetes-validations"] = [*spec_rules(),
+                                     *[presence_immutable_rule(name) for name in IMMUTABLE_PRESENCE]]
     props["checkpoint"]["properties"]["path"]["x-kubernetes-validations"] = [CHECKPOINT_PATH_RULE]
     s["description"] = "The desired training job: its size, 4D layout, model, training, data and policies."
     return s
@@ -367,14 +391,21 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Job phase"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Pods in the gang"},
     {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
-    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts", "description": "Whole-gang restarts"},
-    {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.training.tokensPerSecond", "description": "Global throughput (whole tokens)"},
-    {"name": "Last-Ckpt", "type": "integer", "jsonPath": ".status.checkpoint.step", "description": "Step of the last committed checkpoint"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
+     "description": "Whole-gang restarts"},
+    {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.training.tokensPerSecond",
+     "description": "Global throughput (whole tokens)"},
+    {"name": "Last-Ckpt", "type": "integer", "jsonPath": ".status.checkpoint.step",
+     "description": "Step of the last committed checkpoint"},
     # `kubectl get ptj -o wide` adds the progress `tetrad status` shows (priority 1).
-    {"name": "Step", "type": "integer", "jsonPath": ".status.training.step", "priority": 1, "description": "Last step reported by rank 0"},
-    {"name": "Steps", "type": "integer", "jsonPath": ".spec.training.steps", "priority": 1, "description": "Steps to train for"},
-    {"name": "Loss", "type": "number", "jsonPath": ".status.training.loss", "priority": 1, "description": "Last training loss"},
-    {"name": "MFU", "type": "number", "jsonPath": ".status.training.mfu", "priority": 1, "description": "Model FLOPs utilization, 0..1"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.training.step", "priority": 1,
+     "description": "Last step reported by rank 0"},
+    {"name": "Steps", "type": "integer", "jsonPath": ".spec.training.steps", "priority": 1,
+     "description": "Steps to train for"},
+    {"name": "Loss", "type": "number", "jsonPath": ".status.training.loss", "priority": 1,
+     "description": "Last training loss"},
+    {"name": "MFU", "type": "number", "jsonPath": ".status.training.mfu", "priority": 1,
+     "description": "Model FLOPs utilization, 0..1"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
@@ -397,12 +428,16 @@ def crd() -> dict[str, Any]:
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": "A 4D-parallel PyTorch training job: gang-scheduled pods running torchrun.",
+                    "description": ("A 4D-parallel PyTorch training job: gang-scheduled pods running "
+                                    "torchrun."),
                     "properties": {
-                        "apiVersion": {"type": "string", "description": "APIVersion of this object: tetrad.dev/v1alpha1."},
-                        "kind": {"type": "string", "description": "Kind of this object: ParallelTrainingJob."},
+                        "apiVersion": {"type": "string",
+                                       "description": "APIVersion of this object: tetrad.dev/v1alpha1."},
+                        "kind": {"type": "string",
+                                 "description": "Kind of this object: ParallelTrainingJob."},
                         "metadata": {"type": "object", "properties": {"name": {
-                            "type": "string", "maxLength": JOB_NAME_MAX, "pattern": f"^{DNS1035_LABEL.pattern}$"}}},
+                            "type": "string", "maxLength": JOB_NAME_MAX,
+                            "pattern": f"^{DNS1035_LABEL.pattern}$"}}},
                         "spec": spec_schema(),
                         "status": status_schema(),
                     },

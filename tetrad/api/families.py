@@ -27,7 +27,8 @@ from tetrad.api.spec import Family
 
 ROPE_TYPES: Final = ("default", "llama3")  # implemented; linear, dynamic, yarn, longrope, ... are refused
 DEFAULT_ROPE_THETA: Final = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
-LLAMA3_KEYS: Final = {"factor": "factor", "low_freq_factor": "lowFreqFactor", "high_freq_factor": "highFreqFactor",
+LLAMA3_KEYS: Final = {"factor": "factor", "low_freq_factor": "lowFreqFactor",
+                      "high_freq_factor": "highFreqFactor",
                       "original_max_position_embeddings": "originalMaxPositions"}
 
 
@@ -48,13 +49,17 @@ def _falsy(v: Any) -> bool:
 COMMON_REFUSALS: Final = (
     Refusal("hidden_act", lambda v: v == "silu", "Tetrad's block is SwiGLU with silu"),
     Refusal("attention_dropout", _falsy, "Tetrad trains without attention dropout"),
-    Refusal("quantization_config", lambda v: v is None, "quantized weights are not supported; use the unquantized checkpoint"),
+    Refusal("quantization_config", lambda v: v is None,
+            "quantized weights are not supported; use the unquantized checkpoint"),
     Refusal("partial_rotary_factor", lambda v: v in (None, 1, 1.0), "Tetrad rotates the whole head"),
 )
-_BIAS = Refusal("attention_bias", _falsy, "biases on q, k, v and o; Tetrad's block has q/k/v biases in the qwen2 family only")
+_BIAS = Refusal("attention_bias", _falsy,
+                "biases on q, k, v and o; Tetrad's block has q/k/v biases in the qwen2 family only")
 _MLP_BIAS = Refusal("mlp_bias", _falsy, "Tetrad's SwiGLU has no biases")
-_WINDOW = Refusal("sliding_window", lambda v: v is None, "sliding-window attention; Tetrad's attention is full causal")
-_QWEN_WINDOW = Refusal("use_sliding_window", _falsy, "sliding-window attention; Tetrad's attention is full causal")
+_WINDOW = Refusal("sliding_window", lambda v: v is None,
+                  "sliding-window attention; Tetrad's attention is full causal")
+_QWEN_WINDOW = Refusal("use_sliding_window", _falsy,
+                       "sliding-window attention; Tetrad's attention is full causal")
 _LAYER_TYPES = Refusal("layer_types", lambda v: v is None or set(v) <= {"full_attention"},
                        "layers of sliding-window attention; Tetrad's attention is full causal")
 
@@ -68,18 +73,20 @@ class FamilyConfig:
     architecture: str  # the transformers class that loads the export
     defaults: Mapping[str, Any]  # transformers' config defaults for keys a config.json leaves out
     refusals: tuple[Refusal, ...]  # beyond COMMON_REFUSALS
-    written: Mapping[str, Any] = field(default_factory=dict)  # keys the export sets, so the reader gets Tetrad's block
+    # keys the export sets, so the reader gets Tetrad's block
+    written: Mapping[str, Any] = field(default_factory=dict)
     qkv_bias: bool = False
     qk_norm: bool = False
     head_dim_default: int | None = None  # None: hidden_size / num_attention_heads
 
 
-_LLAMA_DEFAULTS: Final = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                          "num_attention_heads": 32, "num_key_value_heads": None, "hidden_act": "silu",
-                          "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
-_QWEN_DEFAULTS: Final = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32,
-                         "max_position_embeddings": 32768, "use_sliding_window": False, "sliding_window": 4096,
-                         "max_window_layers": 28}
+_LLAMA_DEFAULTS: Final = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": None,
+                          "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+                          "tie_word_embeddings": False}
+_QWEN_DEFAULTS: Final = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016,
+                         "num_key_value_heads": 32, "max_position_embeddings": 32768,
+                         "use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28}
 
 FAMILIES: Final[dict[Family, FamilyConfig]] = {
     Family.LLAMA: FamilyConfig(Family.LLAMA, "llama", "LlamaForCausalLM", _LLAMA_DEFAULTS, (_BIAS, _MLP_BIAS),
@@ -89,7 +96,8 @@ FAMILIES: Final[dict[Family, FamilyConfig]] = {
                                  {**_LLAMA_DEFAULTS, "intermediate_size": 14336, "num_key_value_heads": 8,
                                   "max_position_embeddings": 131072, "sliding_window": 4096},
                                  (_WINDOW,), written={"sliding_window": None}),
-    Family.QWEN2: FamilyConfig(Family.QWEN2, "qwen2", "Qwen2ForCausalLM", _QWEN_DEFAULTS, (_QWEN_WINDOW, _LAYER_TYPES),
+    Family.QWEN2: FamilyConfig(Family.QWEN2, "qwen2", "Qwen2ForCausalLM", _QWEN_DEFAULTS,
+                               (_QWEN_WINDOW, _LAYER_TYPES),
                                written={"use_sliding_window": False}, qkv_bias=True),
     Family.QWEN3: FamilyConfig(Family.QWEN3, "qwen3", "Qwen3ForCausalLM", _QWEN_DEFAULTS,
                                (_BIAS, _QWEN_WINDOW, _LAYER_TYPES),
@@ -102,11 +110,13 @@ BY_MODEL_TYPE: Final = {f.model_type: f for f in FAMILIES.values()}
 _DIM_KEYS: Final = {"dim": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
                     "kvHeads": "num_key_value_heads", "headDim": "head_dim", "vocab": "vocab_size",
                     "ffnDim": "intermediate_size", "ropeTheta": "rope_theta", "normEps": "rms_norm_eps",
-                    "tieEmbeddings": "tie_word_embeddings", "ropeScaling": "rope_scaling", "family": "model_type"}
+                    "tieEmbeddings": "tie_word_embeddings", "ropeScaling": "rope_scaling",
+                    "family": "model_type"}
 # the ModelConfig attribute of each field
-_ATTRS: Final = {"dim": "dim", "layers": "layers", "heads": "heads", "kvHeads": "kv_heads", "headDim": "head_dim",
-                 "vocab": "vocab", "ffnDim": "ffn_dim", "ropeTheta": "rope_theta", "normEps": "norm_eps",
-                 "tieEmbeddings": "tie_embeddings", "ropeScaling": "rope_scaling", "family": "family"}
+_ATTRS: Final = {"dim": "dim", "layers": "layers", "heads": "heads", "kvHeads": "kv_heads",
+                 "headDim": "head_dim", "vocab": "vocab", "ffnDim": "ffn_dim", "ropeTheta": "rope_theta",
+                 "normEps": "norm_eps", "tieEmbeddings": "tie_embeddings", "ropeScaling": "rope_scaling",
+                 "family": "family"}
 HF_FIELDS: Final = tuple(_DIM_KEYS)  # what a config.json decides of spec.model
 
 
@@ -120,12 +130,14 @@ class HFModel:
     """What a config.json says of the model: spec.model fields, and what Tetrad refuses."""
 
     fields: dict[str, Any]  # camelCase spec.model fields, complete (HF_FIELDS) when problems is empty
-    max_positions: int | None  # max_position_embeddings (metadata: no forward-pass effect for default/llama3 RoPE)
+    # max_position_embeddings (metadata: no forward-pass effect for default/llama3 RoPE)
+    max_positions: int | None
     problems: list[str]  # "key=value: why", one per refused or unreadable key
 
 
 def _rope_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
-    """(the key it came from, the RoPE parameters) as transformers reads them: rope_scaling wins over rope_parameters."""
+    """(the key it came from, the RoPE parameters) as transformers reads them: rope_scaling wins over
+    rope_parameters."""
     for key in ("rope_scaling", "rope_parameters"):
         if isinstance(config.get(key), Mapping) and config[key]:
             return key, config[key]
@@ -146,7 +158,8 @@ def read_hf_config(config: Mapping[str, Any]) -> HFModel:
     family = BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     if family is None:
         known = ", ".join(sorted(BY_MODEL_TYPE))
-        return HFModel({}, None, [f"model_type={model_type!r}: not a family Tetrad's decoder implements ({known})"])
+        return HFModel({}, None,
+                       [f"model_type={model_type!r}: not a family Tetrad's decoder implements ({known})"])
     c = {**family.defaults, **config}
     problems = [f"{r.key}={c.get(r.key)!r}: {r.why}" for r in (*COMMON_REFUSALS, *family.refusals)
                 if not r.supported(c.get(r.key))]
@@ -160,7 +173,8 @@ def read_hf_config(config: Mapping[str, Any]) -> HFModel:
 
     dim, heads = integer("hidden_size"), integer("num_attention_heads")
     kv = integer("num_key_value_heads") if c.get("num_key_value_heads") is not None else heads
-    head_dim = integer("head_dim") if c.get("head_dim") is not None else family.head_dim_default or dim // heads
+    head_dim = (integer("head_dim") if c.get("head_dim") is not None
+                else family.head_dim_default or dim // heads)
     rope_key, rope = _rope_section(c)
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", c.get("rope_theta", DEFAULT_ROPE_THETA))
@@ -170,10 +184,12 @@ def read_hf_config(config: Mapping[str, Any]) -> HFModel:
     if not _positive(eps):
         problems.append(f"rms_norm_eps={eps!r}: not a positive number")
     if rope.get("partial_rotary_factor", 1.0) not in (1, 1.0):
-        problems.append(f"{rope_key}.partial_rotary_factor={rope['partial_rotary_factor']!r}: Tetrad rotates the whole head")
+        problems.append(f"{rope_key}.partial_rotary_factor={rope['partial_rotary_factor']!r}: Tetrad rotates "
+                        "the whole head")
     scaling = None
     if rope_type not in ROPE_TYPES:
-        problems.append(f"{rope_key}.rope_type={rope_type!r}: Tetrad implements RoPE types {', '.join(ROPE_TYPES)}")
+        problems.append(f"{rope_key}.rope_type={rope_type!r}: Tetrad implements RoPE types "
+                        f"{', '.join(ROPE_TYPES)}")
     elif rope_type == "llama3":
         if missing := [k for k in LLAMA3_KEYS if not _number(rope.get(k))]:
             problems.append(f"{rope_key}: rope_type llama3 needs {', '.join(missing)}")
@@ -182,10 +198,10 @@ def read_hf_config(config: Mapping[str, Any]) -> HFModel:
     tie = c.get("tie_word_embeddings")
     if not isinstance(tie, bool):
         problems.append(f"tie_word_embeddings={tie!r}: not true or false")
-    fields = {"family": family.family.value, "dim": dim, "layers": integer("num_hidden_layers"), "heads": heads,
-              "kvHeads": kv, "headDim": head_dim, "vocab": integer("vocab_size"),
-              "ffnDim": integer("intermediate_size"), "ropeTheta": theta, "ropeScaling": scaling, "normEps": eps,
-              "tieEmbeddings": tie}
+    fields = {"family": family.family.value, "dim": dim, "layers": integer("num_hidden_layers"),
+              "heads": heads, "kvHeads": kv, "headDim": head_dim, "vocab": integer("vocab_size"),
+              "ffnDim": integer("intermediate_size"), "ropeTheta": theta, "ropeScaling": scaling,
+              "normEps": eps, "tieEmbeddings": tie}
     max_positions = c.get("max_position_embeddings")
     return HFModel(fields, max_positions if isinstance(max_positions, int) else None, problems)
 
@@ -199,7 +215,8 @@ def model_fields(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def hf_differences(fields: Mapping[str, Any], cfg: ModelConfig) -> list[str]:
-    """Where a config.json (read_hf_config's fields) contradicts the resolved model: "key hf != ours (spec.model.f)"."""
+    """Where a config.json (read_hf_config's fields) contradicts the resolved model:
+    "key hf != ours (spec.model.f)"."""
     ours = model_fields(cfg)
     return [f"{config_key(f)} {_shown(fields[f])} != {_shown(ours[f])} (spec.model.{f})"
             for f in HF_FIELDS if f in fields and fields[f] != ours[f]]
@@ -209,16 +226,19 @@ def _shown(v: Any) -> str:
     return repr(v) if isinstance(v, str | dict) else str(v)
 
 
-def write_hf_config(cfg: ModelConfig, *, dtype: str, source: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def write_hf_config(cfg: ModelConfig, *, dtype: str,
+                    source: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The config.json of cfg's model for its family's transformers class, over the source's config.json when
     the model came from one: every key Tetrad does not own (token ids, max_position_embeddings, ...) kept."""
     if cfg.family is None:
-        raise ValueError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers the built-in families")
+        raise ValueError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers the "
+                         "built-in families")
     family = FAMILIES[cfg.family]
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if (s := cfg.rope_scaling) is not None:
-        rope = {"rope_type": s.type, "rope_theta": cfg.rope_theta, "factor": s.factor, "low_freq_factor": s.low_freq_factor,
-                "high_freq_factor": s.high_freq_factor, "original_max_position_embeddings": s.original_max_positions}
+        rope = {"rope_type": s.type, "rope_theta": cfg.rope_theta, "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_positions}
     out = dict(source or {})
     out.pop("dtype", None)  # transformers 5 writes it; torch_dtype below says the same
     out.update(family.written)
@@ -237,7 +257,8 @@ def write_hf_config(cfg: ModelConfig, *, dtype: str, source: Mapping[str, Any] |
         "tie_word_embeddings": cfg.tie_embeddings,
         # transformers 5 reads rope_parameters; 4.x and vLLM rope_theta and rope_scaling (None: plain RoPE)
         "rope_theta": cfg.rope_theta,
-        "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"} if cfg.rope_scaling is not None else None,
+        "rope_scaling": ({k: v for k, v in rope.items() if k != "rope_theta"}
+                         if cfg.rope_scaling is not None else None),
         "rope_parameters": rope,
         "torch_dtype": dtype,
     })

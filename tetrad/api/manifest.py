@@ -38,7 +38,8 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
 
 
 def quoted(value: Any, limit: int = MAX_SHOWN) -> str:
-    """A value as Python writes it, cut at `limit` characters; a cut string counts its own characters, not its quotes."""
+    """A value as Python writes it, cut at `limit` characters; a cut string counts its own characters, not
+    its quotes."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value)} characters)"
     return shorten(repr(value), limit)
@@ -48,7 +49,8 @@ _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 # The tags of the plain scalars PyYAML resolves by YAML 1.1's rules, which kubectl reads otherwise.
-_YAML11_TAGS: Final = frozenset(f"tag:yaml.org,2002:{t}" for t in ("bool", "int", "float", "null", "timestamp"))
+_YAML11_TAGS: Final = frozenset(f"tag:yaml.org,2002:{t}"
+                                for t in ("bool", "int", "float", "null", "timestamp"))
 # Every other plain scalar that may be one of them: read by tetrad.api.scalars.plain_scalar instead.
 _KUBECTL_PLAIN: Final = "tag:tetrad.dev,2025:kubectl-plain"
 _KUBECTL_FIRST: Final = ["", *"~yYnNtTfFoO", *NUMBER_START]
@@ -88,7 +90,8 @@ class _Loader(_Base):  # type: ignore[misc]
         return plain_scalar(node.value)
 
     def _key(self, node: yaml.Node, deep: bool = True) -> Any:
-        """A key as JSON has it: from go-yaml's value (a float key keeps its float spelling, 1e6 -> "1e+06")."""
+        """A key as JSON has it: from go-yaml's value (a float key keeps its float spelling,
+        1e6 -> "1e+06")."""
         if node.tag == _KUBECTL_PLAIN:
             return mapping_key(go_scalar(node.value))
         return mapping_key(self.construct_object(node, deep=deep))
@@ -115,7 +118,8 @@ class _Loader(_Base):  # type: ignore[misc]
             try:
                 mapping[key] = self.construct_object(value_node, deep=deep)
             except TypeError:
-                raise ManifestError(f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar") from None
+                raise ManifestError(
+                    f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar") from None
         return mapping
 
 
@@ -138,7 +142,8 @@ def _check_graph(root: yaml.Node) -> None:
             expanded[key] = 1 + sum(expanded[id(c)] for c in children)
             continue
         if key in on_path:
-            raise ManifestError(f"line {node.start_mark.line + 1}: an alias refers to a node that contains it")
+            raise ManifestError(
+                f"line {node.start_mark.line + 1}: an alias refers to a node that contains it")
         if key in expanded:
             continue
         if depth > MAX_DEPTH:
@@ -149,8 +154,8 @@ def _check_graph(root: yaml.Node) -> None:
         stack.extend((c, depth + 1, False) for c in children if id(c) not in expanded)
     extra = expanded[id(root)] - distinct
     if extra > MAX_ALIAS_EXPANSION:
-        raise ManifestError(f"aliases expand to {extra} more nodes than the text holds (limit {MAX_ALIAS_EXPANSION});"
-                            " write the repeated parts out or drop the anchors")
+        raise ManifestError(f"aliases expand to {extra} more nodes than the text holds (limit "
+                            f"{MAX_ALIAS_EXPANSION}); write the repeated parts out or drop the anchors")
 
 
 def load_manifests(text: str | bytes) -> list[Any]:
@@ -169,7 +174,8 @@ def load_manifests(text: str | bytes) -> list[Any]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ManifestError(f"invalid YAML{where}: {shorten(getattr(e, 'problem', None) or str(e), 200)}") from None
+        raise ManifestError(
+            f"invalid YAML{where}: {shorten(getattr(e, 'problem', None) or str(e), 200)}") from None
     except RecursionError:
         raise ManifestError(f"nested deeper than {MAX_DEPTH} levels") from None
     finally:
@@ -184,8 +190,8 @@ def parse(document: Any) -> tuple[ParallelTrainingJob | None, list[Problem]]:
     if document.get("kind") != KIND:
         return None, [Problem("kind", f"kind={quoted(document.get('kind'))} is not {KIND}; set kind: {KIND}")]
     if document.get("apiVersion") != API_VERSION:
-        return None, [Problem("apiVersion", f"apiVersion={quoted(document.get('apiVersion'))} is not supported;"
-                                            f" set apiVersion: {API_VERSION}")]
+        return None, [Problem("apiVersion", f"apiVersion={quoted(document.get('apiVersion'))} is not "
+                                            f"supported; set apiVersion: {API_VERSION}")]
     try:
         return ParallelTrainingJob.model_validate(document), []
     except ValidationError as e:

@@ -61,7 +61,8 @@ def generate() -> dict[str, Any]:
 
 @cache
 def definitions() -> dict[str, Any]:
-    return json.loads(files("tetrad.api").joinpath("podschema.json").read_text())  # type: ignore[no-any-return]
+    return json.loads(  # type: ignore[no-any-return]
+        files("tetrad.api").joinpath("podschema.json").read_text())
 
 
 def check(value: Any, model: str, path: str) -> Iterator[tuple[str, str]]:
@@ -150,13 +151,15 @@ def qualified_name_problem(key: str) -> str | None:
     if "/" in key and not is_dns_subdomain(prefix):
         return "the prefix before '/' must be a DNS subdomain (lowercase, e.g. example.com)"
     if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
-        return "the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        return ("the name must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter "
+                "or digit")
     return None
 
 
 def label_value_problem(value: str) -> str | None:
     if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
-        return "a label value must be empty or 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        return ("a label value must be empty or 1-63 letters, digits, '-', '_' or '.', starting and ending "
+                "with a letter or digit")
     return None
 
 
@@ -164,10 +167,13 @@ def check_pod_fields(spec: ParallelTrainingJobSpec) -> list[Problem]:
     """Problems of the pass-through pod fields, each naming its path (spec.template.env[0].name)."""
     t = spec.template
     problems = [Problem(path, msg) for field, value in (("env", t.env), ("volumes", t.volumes),
-                                                         ("volumeMounts", t.volume_mounts), ("tolerations", t.tolerations))
-                for i, item in enumerate(value) for path, msg in check(item, MODELS[field], f"spec.template.{field}[{i}]")]
+                                                         ("volumeMounts", t.volume_mounts),
+                                                         ("tolerations", t.tolerations))
+                for i, item in enumerate(value)
+                for path, msg in check(item, MODELS[field], f"spec.template.{field}[{i}]")]
     if t.affinity is not None:
-        problems += [Problem(p, m) for p, m in check(t.affinity, MODELS["affinity"], "spec.template.affinity")]
+        problems += [Problem(p, m)
+                     for p, m in check(t.affinity, MODELS["affinity"], "spec.template.affinity")]
     if spec.checkpoint.volume is not None:
         volume = {"name": contract.CHECKPOINT_VOLUME, **spec.checkpoint.volume}
         problems += [Problem(p, m) for p, m in check(volume, "V1Volume", "spec.checkpoint.volume")]
@@ -178,10 +184,13 @@ def check_pod_fields(spec: ParallelTrainingJobSpec) -> list[Problem]:
     problems += _volumes(spec)
     problems += _tolerations(spec)
     problems += _labels(spec)
-    for field, value in (("priorityClassName", t.priority_class_name), ("serviceAccountName", t.service_account_name)):
+    for field, value in (("priorityClassName", t.priority_class_name),
+                         ("serviceAccountName", t.service_account_name)):
         if value is not None and not is_dns_subdomain(value):
-            problems.append(Problem(f"spec.template.{field}", f"{value!r:.80} is not a DNS subdomain (lowercase letters, digits, '-', '.')"))
-    if spec.gang.queue is not None and (why := label_value_problem(spec.gang.queue) if spec.gang.queue else "must not be empty"):
+            problems.append(Problem(f"spec.template.{field}", f"{value!r:.80} is not a DNS subdomain "
+                                    "(lowercase letters, digits, '-', '.')"))
+    if spec.gang.queue is not None and (why := label_value_problem(spec.gang.queue) if spec.gang.queue
+                                        else "must not be empty"):
         problems.append(Problem("spec.gang.queue", f"{spec.gang.queue!r:.80}: {why}"))
     return problems
 
@@ -190,7 +199,8 @@ def _env(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
     for i, var in enumerate(spec.template.env):
         path, name = f"spec.template.env[{i}]", var["name"]
         if not _ENV_NAME.fullmatch(name):
-            yield Problem(f"{path}.name", f"{name!r:.80} is not an environment variable name (letters, digits, '_', '-', '.', not starting with a digit)")
+            yield Problem(f"{path}.name", f"{name!r:.80} is not an environment variable name (letters, "
+                          "digits, '_', '-', '.', not starting with a digit)")
         elif name in contract.RESERVED_ENV or name.startswith(contract.RESERVED_ENV_PREFIXES):
             yield Problem(f"{path}.name", f"{name} is set by Tetrad or torchrun for every node; remove it"
                           " (the job's spec fields control it)")
@@ -201,20 +211,24 @@ def _env(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
 def _volume_sources(volume: dict[str, Any], path: str) -> list[Problem]:
     sources = [k for k, v in volume.items() if k != "name" and v is not None]
     if len(sources) != 1:
-        return [Problem(path, f"a volume needs exactly one source (e.g. persistentVolumeClaim or emptyDir), got {len(sources)}")]
+        return [Problem(path, "a volume needs exactly one source (e.g. persistentVolumeClaim or emptyDir), "
+                        f"got {len(sources)}")]
     return []
 
 
 def _volumes(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
     t = spec.template
-    pod_volumes = set(contract.POD_VOLUMES) | ({contract.CHECKPOINT_VOLUME} if spec.checkpoint.volume else set())
+    pod_volumes = set(contract.POD_VOLUMES) | ({contract.CHECKPOINT_VOLUME} if spec.checkpoint.volume
+                                               else set())
     names: set[str] = set()
     for i, volume in enumerate(t.volumes):
         path, name = f"spec.template.volumes[{i}]", volume["name"]
         if not is_dns_label(name):
-            yield Problem(f"{path}.name", f"{name!r:.80} is not a DNS label (lowercase letters, digits, '-', at most 63)")
+            yield Problem(f"{path}.name",
+                          f"{name!r:.80} is not a DNS label (lowercase letters, digits, '-', at most 63)")
         elif name in pod_volumes:
-            yield Problem(f"{path}.name", f"volume {name} is one of the pod's own ({', '.join(sorted(pod_volumes))}); rename it")
+            yield Problem(f"{path}.name", f"volume {name} is one of the pod's own "
+                          f"({', '.join(sorted(pod_volumes))}); rename it")
         elif name in names:
             yield Problem(f"{path}.name", f"volume {name} is defined twice")
         names.add(name)
@@ -228,18 +242,21 @@ def _volumes(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
     for i, mount in enumerate(t.volume_mounts):
         path = f"spec.template.volumeMounts[{i}]"
         if mount["name"] not in names | pod_volumes:
-            yield Problem(f"{path}.name", f"no volume named {mount['name']!r:.80}; add it to spec.template.volumes")
+            yield Problem(f"{path}.name",
+                          f"no volume named {mount['name']!r:.80}; add it to spec.template.volumes")
         where = str(mount["mountPath"]).rstrip("/") or "/"
         if not where.startswith("/") or ":" in where:
             yield Problem(f"{path}.mountPath", f"{where!r:.80} must be an absolute path without ':'")
         elif where in paths:
-            yield Problem(f"{path}.mountPath", f"{where} is already the mount path of {paths[where]}; choose another")
+            yield Problem(f"{path}.mountPath",
+                          f"{where} is already the mount path of {paths[where]}; choose another")
         paths[where] = f"spec.template.volumeMounts[{i}]"
 
 
 def _tolerations(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
     for i, tol in enumerate(spec.template.tolerations):
-        path, op, effect = f"spec.template.tolerations[{i}]", tol.get("operator") or "Equal", tol.get("effect") or ""
+        path, op, effect = (f"spec.template.tolerations[{i}]", tol.get("operator") or "Equal",
+                            tol.get("effect") or "")
         if op not in TOLERATION_OPERATORS:
             yield Problem(f"{path}.operator", f"{op!r:.80} is not one of {', '.join(TOLERATION_OPERATORS)}")
         if op == "Exists" and tol.get("value"):
@@ -263,7 +280,8 @@ def _labels(spec: ParallelTrainingJobSpec) -> Iterator[Problem]:
             path = f"spec.template.{field}[{key!r:.80}]"
             if why := qualified_name_problem(key):
                 yield Problem(path, f"invalid key: {why}")
-            elif field == "labels" and (key.startswith(_RESERVED_LABEL_PREFIX) or key == contract.LABEL_MANAGED_BY):
+            elif field == "labels" and (key.startswith(_RESERVED_LABEL_PREFIX)
+                                        or key == contract.LABEL_MANAGED_BY):
                 yield Problem(path, f"label {key} is set by Tetrad; use another key")
             if why := label_value_problem(value):
                 yield Problem(path, f"invalid value {value!r:.80}: {why}")

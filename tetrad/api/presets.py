@@ -37,21 +37,23 @@ class ModelDims(TypedDict):
     tieEmbeddings: bool
 
 
-def _dims(dim: int, layers: int, heads: int, kv: int, vocab: int, ffn: int, seq: int, rope: float = 500000.0, *,
-          family: str = "llama", head_dim: int | None = None, eps: float = 1e-5, tie: bool = False,
-          scaling: RopeScalingDims | None = None) -> ModelDims:
-    return ModelDims(family=family, dim=dim, layers=layers, heads=heads, kvHeads=kv, headDim=head_dim or dim // heads,
-                     vocab=vocab, ffnDim=ffn, seqLen=seq, ropeTheta=rope, ropeScaling=scaling, normEps=eps,
-                     tieEmbeddings=tie)
+def _dims(dim: int, layers: int, heads: int, kv: int, vocab: int, ffn: int, seq: int,
+          rope: float = 500000.0, *, family: str = "llama", head_dim: int | None = None, eps: float = 1e-5,
+          tie: bool = False, scaling: RopeScalingDims | None = None) -> ModelDims:
+    return ModelDims(family=family, dim=dim, layers=layers, heads=heads, kvHeads=kv,
+                     headDim=head_dim or dim // heads, vocab=vocab, ffnDim=ffn, seqLen=seq, ropeTheta=rope,
+                     ropeScaling=scaling, normEps=eps, tieEmbeddings=tie)
 
 
 def _llama3(factor: float) -> RopeScalingDims:
     """Llama 3.1 and 3.2's rope_scaling (rope_type llama3)."""
-    return RopeScalingDims(type="llama3", factor=factor, lowFreqFactor=1.0, highFreqFactor=4.0, originalMaxPositions=8192)
+    return RopeScalingDims(type="llama3", factor=factor, lowFreqFactor=1.0, highFreqFactor=4.0,
+                           originalMaxPositions=8192)
 
 
 def _qwen3(dim: int, layers: int, heads: int, ffn: int, tie: bool) -> ModelDims:
-    return _dims(dim, layers, heads, 8, 151936, ffn, 4096, 1e6, family="qwen3", head_dim=128, eps=1e-6, tie=tie)
+    return _dims(dim, layers, heads, 8, 151936, ffn, 4096, 1e6, family="qwen3", head_dim=128, eps=1e-6,
+                 tie=tie)
 
 
 def _qwen25(dim: int, layers: int, heads: int, kv: int, vocab: int, ffn: int, tie: bool) -> ModelDims:
@@ -101,7 +103,8 @@ def model_name(preset: str | None, dims: Mapping[str, Any]) -> str:
     base = PRESETS.get(preset) if preset is not None else None
     if base is None or all(k in dims for k in SHAPE):  # a preset that gives nothing but its seqLen, rope, eps
         return "custom"
-    changed = [f"{k} {_number(v)}" for k in base if k in dims and (v := dims[k]) != base[k]]  # type: ignore[literal-required]
+    changed = [f"{k} {_number(v)}" for k in base
+               if k in dims and (v := dims[k]) != base[k]]  # type: ignore[literal-required]
     return f"{preset} ({', '.join(changed)})" if changed else preset  # type: ignore[return-value]
 
 

@@ -20,7 +20,8 @@ _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|
 
 
 def split_quantity(value: str) -> tuple[Decimal, str]:
-    """(number, unit) of a quantity, the unit being its suffix or exponent: '16Gi' -> (16, 'Gi'), '1e3' -> (1, 'e3')."""
+    """(number, unit) of a quantity, the unit being its suffix or exponent: '16Gi' -> (16, 'Gi'),
+    '1e3' -> (1, 'e3')."""
     match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
     if match is None:
         raise ValueError(f"{value!r} is not a Kubernetes quantity; write e.g. '500m', '4', '16Gi' or '1e3'")
@@ -41,7 +42,8 @@ def parse_quantity(value: str | int | float) -> Decimal:
 
 
 def scale_quantity(value: str, factor: int) -> str:
-    """factor times a quantity, kept in its own unit ('4' x 4 -> '16', '16Gi' x 4 -> '64Gi', '1e3' x 2 -> '2e3')."""
+    """factor times a quantity, kept in its own unit ('4' x 4 -> '16', '16Gi' x 4 -> '64Gi',
+    '1e3' x 2 -> '2e3')."""
     number, unit = split_quantity(value)
     return f"{_plain(number * factor)}{unit}"
 

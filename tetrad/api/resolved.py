@@ -60,10 +60,14 @@ class ModelConfig(CamelModel):
     """The model's dims and options: everything the trainer builds it from, the planner counts and the
     Hugging Face conversion writes (tetrad.api.families)."""
 
-    name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', 'custom' (tetrad.api.presets.model_name), or a plug-in's import path.")
-    module: str | None = Field(None, description="A plug-in model definition's import path (spec.model.module); None: the built-in decoder.")
-    family: Family | None = Field(Family.LLAMA, strict=False, description="The built-in decoder's family (tetrad.api.families); None for a plug-in.")
-    hf_dir: str | None = Field(None, description="The Hugging Face directory in the pod the model starts from (spec.model.hfDir, or training.initFrom); None: the seed's weights.")
+    name: str = Field(description="The preset and the dims that override it, e.g. 'llama3-1b (seqLen 8192)', "
+                      "'custom' (tetrad.api.presets.model_name), or a plug-in's import path.")
+    module: str | None = Field(None, description="A plug-in model definition's import path "
+                               "(spec.model.module); None: the built-in decoder.")
+    family: Family | None = Field(Family.LLAMA, strict=False, description="The built-in decoder's family "
+                                  "(tetrad.api.families); None for a plug-in.")
+    hf_dir: str | None = Field(None, description="The Hugging Face directory in the pod the model starts "
+                               "from (spec.model.hfDir, or training.initFrom); None: the seed's weights.")
     dim: int
     layers: int
     heads: int
@@ -77,7 +81,8 @@ class ModelConfig(CamelModel):
     norm_eps: float
     tie_embeddings: bool = Field(False, description="The output projection is the token embedding.")
     qkv_bias: bool = Field(False, description="The q, k and v projections have biases (the family's: Qwen2).")
-    qk_norm: bool = Field(False, description="RMSNorm over head_dim of every query and key head before RoPE (the family's: Qwen3).")
+    qk_norm: bool = Field(False, description="RMSNorm over head_dim of every query and key head before RoPE "
+                          "(the family's: Qwen3).")
 
     @model_validator(mode="before")
     @classmethod
@@ -99,7 +104,8 @@ class ModelConfig(CamelModel):
         """Parameter count of the built-in decoder, a tied embedding and output counted once.
         include_embedding=False leaves out an embedding table that is only looked up (untied): what
         the 6N of the FLOPs counts."""
-        params = self.layers * self.block_params() + self.dim + self.vocab * self.dim  # blocks, final norm, output
+        # blocks, final norm, output
+        params = self.layers * self.block_params() + self.dim + self.vocab * self.dim
         return params + (self.vocab * self.dim if include_embedding and not self.tie_embeddings else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
@@ -121,17 +127,24 @@ class ResolvedConfig(CamelModel):
     pp_microbatches: int = Field(1, ge=1)
     pp_stages_per_rank: int = Field(1, ge=1)
     model: ModelConfig | None = Field(description="The model Tetrad's trainer builds; None for a script job.")
-    script: Script | None = Field(None, description="A script job's entry point (spec.script); None: Tetrad's trainer.")
+    script: Script | None = Field(None, description="A script job's entry point (spec.script); None: "
+                                  "Tetrad's trainer.")
     training: Training
     data: Data
     checkpoint: Checkpoint
     metrics: Metrics
     gpu_type: str | None = None
-    use_gpu: bool = Field(False, description="Pods request GPUs; the trainer still falls back to CPU when none is visible.")
-    cpus: float | None = Field(None, description="CPUs each node's pod requests (resources.cpu); the preflight gate checks they are there. None: no request.")
+    use_gpu: bool = Field(False, description="Pods request GPUs; the trainer still falls back to CPU when "
+                          "none is visible.")
+    cpus: float | None = Field(None, description="CPUs each node's pod requests (resources.cpu); the "
+                               "preflight gate checks they are there. None: no request.")
     preflight: Preflight = Field(default_factory=Preflight, description="The preflight gate's settings.")
-    predicted_peak_bytes: float | None = Field(None, description="The planner's predicted peak memory per device, in bytes, quoted by the trainer when the device runs out of memory; None when not planned.")
-    collective_timeout_seconds: int = Field(COLLECTIVE_TIMEOUT_SECONDS, ge=1, description="The process groups' collective timeout (spec.runPolicy.collectiveTimeoutSeconds).")
+    predicted_peak_bytes: float | None = Field(None, description="The planner's predicted peak memory per "
+                                               "device, in bytes, quoted by the trainer when the device runs "
+                                               "out of memory; None when not planned.")
+    collective_timeout_seconds: int = Field(
+        COLLECTIVE_TIMEOUT_SECONDS, ge=1,
+        description="The process groups' collective timeout (spec.runPolicy.collectiveTimeoutSeconds).")
 
     @property
     def world_size(self) -> int:

@@ -41,29 +41,33 @@ NON_BLOCK_STAGE_UNITS: Final = 2
 # a model definition of one's own (spec.model.module) gives its dims, not a preset.
 TRAINER_ONLY: Final = ("model", "training", "data")
 TRAINER_PIPELINE: Final = ("ppMicrobatches", "ppStagesPerRank")
-PLUGIN_DIMS: Final = ("dim", "layers", "heads", "vocab", "seqLen")  # kvHeads defaults to heads, ffnDim to 4 x dim
+# kvHeads defaults to heads, ffnDim to 4 x dim
+PLUGIN_DIMS: Final = ("dim", "layers", "heads", "vocab", "seqLen")
 
 
 def trainer_only_message(name: str) -> str:
-    return (f"spec.script runs your own training code; spec.{name} configures Tetrad's trainer: remove it and pass"
-            " your settings in spec.script.args (or use spec.model.module to train your model in Tetrad's trainer)")
+    return (f"spec.script runs your own training code; spec.{name} configures Tetrad's trainer: remove it "
+            "and pass your settings in spec.script.args (or use spec.model.module to train your model in "
+            "Tetrad's trainer)")
 
 
-SCRIPT_CHECKPOINT_MESSAGE: Final = ("spec.script saves its own checkpoints; checkpoint.enabled turns on Tetrad's "
-                                    "trainer's: remove it (checkpoint.path and .volume are still mounted, and passed as"
-                                    " $TETRAD_CHECKPOINT_DIR)")
+SCRIPT_CHECKPOINT_MESSAGE: Final = ("spec.script saves its own checkpoints; checkpoint.enabled turns on "
+                                    "Tetrad's trainer's: remove it (checkpoint.path and .volume are still "
+                                    "mounted, and passed as $TETRAD_CHECKPOINT_DIR)")
 
 
 def trainer_pipeline_message(name: str) -> str:
-    return f"{name} configures Tetrad's trainer's pipeline schedule; a script job (spec.script) schedules its own: remove it"
+    return (f"{name} configures Tetrad's trainer's pipeline schedule; a script job (spec.script) schedules"
+            " its own: remove it")
 
 
-PLUGIN_PRESET_MESSAGE: Final = ("a model definition of your own (module) takes its dims from spec.model, not a preset;"
-                                " remove preset")
+PLUGIN_PRESET_MESSAGE: Final = ("a model definition of your own (module) takes its dims from spec.model, not "
+                                "a preset; remove preset")
 
 
 def plugin_dims_message(missing: list[str] | tuple[str, ...]) -> str:
-    return f"module needs its dims in spec.model: {', '.join(missing)} missing (kvHeads defaults to heads, ffnDim to 4 x dim)"
+    return (f"module needs its dims in spec.model: {', '.join(missing)} missing (kvHeads defaults to heads,"
+            " ffnDim to 4 x dim)")
 
 
 # Data: the sources read from a file, and what a JSONL source needs of its tokenizer.
@@ -73,13 +77,14 @@ JSONL_ONLY: Final = ("packing", "truncate")
 # The path message takes the source's name ({} in Python, %s in CEL's format()).
 DATA_PATH_MESSAGE: Final = "data.source={} needs data.path; set the path of the file inside the pod"
 JSONL_TOKENIZER_MESSAGE: Final = (
-    "data.source=jsonl needs a Hugging Face tokenizer, not the byte tokenizer: its special tokens end each completion and"
-    " its chat template renders chat lines; set data.tokenizer to the tokenizer's directory inside the pod (tokenizer.json"
-    " and tokenizer_config.json), e.g. /data/tokenizer")
+    "data.source=jsonl needs a Hugging Face tokenizer, not the byte tokenizer: its special tokens end each "
+    "completion and its chat template renders chat lines; set data.tokenizer to the tokenizer's directory "
+    "inside the pod (tokenizer.json and tokenizer_config.json), e.g. /data/tokenizer")
 
 
 def check_data(data: Data, problems: list[Problem]) -> None:
-    """A file source needs its path; jsonl needs a Hugging Face tokenizer; packing and truncate act on jsonl alone."""
+    """A file source needs its path; jsonl needs a Hugging Face tokenizer; packing and truncate act on jsonl
+    alone."""
     if data.source in FILE_SOURCES and not data.path:
         problems.append(Problem("spec.data.path", DATA_PATH_MESSAGE.format(data.source.value)))
     if data.source == DataSource.JSONL and data.tokenizer == BYTE_TOKENIZER:
@@ -93,9 +98,9 @@ def check_data(data: Data, problems: list[Problem]) -> None:
 # The byte tokenizer's ids are the byte values: a model it feeds needs a vocab of at least 256.
 BYTE_VOCAB: Final = 256
 # No apostrophe: CEL's messageExpression quotes the message with them.
-BYTE_VOCAB_MESSAGE: Final = (f"vocab={{}} is below the {BYTE_VOCAB} ids of the byte tokenizer (data.source=text with"
-                             f" data.tokenizer: byte, the default); set vocab to at least {BYTE_VOCAB}, or name a Hugging"
-                             " Face tokenizer in data.tokenizer")
+BYTE_VOCAB_MESSAGE: Final = (f"vocab={{}} is below the {BYTE_VOCAB} ids of the byte tokenizer "
+                             "(data.source=text with data.tokenizer: byte, the default); set vocab to at "
+                             f"least {BYTE_VOCAB}, or name a Hugging Face tokenizer in data.tokenizer")
 
 
 def check_data_vocab(data: Data, vocab: int, problems: list[Problem]) -> None:
@@ -104,36 +109,42 @@ def check_data_vocab(data: Data, vocab: int, problems: list[Problem]) -> None:
         problems.append(Problem("spec.model.vocab", BYTE_VOCAB_MESSAGE.format(vocab)))
 
 
-PLUGIN_HF_MESSAGE: Final = ("a model definition of your own (module) is not one of the built-in families: remove family and"
-                            " hfDir (the Hugging Face conversion covers the built-in families)")
+PLUGIN_HF_MESSAGE: Final = ("a model definition of your own (module) is not one of the built-in families: "
+                            "remove family and hfDir (the Hugging Face conversion covers the built-in "
+                            "families)")
 # A Hugging Face directory is read in the pod only: the cluster resolves the model from a preset or these.
-HF_DIMS: Final = ("family", "dim", "layers", "heads", "kvHeads", "vocab", "ffnDim", "seqLen", "ropeTheta", "normEps")
+HF_DIMS: Final = ("family", "dim", "layers", "heads", "kvHeads", "vocab", "ffnDim", "seqLen", "ropeTheta",
+                  "normEps")
 
 
 def hf_dims_message(missing: list[str] | tuple[str, ...]) -> str:
-    return (f"hfDir is read in the pod only: the cluster needs a preset (e.g. qwen3-1.7b) or the model's dims in "
-            f"spec.model, and {', '.join(missing)} missing; `tetrad model DIR` prints them from the directory's "
-            "config.json (docs/models.md)")
+    return ("hfDir is read in the pod only: the cluster needs a preset (e.g. qwen3-1.7b) or the model's dims "
+            f"in spec.model, and {', '.join(missing)} missing; `tetrad model DIR` prints them from the "
+            "directory's config.json (docs/models.md)")
 
 
-FAMILY_PRESET_MESSAGE: Final = "family contradicts the preset's family; remove family, or name a preset of that family"
+FAMILY_PRESET_MESSAGE: Final = ("family contradicts the preset's family; remove family, or name a preset of"
+                                " that family")
 
 
 # runPolicy: the exit-code lists and the backoff must not contradict each other or the operator's policy.
-PERMANENT_DEFAULT: Final = RunPolicy.model_fields["permanent_exit_codes"].get_default(call_default_factory=True)
+PERMANENT_DEFAULT: Final = RunPolicy.model_fields["permanent_exit_codes"].get_default(
+    call_default_factory=True)
 ALWAYS_RETRIED_MESSAGE: Final = (
-    f"exit codes {' and '.join(map(str, EXIT_ALWAYS_RETRIED))} are always retried as disruptions (a node that failed"
-    " the preflight gate, a preempted trainer that saved), whatever the lists say: remove them from permanentExitCodes")
-BOTH_LISTS_MESSAGE: Final = (f"an exit code in both retryableExitCodes and permanentExitCodes (default {PERMANENT_DEFAULT})"
-                             " fails the job: remove it from one of the lists")
-BACKOFF_MESSAGE: Final = ("backoffMaxSeconds={} is below backoffSeconds={}: the cap would cut even the first delay;"
-                          " set backoffMaxSeconds to at least backoffSeconds")
+    f"exit codes {' and '.join(map(str, EXIT_ALWAYS_RETRIED))} are always retried as disruptions (a node "
+    "that failed the preflight gate, a preempted trainer that saved), whatever the lists say: remove them "
+    "from permanentExitCodes")
+BOTH_LISTS_MESSAGE: Final = ("an exit code in both retryableExitCodes and permanentExitCodes (default "
+                             f"{PERMANENT_DEFAULT}) fails the job: remove it from one of the lists")
+BACKOFF_MESSAGE: Final = ("backoffMaxSeconds={} is below backoffSeconds={}: the cap would cut even the first "
+                          "delay; set backoffMaxSeconds to at least backoffSeconds")
 
 
 def check_run_policy(policy: RunPolicy, problems: list[Problem]) -> None:
     """No always-retried code listed as permanent, no code in both lists, a backoff cap above its start."""
     if listed := sorted({c for c in policy.permanent_exit_codes if c in EXIT_ALWAYS_RETRIED}):
-        problems.append(Problem("spec.runPolicy.permanentExitCodes", f"lists {listed}: {ALWAYS_RETRIED_MESSAGE}"))
+        problems.append(Problem("spec.runPolicy.permanentExitCodes",
+                                f"lists {listed}: {ALWAYS_RETRIED_MESSAGE}"))
     if both := sorted(set(policy.retryable_exit_codes) & set(policy.permanent_exit_codes)):
         problems.append(Problem("spec.runPolicy.retryableExitCodes", f"{both} (permanentExitCodes is "
                                 f"{policy.permanent_exit_codes}): {BOTH_LISTS_MESSAGE}"))
@@ -168,7 +179,8 @@ def default_stages_per_rank(schedule: PPSchedule) -> int:
 
 def stages_per_rank(spec: ParallelTrainingJobSpec) -> int:
     p = spec.parallelism
-    return p.pp_stages_per_rank if p.pp_stages_per_rank is not None else default_stages_per_rank(p.pp_schedule)
+    return (p.pp_stages_per_rank if p.pp_stages_per_rank is not None
+            else default_stages_per_rank(p.pp_schedule))
 
 
 def microbatches(spec: ParallelTrainingJobSpec, layout: Layout) -> int:
@@ -185,35 +197,49 @@ def check_pipeline(schedule: PPSchedule, pp: int, per_rank: int, n_microbatches:
     if stages > limit:
         field = f"{par}.pp" if per_rank == 1 else f"{par}.ppStagesPerRank"
         problems.append(Problem(field, (
-            f"pp*ppStagesPerRank = {pp}*{per_rank} = {stages} stages exceed layers={layers} + {NON_BLOCK_STAGE_UNITS}"
-            f" (the embedding and the output take a stage each); use at most {limit} stages")))
+            f"pp*ppStagesPerRank = {pp}*{per_rank} = {stages} stages exceed layers={layers} + "
+            f"{NON_BLOCK_STAGE_UNITS} (the embedding and the output take a stage each); use at most "
+            f"{limit} stages")))
     multi = schedule in MULTI_STAGE
     if multi and per_rank < 2:
-        problems.append(Problem(f"{par}.ppStagesPerRank", f"ppSchedule={schedule.value} needs ppStagesPerRank >= 2 (got {per_rank}); set it to 2 or use 1F1B"))
+        problems.append(Problem(f"{par}.ppStagesPerRank", (
+            f"ppSchedule={schedule.value} needs ppStagesPerRank >= 2 (got {per_rank}); set it to 2"
+            " or use 1F1B")))
     if not multi and per_rank != 1:
-        problems.append(Problem(f"{par}.ppStagesPerRank", f"ppSchedule={schedule.value} runs one stage per rank (got {per_rank}); set ppStagesPerRank: 1 or use Interleaved1F1B"))
+        problems.append(Problem(f"{par}.ppStagesPerRank", (
+            f"ppSchedule={schedule.value} runs one stage per rank (got {per_rank}); set ppStagesPerRank: 1"
+            " or use Interleaved1F1B")))
     if schedule == PPSchedule.ZERO_BUBBLE and per_rank != ZERO_BUBBLE_STAGES_PER_RANK:
         problems.append(Problem(f"{par}.ppStagesPerRank", (
-            f"ppSchedule=ZeroBubble uses the V-shaped schedule with {ZERO_BUBBLE_STAGES_PER_RANK} stages per rank"
-            f" (got {per_rank}); set ppStagesPerRank: {ZERO_BUBBLE_STAGES_PER_RANK}")))
+            f"ppSchedule=ZeroBubble uses the V-shaped schedule with {ZERO_BUBBLE_STAGES_PER_RANK} stages per "
+            f"rank (got {per_rank}); set ppStagesPerRank: {ZERO_BUBBLE_STAGES_PER_RANK}")))
     if n_microbatches < stages:
-        problems.append(Problem(f"{par}.ppMicrobatches", f"ppMicrobatches={n_microbatches} is below the {stages} pipeline stages (pp={pp} x {per_rank} per rank); use ppMicrobatches >= {stages}"))
+        problems.append(Problem(f"{par}.ppMicrobatches", (
+            f"ppMicrobatches={n_microbatches} is below the {stages} pipeline stages"
+            f" (pp={pp} x {per_rank} per rank); use ppMicrobatches >= {stages}")))
     if multi and n_microbatches % pp:
-        problems.append(Problem(f"{par}.ppMicrobatches", f"ppMicrobatches={n_microbatches} must be a multiple of pp={pp} for {schedule.value}; use {n_microbatches + pp - n_microbatches % pp}"))
+        problems.append(Problem(f"{par}.ppMicrobatches", (
+            f"ppMicrobatches={n_microbatches} must be a multiple of pp={pp} for {schedule.value};"
+            f" use {n_microbatches + pp - n_microbatches % pp}")))
 
 
 def check_batch(training: Training, layout: Layout, n_microbatches: int, problems: list[Problem]) -> None:
     """The global batch splits over the data-parallel ranks, then into pipeline microbatches or microBatch."""
     gb, dp = training.global_batch, layout.dp
     if gb % dp:
-        problems.append(Problem("spec.training.globalBatch", f"globalBatch={gb} must be divisible by dpReplicate*dpShard = {dp}; use {gb + dp - gb % dp}"))
+        problems.append(Problem("spec.training.globalBatch", (
+            f"globalBatch={gb} must be divisible by dpReplicate*dpShard = {dp}; use {gb + dp - gb % dp}")))
         return
     local = gb // dp
     if layout.pp > 1:
         if local % n_microbatches:
-            problems.append(Problem("spec.training.globalBatch", f"the per-rank batch globalBatch/dp = {gb}/{dp} = {local} must split into ppMicrobatches={n_microbatches}; make globalBatch a multiple of {dp * n_microbatches}"))
+            problems.append(Problem("spec.training.globalBatch", (
+                f"the per-rank batch globalBatch/dp = {gb}/{dp} = {local} must split into"
+                f" ppMicrobatches={n_microbatches}; make globalBatch a multiple of {dp * n_microbatches}")))
     elif local % training.micro_batch:
-        problems.append(Problem("spec.training.microBatch", f"microBatch={training.micro_batch} must divide the per-rank batch globalBatch/dp = {gb}/{dp} = {local}; use a divisor of {local}"))
+        problems.append(Problem("spec.training.microBatch", (
+            f"microBatch={training.micro_batch} must divide the per-rank batch"
+            f" globalBatch/dp = {gb}/{dp} = {local}; use a divisor of {local}")))
 
 
 def check_fsdp(training: Training, layout: Layout, problems: list[Problem]) -> None:
@@ -223,48 +249,58 @@ def check_fsdp(training: Training, layout: Layout, problems: list[Problem]) -> N
         return
     if training.fsdp.offload == Offload.CPU:
         problems.append(Problem("spec.training.fsdp.offload", (
-            f"offload=cpu needs FSDP, but dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards nothing (DDP and"
-            " replication keep every parameter on the device); set dpShard >= 2 or offload: none")))
+            f"offload=cpu needs FSDP, but dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards nothing (DDP "
+            "and replication keep every parameter on the device); set dpShard >= 2 or offload: none")))
     if not training.fsdp.reshard_after_forward:
         problems.append(Problem("spec.training.fsdp.reshardAfterForward", (
-            f"reshardAfterForward=false has no effect: dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards no"
-            " parameters, so they are always whole; remove it or set dpShard >= 2"), "warning"))
+            f"reshardAfterForward=false has no effect: dpShard*cp = {layout.dp_shard}*{layout.cp} = 1 shards "
+            "no parameters, so they are always whole; remove it or set dpShard >= 2"), "warning"))
 
 
-def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout, problems: list[Problem]) -> None:
+def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout,
+                 problems: list[Problem]) -> None:
     """Checks that need concrete degrees (explicit, or solved from 'auto')."""
     world = spec.nodes * spec.nproc_per_node
     par = "spec.parallelism"
     if layout.world_size != world:
         problems.append(Problem(par, (
-            f"the product of the degrees dpReplicate*dpShard*tp*cp*pp = {layout.dp_replicate}*{layout.dp_shard}*{layout.tp}*{layout.cp}*{layout.pp}"
-            f" = {layout.world_size} must equal nodes*nprocPerNode = {spec.nodes}*{spec.nproc_per_node} = {world};"
-            " change a degree or set dpShard: auto")))
+            "the product of the degrees dpReplicate*dpShard*tp*cp*pp = "
+            f"{layout.dp_replicate}*{layout.dp_shard}*{layout.tp}*{layout.cp}*{layout.pp} = "
+            f"{layout.world_size} must equal nodes*nprocPerNode = {spec.nodes}*{spec.nproc_per_node} = "
+            f"{world}; change a degree or set dpShard: auto")))
     if cfg.heads % layout.tp or cfg.kv_heads % layout.tp:
         common = [d for d in divisors(cfg.kv_heads) if cfg.heads % d == 0]
-        problems.append(Problem(f"{par}.tp", f"tp={layout.tp} must divide heads={cfg.heads} and kvHeads={cfg.kv_heads}; use one of {common}"))
+        problems.append(Problem(f"{par}.tp", (
+            f"tp={layout.tp} must divide heads={cfg.heads} and kvHeads={cfg.kv_heads}; use one of {common}")))
     chunk = 2 * layout.tp * layout.cp
     if cfg.seq_len % chunk:
         problems.append(Problem("spec.model.seqLen", (
             f"seqLen={cfg.seq_len} must be divisible by tp*2*cp = {layout.tp}*2*{layout.cp} = {chunk};"
-            f" use seqLen {cfg.seq_len - cfg.seq_len % chunk or chunk} or {cfg.seq_len + chunk - cfg.seq_len % chunk}")))
+            f" use seqLen {cfg.seq_len - cfg.seq_len % chunk or chunk} or "
+            f"{cfg.seq_len + chunk - cfg.seq_len % chunk}")))
     n_microbatches = microbatches(spec, layout)
     if layout.pp > 1:
-        check_pipeline(spec.parallelism.pp_schedule, layout.pp, stages_per_rank(spec), n_microbatches, cfg.layers, problems)
+        check_pipeline(spec.parallelism.pp_schedule, layout.pp, stages_per_rank(spec), n_microbatches,
+                       cfg.layers, problems)
     check_batch(spec.training, layout, n_microbatches, problems)
     check_fsdp(spec.training, layout, problems)
     if layout.tp > spec.nproc_per_node:
-        problems.append(Problem(f"{par}.tp", f"tp={layout.tp} spans nodes (nprocPerNode={spec.nproc_per_node}); TP is fastest within a node", "warning"))
+        problems.append(Problem(f"{par}.tp", (
+            f"tp={layout.tp} spans nodes (nprocPerNode={spec.nproc_per_node});"
+            " TP is fastest within a node"), "warning"))
 
 
 def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
-    """The pipeline, batch and data rules for a resolved config (the trainer's check of configs written by hand)."""
+    """The pipeline, batch and data rules for a resolved config (the trainer's check of configs written by
+    hand)."""
     problems: list[Problem] = []
     if cfg.model is None:
-        problems.append(Problem("script", "the config is a script job's (spec.script): Tetrad's trainer has no model to train"))
+        problems.append(Problem("script", (
+            "the config is a script job's (spec.script): Tetrad's trainer has no model to train")))
         return problems
     if cfg.layout.pp > 1:
-        check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches, cfg.model.layers, problems)
+        check_pipeline(cfg.pp_schedule, cfg.layout.pp, cfg.pp_stages_per_rank, cfg.pp_microbatches,
+                       cfg.model.layers, problems)
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
     check_fsdp(cfg.training, cfg.layout, problems)
     check_data(cfg.data, problems)

@@ -1,4 +1,5 @@
-"""Plain YAML scalars read the way kubectl reads them, so a manifest means the same to Tetrad as to the API server.
+"""Plain YAML scalars read the way kubectl reads them, so a manifest means the same to Tetrad as to the API
+server.
 
 kubectl turns YAML into JSON with go-yaml v2's resolver (sigs.k8s.io/yaml), and the API server reads
 that JSON; PyYAML follows YAML 1.1 to the letter and reads some of the same text otherwise:
@@ -31,8 +32,10 @@ from typing import Final
 INT64: Final = range(-(2**63), 2**63)
 UINT64_MAX: Final = 2**64 - 1
 # go-yaml's lookup table of plain scalars (resolve.go); the booleans include YAML 1.1's y and n.
-BOOLEANS: Final = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"), True),
-                   **dict.fromkeys(("n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"), False)}
+BOOLEANS: Final = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE",
+                                    "on", "On", "ON"), True),
+                   **dict.fromkeys(("n", "N", "no", "No", "NO", "false", "False", "FALSE",
+                                    "off", "Off", "OFF"), False)}
 SPECIAL_FLOATS: Final = {**dict.fromkeys((".nan", ".NaN", ".NAN"), math.nan),
                          **dict.fromkeys((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), math.inf),
                          **dict.fromkeys(("-.inf", "-.Inf", "-.INF"), -math.inf)}
@@ -47,7 +50,8 @@ _DOT_FLOAT = re.compile(r"\.[0-9](?:_?[0-9])*(?:[eE][-+]?[0-9](?:_?[0-9])*)?")
 
 
 def go_scalar(text: str) -> bool | int | float | str | None:
-    """An unquoted scalar as go-yaml v2 resolves it: None, a boolean, an integer (int64 or uint64), a float or the text."""
+    """An unquoted scalar as go-yaml v2 resolves it: None, a boolean, an integer (int64 or uint64), a float
+    or the text."""
     if text in ("", "~", "null", "Null", "NULL"):
         return None
     if text in BOOLEANS:
@@ -64,7 +68,8 @@ def go_scalar(text: str) -> bool | int | float | str | None:
         if leading_zero is not None:
             value = int(leading_zero[1:] or "0", 8)
         else:
-            value = next(int(d, base) for d, base in ((hexa, 16), (octal, 8), (binary, 2), (decimal, 10)) if d is not None)
+            value = next(int(d, base) for d, base in ((hexa, 16), (octal, 8), (binary, 2), (decimal, 10))
+                         if d is not None)
         value = -value if sign == "-" else value
         if value in INT64 or (not sign and value <= UINT64_MAX):  # strconv.ParseInt, then ParseUint (no sign)
             return value
@@ -79,7 +84,8 @@ def plain_scalar(text: str) -> bool | int | float | str | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return value
     if isinstance(value, int):
-        return value if value in INT64 else float(value)  # the API server reads a JSON integer beyond int64 as a float
+        # the API server reads a JSON integer beyond int64 as a float
+        return value if value in INT64 else float(value)
     return _json_number(value)
 
 

@@ -46,7 +46,8 @@ class NodeFailure:
 
 def rendezvous_failure(host: str, seconds: float, error: str) -> str:
     """The reason of a node that waited `seconds` for pod 0's name `host` in vain."""
-    return f"{RENDEZVOUS_CHECK}: pod 0's name {host} did not resolve within {seconds:g} s ({error}); is pod 0 running?"
+    return (f"{RENDEZVOUS_CHECK}: pod 0's name {host} did not resolve within {seconds:g} s ({error}); "
+            "is pod 0 running?")
 
 
 def blames_the_node(reason: str) -> bool:
@@ -60,7 +61,8 @@ class TerminationMessage:
     message: str | None = None
     preflight: tuple[NodeFailure, ...] = ()
     collective_timeout: str | None = None
-    stopped: bool = False  # rank 0 stopped on SIGTERM: checkpoint_step (None: nothing committed) is what it saved
+    # rank 0 stopped on SIGTERM: checkpoint_step (None: nothing committed) is what it saved
+    stopped: bool = False
     checkpoint_step: int | None = None
     checkpoint_time: float | None = None
     figures: str | None = None
@@ -72,7 +74,8 @@ class TerminationMessage:
         if self.message is not None:
             doc["message"] = self.message
         if self.preflight:
-            doc["preflight"] = [{"node": f.node, "nodeRank": f.node_rank, "reason": f.reason} for f in self.preflight]
+            doc["preflight"] = [{"node": f.node, "nodeRank": f.node_rank, "reason": f.reason}
+                                for f in self.preflight]
         if self.collective_timeout is not None:
             doc["collectiveTimeout"] = self.collective_timeout
         if self.stopped:
@@ -147,6 +150,7 @@ def _failures(entries: Any) -> list[NodeFailure]:
     for e in entries:
         if isinstance(e, dict):
             node, rank = e.get("node"), e.get("nodeRank")
-            out.append(NodeFailure(node if isinstance(node, str) and node else None, rank if _is_int(rank) else None,
+            out.append(NodeFailure(node if isinstance(node, str) and node else None,
+                                   rank if _is_int(rank) else None,
                                    str(e.get("reason") or "preflight failed")))
     return out

@@ -25,7 +25,8 @@ from tetrad.resolve import validate_spec
 
 COMMANDS_GROUP = "tetrad.commands"
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Tetrad: 4D-parallel PyTorch training on Kubernetes.")
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Tetrad: 4D-parallel PyTorch training on Kubernetes.")
 
 
 STDIN = Path("-")
@@ -65,7 +66,8 @@ def load_document(path: Path) -> Any:
     except ManifestError as e:
         _fail([str(e)])
     if len(docs) != 1:
-        _fail([f"{_shown(path)}: expected one ParallelTrainingJob, found {len(docs)} documents; split the file or use `tetrad validate`"])
+        _fail([f"{_shown(path)}: expected one ParallelTrainingJob, found {len(docs)} documents; split the"
+               " file or use `tetrad validate`"])
     return docs[0]
 
 
@@ -82,7 +84,8 @@ def load_job(path: Path) -> ParallelTrainingJob:
 
 
 def checked_job(job: ParallelTrainingJob) -> tuple[ParallelTrainingJob, list[Problem]]:
-    """The job's model taken from spec.model.hfDir where it is readable here (tetrad.cli.hfdir), and its problems."""
+    """The job's model taken from spec.model.hfDir where it is readable here (tetrad.cli.hfdir), and its
+    problems."""
     from tetrad.cli.hfdir import with_local_hf_dir
 
     job, problems = with_local_hf_dir(job)
@@ -123,7 +126,10 @@ def validate(files: list[Path] = typer.Argument(..., help="Manifests to check.")
 
 
 @app.command()
-def render(file: Path, restart: int = typer.Option(0, min=0, help="Render the gang of this restart (0, 1, ...).")) -> None:
+def render(
+    file: Path,
+    restart: int = typer.Option(0, min=0, help="Render the gang of this restart (0, 1, ...)."),
+) -> None:
     """Print the Kubernetes objects the operator creates for FILE."""
     from tetrad.cli.yamlout import dump_all
     from tetrad.render import render as render_job
@@ -132,7 +138,10 @@ def render(file: Path, restart: int = typer.Option(0, min=0, help="Render the ga
 
 
 @app.command()
-def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+def plan(
+    file: Path,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
     """Solve `auto` degrees and predict memory, FLOPs and communication per device."""
     from tetrad.cli.hfdir import with_local_hf_dir
     from tetrad.cli.report import plan_job, print_plan
@@ -151,12 +160,14 @@ def plan(file: Path, as_json: bool = typer.Option(False, "--json", help="Print J
 
 
 @app.command()
-def model(hf_dir: Path = typer.Argument(..., help="A Hugging Face model directory (its config.json).")) -> None:
+def model(
+    hf_dir: Path = typer.Argument(..., help="A Hugging Face model directory (its config.json)."),
+) -> None:
     """Print the spec.model of a manifest for a Hugging Face directory: its preset, or its family and every dim.
 
     A cluster cannot read the directory in the pods' volume: its manifest names a preset or the dims, and every
     rank checks them against config.json at start-up. Exit 1 naming each config.json key Tetrad does not implement.
-    """
+    """  # noqa: E501
     from tetrad.cli.hfdir import HFDirError, describe
 
     try:
@@ -179,31 +190,35 @@ def crd() -> None:
 @app.command()
 def run(
     file: Path,
-    steps: int | None = typer.Option(None, min=1, help="Train up to this step instead of spec.training.steps."),
-    jsonl: Path | None = typer.Option(None, help="Also append rank 0's JSON lines to this file (a new file, a JSON-lines "
-                                      "file, or a stream such as /dev/stdout; never the manifest)."),
-    workdir: Path | None = typer.Option(None, help="Work directory for the resolved config, logs and metrics: a new or "
-                                        "empty directory, or one an earlier tetrad run made (default: a new temporary "
-                                        "one). Locked while the run lasts."),
+    steps: int | None = typer.Option(None, min=1,
+                                     help="Train up to this step instead of spec.training.steps."),
+    jsonl: Path | None = typer.Option(None, help="Also append rank 0's JSON lines to this file (a new "
+                                      "file, a JSON-lines file, or a stream such as /dev/stdout; never "
+                                      "the manifest)."),
+    workdir: Path | None = typer.Option(None, help="Work directory for the resolved config, logs and "
+                                        "metrics: a new or empty directory, or one an earlier tetrad run "
+                                        "made (default: a new temporary one). Locked while the run lasts."),
 ) -> None:
     """Run the job locally, without a cluster: the same environment a pod gets.
 
     Exit codes: 0 trained (or nothing left to train: the checkpoint is at the last step); 1 refused before anything started (an invalid or suspended job, missing GPUs, a --workdir or --jsonl it must not write, a work directory or checkpoint path another run holds); 2 a bad command line; 69, 75, 77, 78, 79 or a script's own code: a node exited with it (docs/trainer.md); 124 runPolicy.activeDeadlineSeconds passed and every node was stopped; 128+N stopped by signal N (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP or the death of its parent).
-    """
+    """  # noqa: E501
     from tetrad.launch.local import run_local
 
     job = load_job(file)
-    raise typer.Exit(run_local(job, steps=steps, jsonl=jsonl, workdir=workdir, manifest=None if file == STDIN else file))
+    raise typer.Exit(run_local(job, steps=steps, jsonl=jsonl, workdir=workdir,
+                               manifest=None if file == STDIN else file))
 
 
 @app.command()
 def status(
     job: str = typer.Argument(..., help="The job's name (metadata.name)."),
-    namespace: str | None = typer.Option(None, "--namespace", "-n", help="The job's namespace; defaults to the kubeconfig context's."),
+    namespace: str | None = typer.Option(None, "--namespace", "-n",
+                                         help="The job's namespace; defaults to the kubeconfig context's."),
     output: str = typer.Option("text", "--output", "-o", help="text, or json for scripts."),
     request_timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for the API server's answer."),
 ) -> None:
-    """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""
+    """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""  # noqa: E501
     from tetrad.cli.status import StatusError, format_summary, now, read_job, summarize
 
     if output not in ("text", "json"):
@@ -212,21 +227,24 @@ def status(
         summary = summarize(read_job(job, namespace, request_timeout), now())
     except StatusError as e:
         _fail([str(e)])
-    typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary), nl=output == "json")
+    typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary),
+               nl=output == "json")
 
 
 @app.command()
 def convert(
-    file: Path = typer.Argument(..., help="A manifest of Kubeflow PyTorchJobs (kubeflow.org/v1) and TrainJobs "
-                                "(trainer.kubeflow.org/v1alpha1) of a torch runtime; - reads stdin."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Write the jobs to this new file instead of "
-                                       "stdout."),
-    force: bool = typer.Option(False, "--force", help="Let --output replace an existing file (never FILE itself)."),
+    file: Path = typer.Argument(..., help="A manifest of Kubeflow PyTorchJobs (kubeflow.org/v1) "
+                                "and TrainJobs (trainer.kubeflow.org/v1alpha1) of a torch "
+                                "runtime; - reads stdin."),
+    output: Path | None = typer.Option(None, "--output", "-o",
+                                       help="Write the jobs to this new file instead of stdout."),
+    force: bool = typer.Option(False, "--force",
+                               help="Let --output replace an existing file (never FILE itself)."),
 ) -> None:
     """Convert Kubeflow PyTorchJobs and TrainJobs into ParallelTrainingJobs that run the same script.
 
     Prints the jobs as YAML, each headed by comments naming its source and its notes; on stderr one line for each thing not carried over, changed or assumed. Exit 1, writing nothing, when a document cannot be converted (docs/convert.md).
-    """
+    """  # noqa: E501
     from tetrad.cli.convert import note_line, one_line, render, write_new
     from tetrad.convert import ConvertError, describe
     from tetrad.convert import convert as convert_document
@@ -262,7 +280,8 @@ def convert(
         _fail([f"--output {shown}: already exists; choose a new file, or add --force to replace it"])
     except OSError as e:
         _fail([f"--output {shown}: cannot write the file: {e.strerror or e}"])
-    typer.echo(f"wrote {shown}: {len(conversions)} ParallelTrainingJob{'s' if len(conversions) > 1 else ''}", err=True)
+    typer.echo(f"wrote {shown}: {len(conversions)} ParallelTrainingJob{'s' if len(conversions) > 1 else ''}",
+               err=True)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -15,7 +15,8 @@ from pathlib import Path
 from tetrad.cli.yamlout import dump_all
 from tetrad.convert import KINDS, Conversion, Note
 
-# What would end a comment or a terminal line early: C0/C1 controls, Unicode line and paragraph separators, BOM.
+# What would end a comment or a terminal line early: C0/C1 controls, Unicode line and paragraph separators,
+# BOM.
 _BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 # A block list of integers as dump_all writes it (one `- N` line each), written as a flow list instead.
 _INT_LIST = re.compile(r"^( *)([A-Za-z][A-Za-z0-9]*):\n((?:\1- -?\d+\n)+)", re.MULTILINE)

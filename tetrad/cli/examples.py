@@ -18,7 +18,8 @@ EXAMPLES: dict[str, list[str]] = {
     "status": ["tetrad status llama3-8b -n team-a", "tetrad status llama3-8b -o json"],
     "convert": ["tetrad convert pytorchjob.yaml -o job.yaml",
                 "kubectl get pytorchjob mnist -o yaml | tetrad convert - | kubectl apply -f -"],
-    "operator": ["tetrad operator --all-namespaces --standalone", "tetrad operator -n team-a -n team-b --peering tetrad"],
+    "operator": ["tetrad operator --all-namespaces --standalone",
+                 "tetrad operator -n team-a -n team-b --peering tetrad"],
 }
 FIRST_STEPS = ["tetrad validate examples/quickstart.yaml", "tetrad plan examples/quickstart.yaml",
                "kubectl apply -f examples/quickstart.yaml", "tetrad status quickstart"]

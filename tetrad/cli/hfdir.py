@@ -30,7 +30,8 @@ def read_config(hf_dir: Path) -> dict[str, Any]:
     except OSError as e:
         raise HFDirError(f"{shorten(str(path), 200)}: cannot read: {e.strerror or e}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise HFDirError(f"{shorten(str(path), 200)}: larger than {MAX_CONFIG_BYTES} bytes, not a model config")
+        raise HFDirError(f"{shorten(str(path), 200)}: larger than {MAX_CONFIG_BYTES} bytes,"
+                         " not a model config")
     try:
         config = json.loads(data)
     except ValueError as e:
@@ -41,8 +42,8 @@ def read_config(hf_dir: Path) -> dict[str, Any]:
 
 
 def with_local_hf_dir(job: ParallelTrainingJob) -> tuple[ParallelTrainingJob, list[Problem]]:
-    """The job with spec.model filled from its hfDir's config.json where that file is on this machine; as it is
-    (no problem) where it is not, as in the cluster."""
+    """The job with spec.model filled from its hfDir's config.json where that file is on this machine; as it
+    is (no problem) where it is not, as in the cluster."""
     hf_dir = job.spec.model.hf_dir
     if hf_dir is None or not (Path(hf_dir) / CONFIG).is_file():
         return job, []

@@ -1,4 +1,5 @@
-"""`tetrad plan`: the solved layout and its predicted costs, as a dict and as a table (part of the CLI layer)."""
+"""`tetrad plan`: the solved layout and its predicted costs, as a dict and as a table (part of the CLI
+layer)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from tetrad.resolve import Checked, check_spec
 
 # What the planner says of what it cannot know.
 SCRIPT_NOTE = ("spec.script runs your own code: Tetrad cannot predict its memory or step time. The layout and"
-               " placement are what its pods get (TETRAD_MESH); the runtime library reports the real figures.")
-PLUGIN_NOTE = ("spec.model.module is a model of your own: its memory, FLOPs and time are estimated as for a Llama"
-               " decoder of the same dims (dim, layers, heads, kvHeads, ffnDim, vocab, seqLen); the trainer measures"
-               " and reports the real figures.")
+               " placement are what its pods get (TETRAD_MESH); the runtime library reports the real"
+               " figures.")
+PLUGIN_NOTE = ("spec.model.module is a model of your own: its memory, FLOPs and time are estimated as for a"
+               " Llama decoder of the same dims (dim, layers, heads, kvHeads, ffnDim, vocab, seqLen); the"
+               " trainer measures and reports the real figures.")
 
 
 def plan_script(job: ParallelTrainingJob, checked: Checked) -> dict[str, Any]:
@@ -24,9 +26,11 @@ def plan_script(job: ParallelTrainingJob, checked: Checked) -> dict[str, Any]:
     errors = [str(p) for p in checked.problems if p.severity == "error"]
     layout = checked.solution.layout if checked.solution else None
     assert spec.script is not None
-    return {"job": job.metadata.name, "script": spec.script.describe(), "fits": layout is not None and not errors,
+    return {"job": job.metadata.name, "script": spec.script.describe(),
+            "fits": layout is not None and not errors,
             "world_size": spec.nodes * spec.nproc_per_node, "nproc_per_node": spec.nproc_per_node,
-            "layout": layout.model_dump(by_alias=True) if layout else None, "mesh": layout.label() if layout else None,
+            "layout": layout.model_dump(by_alias=True) if layout else None,
+            "mesh": layout.label() if layout else None,
             "placement": placement(layout, spec.nproc_per_node) if layout else None,
             "note": SCRIPT_NOTE, "problems": errors}
 
@@ -88,19 +92,21 @@ def print_plan(report: dict[str, Any], console: Any = None) -> None:
             console.print(f"[red]error[/]: {p}")
         return
     m = report["model"]
-    console.print(f"[bold]{report['job']}[/]: {m['name']}, {count_text(m['params'])} params, seqLen {m['seqLen']},"
-                  f" on {report['world_size']} processes")
+    console.print(f"[bold]{report['job']}[/]: {m['name']}, {count_text(m['params'])} params,"
+                  f" seqLen {m['seqLen']}, on {report['world_size']} processes")
     est = report["estimate"]
     if est is None:
         console.print(f"[red]{report['reason']}[/]")
         return
     layout = report["mesh"] or est["layout"]
-    title = f"chosen layout {layout}" if report["fits"] else f"[red]does not fit[/] - closest layout {Layout.model_validate(est['layout']).label()}"
+    title = (f"chosen layout {layout}" if report["fits"]
+             else f"[red]does not fit[/] - closest layout {Layout.model_validate(est['layout']).label()}")
     mem = Table(title=f"Peak memory per device (GiB): {title}")
     for col in ("params", "grads", "optimizer", "activations", "buffers", "total", "usable"):
         mem.add_column(col, justify="right")
     usable = report["usable_bytes"]
-    mem.add_row(*(_gib(est[k]) for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes", "peak_bytes")),
+    mem.add_row(*(_gib(est[k]) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
+                                         "activations_bytes", "buffers_bytes", "peak_bytes")),
                 _gib(usable) if usable else "n/a (CPU)")
     console.print(mem)
     if est["host_bytes"]:
@@ -124,7 +130,8 @@ def print_plan(report: dict[str, Any], console: Any = None) -> None:
                        f"{t['tokens_per_second_per_device']:,.0f}", f"{t['mfu']:.1%}")
         console.print(timing)
         if t["host_optimizer_s"]:
-            console.print(f"The step includes {t['host_optimizer_s']:.2f} s of AdamW on the CPU (offload; an assumed rate, docs/planner.md)")
+            console.print(f"The step includes {t['host_optimizer_s']:.2f} s of AdamW on the CPU"
+                          " (offload; an assumed rate, docs/planner.md)")
     if report["placement"]:
         console.print(f"Placement: {_placement(report['placement'])}")
     if report.get("note"):

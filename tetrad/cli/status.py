@@ -94,7 +94,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "namespace": _get(job, "metadata", "namespace"),
         "phase": phase,
         "message": status.get("message"),
-        "model": (_script(spec["script"]) if spec.get("script") else str(model["module"]) if model.get("module")
+        "model": (_script(spec["script"]) if spec.get("script")
+                  else str(model["module"]) if model.get("module")
                   else model_name(preset, overrides)),
         "nodes": spec.get("nodes"),
         "nprocPerNode": spec.get("nprocPerNode"),
@@ -116,7 +117,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         out["checkpoint"] = _checkpoint(_dict(status.get("checkpoint")), now)
     if (preflight := _preflight(spec, status)) is not None:
         out["preflight"] = preflight
-    tokens_per_step = global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int) else None
+    tokens_per_step = (global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int)
+                       else None)
     if tokens_per_step and tokens_per_second:
         out["stepSeconds"] = tokens_per_step / tokens_per_second
         if isinstance(step, int) and isinstance(total, int) and phase in ("Running", "Restarting"):
@@ -142,9 +144,11 @@ def _checkpoint(ckpt: dict[str, Any], now: datetime) -> dict[str, Any]:
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
     committed = _time(ckpt.get("time"))
-    return {"step": integer(ckpt.get("step")), "path": ckpt.get("path") if isinstance(ckpt.get("path"), str) else None,
+    return {"step": integer(ckpt.get("step")),
+            "path": ckpt.get("path") if isinstance(ckpt.get("path"), str) else None,
             "secondsAgo": max((now - committed).total_seconds(), 0.0) if committed is not None else None,
-            "resumedFrom": integer(ckpt.get("resumedFrom")), "resumedAtRestart": integer(ckpt.get("resumedAtRestart"))}
+            "resumedFrom": integer(ckpt.get("resumedFrom")),
+            "resumedAtRestart": integer(ckpt.get("resumedAtRestart"))}
 
 
 def _preflight(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
@@ -153,11 +157,13 @@ def _preflight(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] |
     measured = _dict(status.get("preflight"))
     nodes: dict[str, float] = {}
     for n in _list(measured.get("nodes")):
-        if isinstance(n, dict) and isinstance(n.get("node"), str) and (bw := _number(n.get("busBandwidthGBps"))) is not None:
+        if (isinstance(n, dict) and isinstance(n.get("node"), str)
+                and (bw := _number(n.get("busBandwidthGBps"))) is not None):
             nodes[n["node"]] = min(bw, nodes.get(n["node"], bw))
     failed = [{"node": f["node"], "reason": str(f.get("reason") or ""), "restart": f.get("restart"),
                "excluded": f.get("excluded") is True}
-              for f in _list(status.get("failedNodes")) if isinstance(f, dict) and isinstance(f.get("node"), str)]
+              for f in _list(status.get("failedNodes"))
+              if isinstance(f, dict) and isinstance(f.get("node"), str)]
     if not nodes and not failed:
         return None
     fraction = _number(_get(spec, "preflight", "slowNodeFraction"))
@@ -192,7 +198,8 @@ def _checkpoint_line(c: dict[str, Any]) -> str:
         line += f" at {c['path']}"
     if c["resumedFrom"] is not None:
         who = f"restart {c['resumedAtRestart']}" if c["resumedAtRestart"] else "the first run"
-        line += f"; {who} resumed from step {c['resumedFrom']}" if c["resumedFrom"] else f"; {who} started fresh"
+        line += (f"; {who} resumed from step {c['resumedFrom']}" if c["resumedFrom"]
+                 else f"; {who} started fresh")
     return line
 
 
@@ -214,7 +221,8 @@ def format_summary(s: dict[str, Any]) -> str:
             progress += f", ETA {duration(s['etaSeconds'])}"
         rows.append(("Progress", progress))
     elif s["steps"] is not None:
-        rows.append(("Progress", f"no step reported{'' if s['phase'] in ENDED else ' yet'}, {s['steps']} to train"))
+        rows.append(("Progress",
+                     f"no step reported{'' if s['phase'] in ENDED else ' yet'}, {s['steps']} to train"))
     if s["stepSeconds"] is not None:
         rows.append(("Step time", f"{s['stepSeconds']:.3g} s (global batch tokens / tokens per second)"))
     if s["tokensPerSecond"] is not None:
@@ -229,7 +237,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Checkpoint", _checkpoint_line(s["checkpoint"])))
     if s.get("preflight") is not None:
         rows += _preflight_lines(s["preflight"])
-    disruptions = f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)" if s["disruptions"] else ""
+    disruptions = (f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)"
+                   if s["disruptions"] else "")
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
     if s["runningSeconds"] is not None:
         rows.append(("Running for", duration(s["runningSeconds"])))
@@ -269,7 +278,8 @@ def read_job(name: str, namespace: str | None, timeout_s: float = REQUEST_TIMEOU
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} is not valid YAML{where}:"
-                          f" {one_line(getattr(e, 'problem', None) or e)}; fix it or point KUBECONFIG at another") from None
+                          f" {one_line(getattr(e, 'problem', None) or e)}; fix it or point KUBECONFIG"
+                          " at another") from None
     except Exception as e:  # a kubeconfig of the wrong shape (a list for a mapping, ...)
         raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} cannot be used: {type(e).__name__}:"
                           f" {one_line(e)}; fix it or point KUBECONFIG at another") from None
@@ -279,14 +289,16 @@ def read_job(name: str, namespace: str | None, timeout_s: float = REQUEST_TIMEOU
     api = client.CustomObjectsApi(client.ApiClient(settings))
     server = f"the API server at {settings.host}"
     try:
-        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=timeout_s)
+        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                                    _request_timeout=timeout_s)
     except client.ApiException as e:
         if e.status == 404:
             raise StatusError(f"{KIND} {namespace}/{name} not found (or the CRD is not installed); "
                               f"list the jobs with `kubectl get {PLURAL} -n {namespace}`") from None
         raise StatusError(f"{server} refused to read {namespace}/{name}: {e.status} {e.reason}") from None
     except urllib3.exceptions.TimeoutError as e:
-        if isinstance(e, urllib3.exceptions.NewConnectionError):  # urllib3 counts a refused connection as a timeout
+        # urllib3 counts a refused connection as a timeout
+        if isinstance(e, urllib3.exceptions.NewConnectionError):
             raise StatusError(f"cannot reach {server}: {one_line(e)}") from None
         raise StatusError(f"{server} did not answer within {timeout_s:g} s (--request-timeout);"
                           " is it up, and is this the right cluster?") from None

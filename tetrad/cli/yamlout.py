@@ -21,7 +21,8 @@ _PLAIN = re.compile(r"[A-Za-z0-9_/.][A-Za-z0-9_./=+@-]*(?:[ :][A-Za-z0-9_./=+@-]
 _STR_TAG = "tag:yaml.org,2002:str"
 # What a YAML stream may not hold as is (json.dumps already escaped the C0 controls), and the
 # Unicode line breaks and BOM, which would end or fold a double-quoted line: written as \uXXXX.
-_UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
+_UNPRINTABLE = re.compile("[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                          "\U00010000-\U0010ffff]")
 _resolver = yaml.resolver.Resolver()
 
 
@@ -55,8 +56,8 @@ def _scalar(v: Any) -> str:
     raise TypeError(f"cannot write {type(v).__name__} as YAML")
 
 
-_LITERAL_UNSAFE = re.compile("[^\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
-                             "|[ \t]\n|[ \t]$")
+_LITERAL_UNSAFE = re.compile("[^\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                             "\U00010000-\U0010ffff]|[ \t]\n|[ \t]$")
 
 
 def _literal(s: str, head: str, indent: int, out: list[str]) -> bool:

@@ -103,7 +103,8 @@ def node_metrics_port(cfg: ResolvedConfig, node: int) -> int:
 
 
 def visible_gpus() -> int:
-    """NVIDIA GPUs this process may use, without importing torch: the driver's list, cut by CUDA_VISIBLE_DEVICES."""
+    """NVIDIA GPUs this process may use, without importing torch: the driver's list, cut by
+    CUDA_VISIBLE_DEVICES."""
     driver = Path("/proc/driver/nvidia/gpus")
     count = len(list(driver.iterdir())) if driver.is_dir() else 0
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -120,14 +121,15 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
     errors, warnings = [], []
     if cfg.use_gpu and (have := visible_gpus()) < (need := cfg.world_size):
         errors.append(f"spec.resources.gpu: the job needs {need} GPUs here ({counted(cfg.nodes, 'node')} x"
-                      f" {cfg.nproc_per_node}), this machine has {have} visible; set resources.gpu: 0 to train on"
-                      " CPU with gloo")
+                      f" {cfg.nproc_per_node}), this machine has {have} visible; set resources.gpu: 0 to"
+                      " train on CPU with gloo")
     if suspended:
         errors.append("spec.runPolicy.suspend: true keeps the job from running (in a cluster its pods are not"
                       " created); set suspend: false to run it here")
     if not cfg.use_gpu and (short := host_memory_shortfall(cfg, memory_bytes())) is not None:
         errors.append(short)
-    if cfg.script is None and not cfg.use_gpu and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
+    if (cfg.script is None and not cfg.use_gpu and cfg.training.precision == Precision.BF16
+            and (slow := slow_bf16_warning())):
         warnings.append(slow)
     for node in range(cfg.nodes):
         for local in range(cfg.nproc_per_node):
@@ -140,17 +142,18 @@ def preflight(cfg: ResolvedConfig, *, suspended: bool = False) -> tuple[list[str
 
 
 def host_memory_shortfall(cfg: ResolvedConfig, machine_bytes: int | None) -> str | None:
-    """A CPU job's every process on this machine, by the planner's estimate, against its memory; None when it fits
-    or cannot be told. The estimate leaves out torch's own memory, so a job refused here cannot run."""
+    """A CPU job's every process on this machine, by the planner's estimate, against its memory; None when it
+    fits or cannot be told. The estimate leaves out torch's own memory, so a job refused here cannot run."""
     if cfg.predicted_peak_bytes is None or machine_bytes is None:
         return None
     need = cfg.predicted_peak_bytes * cfg.world_size
     if need <= machine_bytes:
         return None
-    return (f"spec.resources.memory: the job keeps {need / GiB:.1f} GiB of training state and activations in host"
-            f" memory by the planner's estimate ({counted(cfg.world_size, 'process')} x"
-            f" {cfg.predicted_peak_bytes / GiB:.1f} GiB), more than this machine's {machine_bytes / GiB:.1f} GiB: the"
-            " kernel's OOM killer would end its processes; use a smaller model, batch or seqLen, or a cluster")
+    return (f"spec.resources.memory: the job keeps {need / GiB:.1f} GiB of training state and activations in"
+            f" host memory by the planner's estimate ({counted(cfg.world_size, 'process')} x"
+            f" {cfg.predicted_peak_bytes / GiB:.1f} GiB), more than this machine's"
+            f" {machine_bytes / GiB:.1f} GiB: the kernel's OOM killer would end its processes; use a smaller"
+            " model, batch or seqLen, or a cluster")
 
 
 def port_in_use(port: int) -> str | None:
@@ -209,7 +212,8 @@ class Records:
         try:
             self.copy.write(data)
             self.copy.flush()
-        except OSError as e:  # a full disk, a closed pipe: training goes on, the lines stay in the work directory
+        except OSError as e:
+            # a full disk, a closed pipe: training goes on, the lines stay in the work directory
             self.copy_failed = e.strerror or str(e)
 
 
@@ -235,8 +239,9 @@ def exposed_value(text: str, name: str) -> float | None:
 
 @dataclass
 class ResumedFrom:
-    """Where rank 0 started: the step of the checkpoint it resumed, 0 for a fresh start (tetrad_resumed_from_step),
-    asked of its metrics endpoint while it runs, or read from node 0's termination message once it ended."""
+    """Where rank 0 started: the step of the checkpoint it resumed, 0 for a fresh start
+    (tetrad_resumed_from_step), asked of its metrics endpoint while it runs, or read from node 0's termination
+    message once it ended."""
 
     port: int | None  # rank 0's metrics endpoint; None when it cannot be asked (its port was busy)
     step: int | None = None
@@ -282,7 +287,8 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
             **torchrun_env(cfg, node_rank=node, master_addr=MASTER_ADDR, master_port=master_port,
                            rdzv_id=names.rendezvous_id(cfg.job_name, None, 0), restart=0,
-                           config_path=str(config_path), rdzv_timeout=rdzv_timeout, shutdown_timeout=shutdown_timeout,
+                           config_path=str(config_path), rdzv_timeout=rdzv_timeout,
+                           shutdown_timeout=shutdown_timeout,
                            # Nodes share this machine: give each its own block of metrics ports.
                            metrics_port=node_metrics_port(cfg, node)),
             # torchrun's per-run log tree (by default a torchelastic_* directory left in /tmp).
@@ -293,8 +299,9 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
             env[ENV_JSONL] = str(jsonl)
         log = workdir / f"node-{node}.log"
         with log.open("wb") as out:
-            proc = subprocess.Popen(local_command(cfg, workdir), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=locks)
+            proc = subprocess.Popen(local_command(cfg, workdir), env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, pass_fds=locks)
         agents.append(Agent(node, proc, log))
     return agents
 
@@ -396,8 +403,8 @@ def where_it_started(cfg: ResolvedConfig, resumed: int | None) -> str | None:
         return None  # a script resumes as it sees fit
     ckpt = cfg.checkpoint
     if resumed is None:
-        return None if ckpt.enabled and ckpt.resume else "step 0 (checkpointing is off)" if not ckpt.enabled else \
-            "step 0 (checkpoint.resume is false)"
+        return (None if ckpt.enabled and ckpt.resume else "step 0 (checkpointing is off)" if not ckpt.enabled
+                else "step 0 (checkpoint.resume is false)")
     if resumed >= cfg.training.steps:
         return (f"nothing to do: the checkpoint in {ckpt.path} is at step {resumed}, at or past the"
                 f" {cfg.training.steps} steps to train; raise --steps (or training.steps) to train on")
@@ -410,7 +417,8 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, rec
     table = Table(title=f"tetrad run: {cfg.job_name}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("mesh", f"{cfg.layout.label()} ({counted(cfg.nodes, 'node')} x {counted(cfg.nproc_per_node, 'process')})")
+    table.add_row("mesh", f"{cfg.layout.label()} ({counted(cfg.nodes, 'node')} x"
+                          f" {counted(cfg.nproc_per_node, 'process')})")
     if cfg.model is not None:
         table.add_row("model", f"{cfg.model.name}, {count_text(cfg.model.num_params())} parameters")
     if cfg.script is not None:
@@ -419,7 +427,8 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, rec
         table.add_row("start", started)
     if rows:
         steady = rows[1:] or rows  # the first step includes warm-up (lazy init, shape inference)
-        table.add_row("steps", f"{rows[-1]['step']}" + (f" / {cfg.training.steps}" if cfg.script is None else ""))
+        table.add_row("steps",
+                      f"{rows[-1]['step']}" + (f" / {cfg.training.steps}" if cfg.script is None else ""))
         if losses := [r["loss"] for r in rows if r.get("loss") is not None]:
             table.add_row("loss", f"{losses[0]:.4f} → {losses[-1]:.4f}")
         if (tokens := _median(steady, "tokens_per_second")) is not None:
@@ -428,10 +437,12 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, rec
             table.add_row("MFU", f"{mfu:.2%}  ({_median(steady, 'tflops') or 0:.3g} TFLOPS per device)")
         if (step_time := _median(steady, "step_time_s")) is not None:
             table.add_row("step time", f"{step_time:.3f} s (median)")
-        if peaks := [r["peak_memory_bytes"] for r in rows if isinstance(r.get("peak_memory_bytes"), int | float)]:
+        if peaks := [r["peak_memory_bytes"] for r in rows
+                     if isinstance(r.get("peak_memory_bytes"), int | float)]:
             table.add_row("peak memory", f"{max(peaks) / 2**30:.2f} GiB (rank 0)")
         if isinstance(rows[0].get("startup_s"), int | float):
-            table.add_row("start-up", f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
+            table.add_row("start-up",
+                          f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
     table.add_row("wall time", f"{wall_s:.1f} s")
     copied = "" if jsonl is None else f", appended to {jsonl}" + (
         f" until it failed: {records.copy_failed}" if records.copy_failed else "")
@@ -446,18 +457,20 @@ def describe_exit(code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"{code} (killed by {signal.Signals(-code).name})"
         return f"{code} (killed by signal {-code})"
-    return {0: "0 (finished)", EXIT_PREEMPTED: f"{EXIT_PREEMPTED} (stopped on SIGTERM, after saving if checkpointing is on)",
+    return {0: "0 (finished)",
+            EXIT_PREEMPTED: f"{EXIT_PREEMPTED} (stopped on SIGTERM, after saving if checkpointing is on)",
             EXIT_CONFIG_ERROR: f"{EXIT_CONFIG_ERROR} (a config error)"}.get(code, str(code))
 
 
 # The lines of a node's log that say why it failed: the trainer's and the supervisor's own errors, the last
-# line of each worker traceback (with or without torchrun's [rankN]: prefix), and torchrun's exit-code summary.
-_CAUSE = re.compile(r"^\[tetrad(?: rank \d+)?\] .*error|^(?:\[rank\d+\]: )?[\w.]*(?:Error|Exception)\b|^\s*exitcode\s*:",
-                    re.IGNORECASE)
+# line of each worker traceback (with or without torchrun's [rankN]: prefix), and torchrun's exit-code
+# summary.
+_CAUSE = re.compile(r"^\[tetrad(?: rank \d+)?\] .*error|^(?:\[rank\d+\]: )?[\w.]*(?:Error|Exception)\b"
+                    r"|^\s*exitcode\s*:", re.IGNORECASE)
 # Of those, what a rank that did nothing wrong says once a peer is gone, and torchrun's own wrapping: shown
 # only when a log has nothing else.
-_CONSEQUENCE = re.compile(r"Connection closed by peer|Connection reset by peer|GLHF|NCCL communicator was aborted|"
-                          r"ChildFailedError|SignalException|^\s*exitcode\s*:")
+_CONSEQUENCE = re.compile(r"Connection closed by peer|Connection reset by peer|GLHF|"
+                          r"NCCL communicator was aborted|ChildFailedError|SignalException|^\s*exitcode\s*:")
 
 
 def failure_causes(path: Path) -> tuple[list[str], list[str]]:
@@ -542,11 +555,13 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
          jsonl: Path | None, appending: bool, locks: tuple[int, ...]) -> int:
     steps = None if cfg.script is not None else cfg.training.steps  # a script's steps are its own
     what = f"{steps} steps" if steps is not None else f"script {cfg.script.describe() if cfg.script else ''}"
-    console.print(f"tetrad run: {cfg.job_name}: {counted(cfg.nodes, 'node')} x {counted(cfg.nproc_per_node, 'process')},"
-                  f" mesh {cfg.layout.label()}, {what}; logs in {workdir}", markup=False)
+    console.print(f"tetrad run: {cfg.job_name}: {counted(cfg.nodes, 'node')} x"
+                  f" {counted(cfg.nproc_per_node, 'process')}, mesh {cfg.layout.label()}, {what}; logs in"
+                  f" {workdir}", markup=False)
     if jsonl is not None:
-        console.print(f"metrics: rank 0's JSON lines {'appended to the lines already in' if appending else 'go to'}"
-                      f" {jsonl}", markup=False)
+        console.print(f"metrics: rank 0's JSON lines"
+                      f" {'appended to the lines already in' if appending else 'go to'} {jsonl}",
+                      markup=False)
     if (started := where_it_started(cfg, None)) is not None:
         console.print(f"start: {started}", markup=False)
     resumed = ResumedFrom(None if cfg.script is not None or port_in_use(node_metrics_port(cfg, 0)) else
@@ -556,8 +571,9 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
     grace, deadline = policy.termination_grace_period_seconds, policy.active_deadline_seconds
     failed: Agent | None = None
     code = 0
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                        TimeElapsedColumn(), console=console, transient=False)
+    progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                        transient=False)
     task = progress.add_task("starting", total=steps)
 
     def show(rows: list[dict[str, Any]]) -> None:
@@ -586,24 +602,27 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
             if signals.poll():
                 sig = signals.received[0]
                 code, failed = 128 + sig, None
-                console.print(f"{sig.name}: stopping every node: SIGTERM now, so each finishes its step, saves if"
-                              f" checkpointing is on and exits; SIGKILL after the {grace} s grace period"
-                              " (runPolicy.terminationGracePeriodSeconds). Signal again (Ctrl-C) to kill them at once,"
-                              " losing what is not saved", markup=False, soft_wrap=True)
+                console.print(f"{sig.name}: stopping every node: SIGTERM now, so each finishes its step,"
+                              f" saves if checkpointing is on and exits; SIGKILL after the {grace} s grace"
+                              " period (runPolicy.terminationGracePeriodSeconds). Signal again (Ctrl-C) to"
+                              " kill them at once, losing what is not saved", markup=False, soft_wrap=True)
                 clean = stop_agents(agents, grace, signals)
                 if len(signals.received) > 1:
-                    console.print(f"{signals.received[1].name} again: killed every node without waiting", markup=False)
+                    console.print(f"{signals.received[1].name} again: killed every node without waiting",
+                                  markup=False)
                 console.print(_stopped(agents, clean), markup=False, soft_wrap=True)
             elif code == EXIT_DEADLINE:
                 failed = None
-                console.print(f"spec.runPolicy.activeDeadlineSeconds: {deadline} s passed: stopping every node"
-                              f" (SIGTERM, SIGKILL after the {grace} s grace period), as the operator fails the job",
-                              markup=False, soft_wrap=True)
-                console.print(_stopped(agents, stop_agents(agents, grace, signals)), markup=False, soft_wrap=True)
+                console.print(f"spec.runPolicy.activeDeadlineSeconds: {deadline} s passed: stopping every"
+                              f" node (SIGTERM, SIGKILL after the {grace} s grace period), as the operator"
+                              " fails the job", markup=False, soft_wrap=True)
+                console.print(_stopped(agents, stop_agents(agents, grace, signals)), markup=False,
+                              soft_wrap=True)
             else:
                 stop_agents(agents, FAILED_STOP_GRACE_S)
             show(records.poll())
-            # rank 0 may have ended before its endpoint was asked (nothing to do): its termination message says
+            # rank 0 may have ended before its endpoint was asked (nothing to do): its termination message
+            # says
             if (step := resumed.read_termination(termination_path(workdir, 0))) is not None and \
                     (said := where_it_started(cfg, step)) is not None:
                 console.print(f"start: {said}", markup=False)
@@ -618,8 +637,8 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
             console.print(line, markup=False, soft_wrap=True)
         origin = origin_of_failure(failed, agents)
         if origin is not failed:
-            console.print(f"node {failed.node} only lost its peers; the cause is in node {origin.node}'s log.",
-                          markup=False)
+            console.print(f"node {failed.node} only lost its peers; the cause is in node {origin.node}'s"
+                          " log.", markup=False)
         console.print(f"From {origin.log}:", markup=False)
         console.print(failure_excerpt(origin.log), markup=False)
     if records.copy_failed is not None:
@@ -649,4 +668,5 @@ def _stopped(agents: list[Agent], clean: bool) -> str:
     codes = {a.proc.returncode for a in agents}
     exits = (f"every node exited {describe_exit(codes.pop())}" if len(codes) == 1 else
              ", ".join(f"node {a.node} {describe_exit(a.proc.returncode)}" for a in agents))
-    return f"stopped: {exits}" + ("" if clean else " (SIGKILLed: not every node stopped within the grace period)")
+    return f"stopped: {exits}" + ("" if clean
+                                  else " (SIGKILLed: not every node stopped within the grace period)")

@@ -28,7 +28,8 @@ from tetrad.api.manifest import shorten
 
 MARKER = ".tetrad-run"  # a work directory Tetrad made or took: a run may replace the files it wrote there
 LOCK = ".tetrad-run.lock"  # flocked by the run using the directory; holds its PID
-MARKER_TEXT = "A `tetrad run` work directory: a run replaces the files it writes here (config, logs, metrics).\n"
+MARKER_TEXT = ("A `tetrad run` work directory: a run replaces the files it writes here"
+               " (config, logs, metrics).\n")
 FIRST_LINE_BYTES = 1 << 20  # how much of an existing --jsonl file is read to see that it holds JSON lines
 
 
@@ -57,18 +58,20 @@ def claim_workdir(path: Path | None, job_name: str) -> Path:
             if path.exists() and not path.is_dir():
                 raise Refused(f"--workdir {shown(path)}: not a directory; give a new or empty directory")
             if path.is_dir() and not (path / MARKER).exists() and any(path.iterdir()):
-                raise Refused(f"--workdir {shown(path)}: holds files that are not a tetrad run's (it has no {MARKER});"
-                              " tetrad run would replace config.json, node-N.log and metrics.jsonl there:"
-                              " give a new or empty directory")
+                raise Refused(f"--workdir {shown(path)}: holds files that are not a tetrad run's"
+                              f" (it has no {MARKER}); tetrad run would replace config.json, node-N.log"
+                              " and metrics.jsonl there: give a new or empty directory")
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise Refused(f"--workdir {shown(path)}: cannot create the directory: {e.strerror or e}") from None
+            raise Refused(f"--workdir {shown(path)}: cannot create the directory:"
+                          f" {e.strerror or e}") from None
     write_file(path, MARKER, MARKER_TEXT.encode())
     return path
 
 
 def write_file(directory: Path, name: str, data: bytes) -> None:
-    """One of the run's own files in its work directory; Refused (the cause named) when it cannot be written."""
+    """One of the run's own files in its work directory; Refused (the cause named) when it cannot be
+    written."""
     try:
         (directory / name).write_bytes(data)
     except OSError as e:
@@ -94,8 +97,8 @@ class DirectoryLock:
         except OSError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise Refused(f"{self.what} is in use by another tetrad run (PID {holder}); wait for it to end, stop it,"
-                          " or choose another") from None
+            raise Refused(f"{self.what} is in use by another tetrad run (PID {holder}); wait for it to end,"
+                          " stop it, or choose another") from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
@@ -126,14 +129,15 @@ def check_jsonl(path: Path, *, workdir: Path | None, manifest: Path | None) -> N
     if manifest is not None and _same_file(path, manifest):
         raise Refused(f"{flag}: is the manifest being run; give a new file for the JSON lines")
     if workdir is not None and path.resolve().is_relative_to(workdir.resolve()):
-        raise Refused(f"{flag}: is inside the work directory {shown(workdir)}, whose files the run replaces; rank 0's"
-                      " lines are in its metrics.jsonl already: give a file elsewhere")
+        raise Refused(f"{flag}: is inside the work directory {shown(workdir)}, whose files the run replaces;"
+                      " rank 0's lines are in its metrics.jsonl already: give a file elsewhere")
     try:
         if path.is_dir():
             raise Refused(f"{flag}: is a directory; give a file")
         if path.is_file() and path.stat().st_size and not _json_lines(path):
-            raise Refused(f"{flag}: exists and its first line is not a JSON object, so it is not a JSON-lines file;"
-                          " tetrad run appends to JSON lines and never replaces a file: give a new file")
+            raise Refused(f"{flag}: exists and its first line is not a JSON object, so it is not a JSON-lines"
+                          " file; tetrad run appends to JSON lines and never replaces a file: give a new"
+                          " file")
     except OSError as e:
         raise Refused(f"{flag}: cannot read the file: {e.strerror or e}") from None
 

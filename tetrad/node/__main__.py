@@ -1,7 +1,8 @@
 """The launcher's command line: `supervise` (a pod's first process) and `worker` (each training process).
 
     python3 tetrad-node.pyz supervise -- python3 -m torch.distributed.run ... tetrad-node.pyz worker ...
-    python3 tetrad-node.pyz worker (--trainer | --path FILE | --module MODULE | --command) [--workdir DIR] -- ARGS
+    python3 tetrad-node.pyz worker (--trainer | --path FILE | --module MODULE | --command) [--workdir DIR]
+        -- ARGS
 
 After `--` come the entry point's arguments; for --command, the executable and all of its arguments.
 """
@@ -31,10 +32,12 @@ def worker_entry(argv: list[str]) -> tuple[Entry, str | None]:
     own, rest = _split(argv)
     p = argparse.ArgumentParser(prog="tetrad-node.pyz worker")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--trainer", action="store_true", help="Tetrad's trainer (python -m tetrad_trainer.train)")
+    what.add_argument("--trainer", action="store_true",
+                      help="Tetrad's trainer (python -m tetrad_trainer.train)")
     what.add_argument("--path", help="a Python file, run as __main__")
     what.add_argument("--module", help="a Python module, run as python -m MODULE")
-    what.add_argument("--command", action="store_true", help="an executable: the first of the arguments after --")
+    what.add_argument("--command", action="store_true",
+                      help="an executable: the first of the arguments after --")
     p.add_argument("--workdir", help="the working directory")
     a = p.parse_args(own)
     if a.trainer:

@@ -33,7 +33,8 @@ def _imported_api_modules(path: Path) -> set[str]:
 def sources() -> dict[str, str]:
     """The zip's files (archive name -> text): tetrad.node's modules and, transitively, the tetrad.api
     modules they import."""
-    files = {"__main__.py": MAIN, "tetrad/__init__.py": (ROOT / "__init__.py").read_text(), "tetrad/api/__init__.py": API_INIT}
+    files = {"__main__.py": MAIN, "tetrad/__init__.py": (ROOT / "__init__.py").read_text(),
+             "tetrad/api/__init__.py": API_INIT}
     todo = []
     for path in sorted((ROOT / "node").glob("*.py")):
         if path.name != "bundle.py":

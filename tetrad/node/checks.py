@@ -22,7 +22,8 @@ COUNT_DEVICES = "import torch; print(torch.cuda.device_count())"
 def cuda_devices(timeout_s: float) -> tuple[int, str]:
     """(CUDA devices torch sees, "" or why it could not tell)."""
     try:
-        r = subprocess.run([sys.executable, "-c", COUNT_DEVICES], capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run([sys.executable, "-c", COUNT_DEVICES], capture_output=True, text=True,
+                           timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 0, f" (torch could not be asked: {e})"
     if r.returncode != 0:
@@ -46,11 +47,11 @@ def node_problems(env: NodeEnv) -> list[str]:
     if env.gpus and env.nproc is not None:
         have, why = cuda_devices(env.preflight.timeout_seconds)
         if have < env.nproc:
-            problems.append(f"devices: {have} CUDA devices visible{why}, the job runs nprocPerNode={env.nproc} "
-                            f"processes, one per GPU")
+            problems.append(f"devices: {have} CUDA devices visible{why}, the job runs "
+                            f"nprocPerNode={env.nproc} processes, one per GPU")
     if env.in_pod and env.cpus is not None and (have := available_cpus()) < math.ceil(env.cpus):
-        problems.append(f"cpu: resources.cpu requests {env.cpus:g} CPUs, this node's processes may run on {have} "
-                        f"(their CPU affinity)")
+        problems.append(f"cpu: resources.cpu requests {env.cpus:g} CPUs, this node's processes may run on "
+                        f"{have} (their CPU affinity)")
     if env.master_addr and (error := resolves(env.master_addr, env.preflight.timeout_seconds)) is not None:
         problems.append(rendezvous_failure(env.master_addr, env.preflight.timeout_seconds, error))
     return problems

@@ -135,12 +135,14 @@ def report(error: BaseException, rank: int, timeout_s: float) -> dict[str, Any]:
 
     entry = last_collective(json.loads(_dump_fr_trace_json(True, False)))
     out: dict[str, Any] = {"event": "collective_timeout", "rank": rank, "timeout_s": timeout_s,
-                           "error": str(error).strip().splitlines()[-1][:500] if str(error).strip() else type(error).__name__}
+                           "error": (str(error).strip().splitlines()[-1][:500] if str(error).strip()
+                                     else type(error).__name__)}
     mine = position(entry)
     if entry is None or mine is None:
         return out | {"collective": None, "not_answering": None}
     desc, ranks = group_of(mine["group"])
-    out |= {"collective": mine["collective"], "sequence": mine["sequence"], "group": desc, "group_ranks": ranks,
+    out |= {"collective": mine["collective"], "sequence": mine["sequence"], "group": desc,
+            "group_ranks": ranks,
             "input_sizes": entry.get("input_sizes"),
             "waited_s": round(time.time() - int(entry["time_created_ns"]) / 1e9, 1)}
     peers = [r for r in ranks if r != rank]
@@ -159,7 +161,8 @@ def summary(r: dict[str, Any]) -> str:
     group = f"{r['group']} (ranks {','.join(map(str, ranks))})" if ranks else str(r["group"])
     missing = r.get("not_answering")
     peers = ("not answering: unknown" if missing is None else
-             f"not answering: rank {','.join(map(str, missing))}" if missing else "every peer waits in it too")
+             f"not answering: rank {','.join(map(str, missing))}" if missing else
+             "every peer waits in it too")
     return f"rank {r['rank']}: {r['collective']} #{r['sequence']} in process group {group} timed out after " \
            f"{r['timeout_s']:g}s; {peers}"
 

@@ -66,7 +66,8 @@ class NodeEnv:
         settings = None
         if preflight:
             doc = json.loads(preflight)
-            settings = PreflightSettings(float(doc.get("timeoutSeconds", 120)), int(doc.get("allReduceMiB", 64)),
+            settings = PreflightSettings(float(doc.get("timeoutSeconds", 120)),
+                                         int(doc.get("allReduceMiB", 64)),
                                          float(doc.get("slowNodeFraction", 0.5)))
         log = env.get(ENV_TERMINATION_LOG)
         return cls(
@@ -86,7 +87,8 @@ class NodeEnv:
             contract=_int(env.get(ENV_CONTRACT)),
             exit_dir=Path(env[ENV_EXIT_DIR]) if env.get(ENV_EXIT_DIR) else None,
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
-            termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists() else None),
+            termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists()
+                                                   else None),
         )
 
 

@@ -84,11 +84,13 @@ def _by_rank(directory: Path, prefix: str, suffix: str = "") -> dict[int, str]:
 
 def reported_codes(directory: Path) -> dict[int, int]:
     """Each reporting worker's exit code, by global rank."""
-    return {rank: int(text) for rank, text in _by_rank(directory, CODE_PREFIX).items() if text.strip().lstrip("-").isdigit()}
+    return {rank: int(text) for rank, text in _by_rank(directory, CODE_PREFIX).items()
+            if text.strip().lstrip("-").isdigit()}
 
 
 def reported_messages(directory: Path) -> dict[int, TerminationMessage]:
-    return {rank: TerminationMessage.parse(text) for rank, text in _by_rank(directory, MESSAGE_PREFIX, ".json").items()}
+    return {rank: TerminationMessage.parse(text)
+            for rank, text in _by_rank(directory, MESSAGE_PREFIX, ".json").items()}
 
 
 # A cause any worker reports is the node's, in this order: its peers on the node were stopped because of it.
@@ -102,7 +104,8 @@ def node_exit_code(torchrun_code: int, worker_codes: list[int], nproc: int | Non
     for cause in NODE_CAUSES:
         if cause in worker_codes:
             return cause
-    if worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes) and (nproc is None or len(worker_codes) == nproc):
+    if (worker_codes and all(c == EXIT_PREEMPTED for c in worker_codes)
+            and (nproc is None or len(worker_codes) == nproc)):
         return EXIT_PREEMPTED
     # a worker's own non-zero code (a script's sys.exit(3)) before torchrun's, which is 1 for any failure
     if failed := [c for c in worker_codes if c not in (0, EXIT_PREEMPTED)]:

@@ -116,7 +116,8 @@ def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_rank, local_world = (int(os.environ.get("LOCAL_RANK", "0")),
+                               int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     timeout = timedelta(seconds=settings.timeout_seconds)
     cuda = env.gpus > 0 and torch.cuda.is_available()
     if cuda:
@@ -134,14 +135,16 @@ def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
         except Exception as e:  # noqa: BLE001 - gloo and nccl raise assorted types on a timeout
             said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise PreflightFailed([NodeFailure(None, None, (
-                f"the all-reduce of {settings.all_reduce_mib} MiB across the gang's {world} processes did not complete "
-                f"within spec.preflight.timeoutSeconds={settings.timeout_seconds:g}: {said}"))]) from e
+                f"the all-reduce of {settings.all_reduce_mib} MiB across the gang's {world} processes did"
+                f" not complete within spec.preflight.timeoutSeconds={settings.timeout_seconds:g}:"
+                f" {said}"))]) from e
         finally:
             del tensor
             if hasattr(group, "shutdown"):
                 group.shutdown()
             forget_peak_memory(cuda, local_rank)
-    mine = NodeFigures(env.node_name, env.node_rank, bus_bandwidth(nbytes, world, seconds), time.perf_counter() - start)
+    mine = NodeFigures(env.node_name, env.node_rank, bus_bandwidth(nbytes, world, seconds),
+                       time.perf_counter() - start)
     store.set(f"rank/{rank}", json.dumps(asdict(mine)))
     node_first = rank - local_rank  # torchrun numbers a node's ranks consecutively
     ranks = range(world) if rank == 0 else range(node_first, node_first + local_world)
@@ -149,7 +152,8 @@ def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
     store.wait(keys, timeout)
     nodes = _slowest_per_node([NodeFigures(**json.loads(store.get(k))) for k in keys])
     slow = slow_nodes({n.node: n.bus_bandwidth_bytes_per_second for n in nodes}, settings.slow_node_fraction)
-    report = GangReport(world, nbytes, nodes if rank == 0 else [n for n in nodes if n.node_rank == env.node_rank], slow)
+    report = GangReport(world, nbytes,
+                        nodes if rank == 0 else [n for n in nodes if n.node_rank == env.node_rank], slow)
     if rank == 0:
         print(report.json_line(), flush=True)
     return report

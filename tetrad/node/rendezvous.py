@@ -3,9 +3,10 @@
 Pod 0's name appears in DNS once it has an IP (the Service publishes not-ready addresses), so a
 worker scheduled before it waits, bounded by the rendezvous timeout, instead of failing: the
 supervisor (tetrad.node.supervisor) calls `wait_for_master` before anything else. A name that never
-resolves is a preflight failure (exit 69, the cluster's fault rather than the job's), not a crash. The wait runs in
-the trainer's container rather than an init container of its own: a second container, with its
-status and managed fields, made each worker pod a sixth larger for every watcher of pods to decode.
+resolves is a preflight failure (exit 69, the cluster's fault rather than the job's), not a crash. The
+wait runs in the trainer's container rather than an init container of its own: a second container,
+with its status and managed fields, made each worker pod a sixth larger for every watcher of pods to
+decode.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def resolves(name: str, timeout_s: float, retry_s: float = RESOLVE_RETRY_S) -> s
     deadline = time.monotonic() + timeout_s
     while True:
         answer: list[str] = []
-        thread = threading.Thread(target=_lookup, args=(name, answer), daemon=True)  # getaddrinfo has no timeout
+        # getaddrinfo has no timeout
+        thread = threading.Thread(target=_lookup, args=(name, answer), daemon=True)
         thread.start()
         thread.join(max(LAST_LOOKUP_S, deadline - time.monotonic()))
         if answer and not answer[0]:

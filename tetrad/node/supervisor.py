@@ -1,7 +1,8 @@
 """A node's supervisor: the pod's first process, around torchrun.
 
 It waits for pod 0's name (a worker node, tetrad.node.rendezvous; one that never resolves exits 69 like a
-failed check), checks the node (the preflight gate, tetrad.node.checks), runs torchrun as a child with the stop signals forwarded, then turns what torchrun
+failed check), checks the node (the preflight gate, tetrad.node.checks), runs torchrun as a child with the
+stop signals forwarded, then turns what torchrun
 and its workers reported in the exit directory (tetrad.node.exits) into the node's exit code and the
 pod's termination message (tetrad.api.termination), which it alone writes. torchrun alone exits 1 for
 any worker failure; the node exits with the workers' own code instead: 75 when every local worker
@@ -41,8 +42,8 @@ def write_termination_message(message: TerminationMessage, env: NodeEnv) -> None
     try:
         env.termination_log.write_text(text)
     except OSError as e:
-        print(f"[tetrad] could not write the termination message to {env.termination_log}: {e}", file=sys.stderr,
-              flush=True)
+        print(f"[tetrad] could not write the termination message to {env.termination_log}: {e}",
+              file=sys.stderr, flush=True)
 
 
 def before_torchrun(env: NodeEnv) -> int | None:
@@ -90,7 +91,9 @@ def supervise(command: list[str], env: NodeEnv) -> int:
 
 
 def out_of_host_memory(killed: int, counter: Path | None) -> str:
-    where = "this machine" if counter == Path("/proc/vmstat") else "this node's memory cgroup (the pod's limit)"
+    where = ("this machine" if counter == Path("/proc/vmstat")
+             else "this node's memory cgroup (the pod's limit)")
     return (f"the kernel's out-of-memory killer ended {killed} process(es) in {where} while the workers ran,"
             " and a worker died without a word: its host memory ran out. Raise spec.resources.memory (the"
-            " planner's estimate: tetrad plan), or use fewer processes per node, a smaller model, batch or seqLen")
+            " planner's estimate: tetrad plan), or use fewer processes per node, a smaller model, batch or"
+            " seqLen")

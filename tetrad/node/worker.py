@@ -59,7 +59,8 @@ class Entry:
         """Why the entry point is not in the image, naming the field; None when it is."""
         if self.path is not None:
             if not Path(self.path).is_file():
-                return f"{self.field}.path: {self.path} is not a file in the image (working directory {os.getcwd()})"
+                return (f"{self.field}.path: {self.path} is not a file in the image"
+                        f" (working directory {os.getcwd()})")
         elif self.module is not None:
             try:
                 found = importlib.util.find_spec(self.module) is not None
@@ -68,7 +69,8 @@ class Entry:
             except (ImportError, ValueError) as e:
                 return f"{self._module_field()}: {self.module} cannot be imported in the image: {e}"
             if not found:
-                return f"{self._module_field()}: no module {self.module} in the image's Python ({sys.executable})"
+                return (f"{self._module_field()}: no module {self.module} in the image's Python"
+                        f" ({sys.executable})")
         elif self.command:
             exe = self.command[0]
             where = exe if "/" in exe else shutil.which(exe)
@@ -126,8 +128,8 @@ def ended_by(error: BaseException) -> int:
     """The exit code of a worker whose entry point raised `error`, with the cause left for the supervisor."""
     if type(error).__name__ == "OutOfMemoryError" and type(error).__module__.startswith("torch"):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        message = (f"rank {os.environ.get('RANK', '?')} ran out of device memory: {first}; lower the batch or the "
-                   "sequence per device, or shard more")
+        message = (f"rank {os.environ.get('RANK', '?')} ran out of device memory: {first}; lower the batch or"
+                   " the sequence per device, or shard more")
         print(f"[tetrad] {message}", file=sys.stderr, flush=True)
         exits.leave(TerminationMessage(reason=REASON_OUT_OF_MEMORY, message=message))
         return EXIT_OOM

@@ -77,7 +77,8 @@ class Estimate:
     optimizer_step_bytes: float = 0.0  # the clipping's norm and fused AdamW over the device's params
     comm_bytes: dict[str, float] = field(default_factory=dict)  # per mesh dim, bytes sent per device
     fragmentation_bytes: float = 0.0  # FRAGMENTATION of the activations (the loss's logits included)
-    host_bytes: float = 0.0  # host memory per process: the sharded params, grads and AdamW state under CPU offload
+    # host memory per process: the sharded params, grads and AdamW state under CPU offload
+    host_bytes: float = 0.0
     host_params: float = 0.0  # parameters the CPU optimizer steps per process under CPU offload
     host_copy_bytes: float = 0.0  # bytes copied between host and device per step under CPU offload
 
@@ -104,7 +105,8 @@ def stage_params(m: ModelConfig, layout: Layout, stages_per_rank: int) -> tuple[
     if layout.pp == 1:
         return total, block
     stages = layout.pp * stages_per_rank
-    # embedding and output count as one layer each, as the trainer splits them (a tied pair: a copy on each end)
+    # embedding and output count as one layer each, as the trainer splits them (a tied pair: a copy on each
+    # end)
     units_per_stage = math.ceil(pipeline_units(m.layers) / stages)
     embed = m.vocab * m.dim
     largest_stage = (units_per_stage - 1) * block + max(embed, block)
@@ -137,7 +139,8 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     if shard > 1:
         gathered = p_local if resident else 2 * p_block / layout.tp
         buffers = gathered * cbytes + 4 * p_block / layout.tp
-        if w.offload:  # the sharded state moves to the host; one block's fp32 shard and its sharded grad pass through
+        # the sharded state moves to the host; one block's fp32 shard and its sharded grad pass through
+        if w.offload:
             host, params, grads, optim = params + grads + optim, 0.0, 0.0, 0.0
             host_params = p_local / shard
             buffers += 2 * 4 * p_block / layout.tp / shard
@@ -171,7 +174,8 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     # The loss over one microbatch's logits, vocab-sharded under TP (loss parallel); the chunked
     # loss holds one slice of the sequence at a time.
     logits = s * mb * m.vocab / layout.tp / max(1, min(w.loss_chunks, int(s)))
-    per_logit = COMPILED_LOSS_BYTES_PER_LOGIT if compiles_loss(w.compile, layout.tp, w.loss_chunks) else LOSS_BYTES_PER_LOGIT
+    per_logit = (COMPILED_LOSS_BYTES_PER_LOGIT if compiles_loss(w.compile, layout.tp, w.loss_chunks)
+                 else LOSS_BYTES_PER_LOGIT)
     activations = per_mb * in_flight + per_logit * logits
 
     tokens_rank = w.global_batch * m.seq_len / layout.world_size
@@ -199,7 +203,8 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
     if w.loss_chunks > 1:  # each slice's output projection runs again in the backward
         hardware_flops += 2 * m.dim * m.vocab * tokens_rank
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops,
-                    attention_flops, elementwise_bytes=ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h,
+                    attention_flops,
+                    elementwise_bytes=ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h,
                     optimizer_step_bytes=OPTIMIZER_STEP_BYTES_PER_PARAM * params / 4, comm_bytes=comm,
                     fragmentation_bytes=FRAGMENTATION * activations, host_bytes=host, host_params=host_params,
                     host_copy_bytes=_host_copies(host_params, gathers, rounds))

@@ -115,7 +115,8 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     p = spec.parallelism
     explicit = all(v != "auto" for v in (p.dp_replicate, p.dp_shard, p.tp, p.cp, p.pp))
     if explicit:
-        layout = Layout(pp=int(p.pp), dp_replicate=int(p.dp_replicate), dp_shard=int(p.dp_shard), cp=int(p.cp), tp=int(p.tp))
+        layout = Layout(pp=int(p.pp), dp_replicate=int(p.dp_replicate), dp_shard=int(p.dp_shard),
+                        cp=int(p.cp), tp=int(p.tp))
         est = estimate(cfg, layout, workload(spec, layout))
         return Solution(layout, est, candidates=1, time=predict_time(spec, cfg, est))
 
@@ -124,8 +125,8 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
     if not valid:
         nearest = nearest_values(spec, cfg)
         return Solution(None, None, (
-            f"no layout of {spec.nodes}x{spec.nproc_per_node} processes satisfies the fixed degrees and the model"
-            f" (heads={cfg.heads}, kvHeads={cfg.kv_heads}, layers={cfg.layers}, seqLen={cfg.seq_len},"
+            f"no layout of {spec.nodes}x{spec.nproc_per_node} processes satisfies the fixed degrees and the"
+            f" model (heads={cfg.heads}, kvHeads={cfg.kv_heads}, layers={cfg.layers}, seqLen={cfg.seq_len},"
             f" globalBatch={spec.training.global_batch}); "
             + (f"any one of these would give one: {'; '.join(nearest)}" if nearest else
                "fix more degrees explicitly or change the batch")))
@@ -141,14 +142,16 @@ def solve(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> Solution:
         timed = [(lay, est, predict_time(spec, cfg, est)) for lay, est in fitting if lay.pp == fewest_stages]
         times = [t.total_s for _, _, t in timed if t is not None]  # all or none: GPU jobs only
         if times:
-            timed = [x for x in timed if x[2] is not None and x[2].total_s <= min(times) * (1 + CLEARLY_FASTER)]
+            timed = [x for x in timed
+                     if x[2] is not None and x[2].total_s <= min(times) * (1 + CLEARLY_FASTER)]
         layout, est, time = min(timed, key=lambda x: preference(x[0]))
         return Solution(layout, est, candidates=len(valid), time=time)
     layout, est = min(valid, key=lambda le: le[1].peak_bytes)
     assert budget is not None
     return Solution(None, est, (
         f"no layout fits {spec.resources.gpu_memory_gib:g} GiB per GPU ({budget / GiB:.1f} GiB usable);"
-        f" the closest is {layout.label()} at {est.peak_bytes / GiB:.1f} GiB per GPU; {no_fit_advice(spec, est, budget)}"),
+        f" the closest is {layout.label()} at {est.peak_bytes / GiB:.1f} GiB per GPU;"
+        f" {no_fit_advice(spec, est, budget)}"),
         candidates=len(valid))
 
 
@@ -165,7 +168,8 @@ def valid_layouts(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[Layou
 
 def nearest_values(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[str]:
     """When no layout satisfies the job: the nearest values that would, changing one fixed degree (the
-    others as given), or globalBatch, or one degree with globalBatch; e.g. `tp=2 or 4`, `globalBatch=6 or 12`."""
+    others as given), or globalBatch, or one degree with globalBatch; e.g. `tp=2 or 4`, `globalBatch=6 or
+    12`."""
     out = []
     if batch := _batch_fix(spec, cfg, _candidates(spec, cfg)):
         out.append(f"globalBatch={batch}")
@@ -195,7 +199,8 @@ def _layout_errors(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layo
 
 
 def _batch_fix(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layouts: list[Layout]) -> str | None:
-    """The globalBatch values nearest the given one, below and above, that let in a layout only the batch keeps out."""
+    """The globalBatch values nearest the given one, below and above, that let in a layout only the batch
+    keeps out."""
     gb, below, above = spec.training.global_batch, 0, 0
     for layout in layouts:
         found = _layout_errors(spec, cfg, layout)
@@ -217,8 +222,9 @@ def no_fit_advice(spec: ParallelTrainingJobSpec, est: Estimate, budget: float) -
         if t.fsdp.offload != Offload.CPU:
             knobs.append("set training.fsdp.offload: cpu (with dpShard*cp > 1)")
         knobs.append("use GPUs with more memory (resources.gpuMemoryGiB)")
-        return (f"its parameters, gradients and optimizer state alone take {state / GiB:.1f} GiB, so activation"
-                f" checkpointing or a smaller batch cannot make it fit: {', '.join(knobs[:-1])} or {knobs[-1]}")
+        return (f"its parameters, gradients and optimizer state alone take {state / GiB:.1f} GiB, so"
+                f" activation checkpointing or a smaller batch cannot make it fit: {', '.join(knobs[:-1])}"
+                f" or {knobs[-1]}")
     knobs = []
     if t.activation_checkpointing != ActivationCheckpointing.FULL:
         knobs.append(f"set activationCheckpointing: full (now {t.activation_checkpointing.value})")

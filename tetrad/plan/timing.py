@@ -22,7 +22,8 @@ from tetrad.plan.estimate import FSDP, Estimate, Workload
 MATMUL_EFFICIENCY = 0.76
 ATTENTION_EFFICIENCY = 0.5
 HOST = "host (CPU offload)"  # the comm key of offload's host <-> device copies
-OVERLAPPED = (FSDP, "dp_replicate", HOST)  # prefetched all-gathers, reduce-scatters during backward, their copies
+# prefetched all-gathers, reduce-scatters during backward, their copies
+OVERLAPPED = (FSDP, "dp_replicate", HOST)
 # CPU offload, assumed rather than measured on GPUs yet (docs/planner.md):
 HOST_LINK_GBPS = 25.0  # host <-> GPU copies per GPU, one direction: PCIe, shared by the node's GPUs
 HOST_ADAMW_PARAMS_PER_S = 5e8  # fused CPU AdamW of one process (one thread of the build host: ~1e8)
@@ -84,7 +85,8 @@ def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: A
         # (pp-1) idle slots per (microbatches x virtual stages); zero-bubble fills about half of them
         fraction = (layout.pp - 1) / (w.pp_microbatches * w.pp_stages_per_rank)
         bubble = compute * fraction * (0.5 if w.pp_schedule == PPSchedule.ZERO_BUBBLE else 1.0)
-    comm = {dim: sent / ((acc.inter_node_gbps if crosses_nodes(layout, dim, nproc_per_node) else acc.intra_node_gbps) * 1e9)
+    comm = {dim: sent / ((acc.inter_node_gbps if crosses_nodes(layout, dim, nproc_per_node)
+                          else acc.intra_node_gbps) * 1e9)
             for dim, sent in est.comm_bytes.items()}
     if est.host_copy_bytes:
         comm[HOST] = est.host_copy_bytes / (HOST_LINK_GBPS * 1e9)

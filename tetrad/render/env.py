@@ -65,7 +65,8 @@ def job_env(cfg: ResolvedConfig, *, master_addr: str, master_port: int, config_p
         env[ENV_CPUS] = f"{cfg.cpus:g}"
     if cfg.preflight.enabled:
         p = cfg.preflight
-        env[ENV_PREFLIGHT] = json.dumps({"timeoutSeconds": p.timeout_seconds, "allReduceMiB": p.all_reduce_mi_b,
+        env[ENV_PREFLIGHT] = json.dumps({"timeoutSeconds": p.timeout_seconds,
+                                         "allReduceMiB": p.all_reduce_mi_b,
                                          "slowNodeFraction": p.slow_node_fraction})
     if shutdown_timeout is not None:
         # How long torchrun lets workers save a checkpoint after SIGTERM before it SIGKILLs them.
@@ -83,5 +84,6 @@ def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, maste
                  metrics_port: int | None = None, shutdown_timeout: int | None = None) -> dict[str, str]:
     """A node's whole environment: `job_env` and `node_env` together."""
     return {**job_env(cfg, master_addr=master_addr, master_port=master_port, config_path=config_path,
-                      rdzv_timeout=rdzv_timeout, metrics_port=metrics_port, shutdown_timeout=shutdown_timeout),
+                      rdzv_timeout=rdzv_timeout, metrics_port=metrics_port,
+                      shutdown_timeout=shutdown_timeout),
             **node_env(node_rank=node_rank, rdzv_id=rdzv_id, restart=restart)}

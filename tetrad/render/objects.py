@@ -50,7 +50,8 @@ class Rendered:
     configmap: dict[str, Any]
     environment: dict[str, Any]  # a ConfigMap: the environment every pod takes through envFrom
     pods: list[dict[str, Any]]
-    gang: list[dict[str, Any]] = field(default_factory=list)  # the scheduler's group objects, in creation order
+    # the scheduler's group objects, in creation order
+    gang: list[dict[str, Any]] = field(default_factory=list)
 
     def gang_objects(self) -> list[dict[str, Any]]:
         return self.gang
@@ -81,7 +82,8 @@ def _meta(job: ParallelTrainingJob, name: str, labels: dict[str, str] | None = N
     meta: dict[str, Any] = {
         "name": name,
         "namespace": job.metadata.namespace,
-        "labels": {contract.LABEL_JOB: job.metadata.name, contract.LABEL_MANAGED_BY: contract.MANAGED_BY, **(labels or {})},
+        "labels": {contract.LABEL_JOB: job.metadata.name, contract.LABEL_MANAGED_BY: contract.MANAGED_BY,
+                   **(labels or {})},
         "annotations": {},
     }
     if refs := owner_references(job):
@@ -92,7 +94,8 @@ def _meta(job: ParallelTrainingJob, name: str, labels: dict[str, str] | None = N
 def _ports(job: ParallelTrainingJob) -> list[dict[str, Any]]:
     spec = job.spec
     ports = [{"name": "rendezvous", "port": spec.rendezvous.port, "protocol": "TCP"}]
-    ports += [{"name": f"metrics-{i}", "port": spec.metrics.port + i, "protocol": "TCP"} for i in range(spec.nproc_per_node)]
+    ports += [{"name": f"metrics-{i}", "port": spec.metrics.port + i, "protocol": "TCP"}
+              for i in range(spec.nproc_per_node)]
     return ports
 
 
@@ -117,7 +120,8 @@ def _launcher_base64() -> str:
 
 
 def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.configmap(job.metadata.name)),
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": _meta(job, names.configmap(job.metadata.name)),
             "data": {contract.CONFIG_FILE: cfg.to_json()},
             "binaryData": {contract.LAUNCHER_FILE: _launcher_base64()}}
 
@@ -125,11 +129,12 @@ def configmap(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
 def environment(job: ParallelTrainingJob, cfg: ResolvedConfig) -> dict[str, Any]:
     """The job's `env.job_env` as a ConfigMap, the same for every pod of every incarnation."""
     spec, name = job.spec, job.metadata.name
-    env = job_env(cfg, master_addr=names.master_addr(name, job.metadata.namespace), master_port=spec.rendezvous.port,
-                  config_path=CONFIG_PATH, rdzv_timeout=spec.rendezvous.timeout_seconds,
-                  shutdown_timeout=shutdown_timeout(spec))
+    env = job_env(cfg, master_addr=names.master_addr(name, job.metadata.namespace),
+                  master_port=spec.rendezvous.port, config_path=CONFIG_PATH,
+                  rdzv_timeout=spec.rendezvous.timeout_seconds, shutdown_timeout=shutdown_timeout(spec))
     env[contract.ENV_CHECKPOINT_REQUEST_FILE] = CHECKPOINT_REQUEST_PATH  # rank 0 reads it
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.environment(name)), "data": env}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(job, names.environment(name)),
+            "data": env}
 
 
 def _resources(job: ParallelTrainingJob) -> dict[str, Any]:
@@ -149,8 +154,9 @@ def _volumes(job: ParallelTrainingJob) -> tuple[list[dict[str, Any]], list[dict[
             volumes.append({"name": name, "configMap": {"name": names.configmap(job.metadata.name)}})
             mounts.append({"name": name, "mountPath": path, "readOnly": True})
         elif path == contract.POD_INFO_DIR:
-            volumes.append({"name": name, "downwardAPI": {"items": [{"path": contract.CHECKPOINT_REQUEST_FILE, "fieldRef": {
-                "fieldPath": f"metadata.annotations['{contract.ANNOTATION_CHECKPOINT_NOW}']"}}]}})
+            volumes.append({"name": name, "downwardAPI": {"items": [{
+                "path": contract.CHECKPOINT_REQUEST_FILE, "fieldRef": {
+                    "fieldPath": f"metadata.annotations['{contract.ANNOTATION_CHECKPOINT_NOW}']"}}]}})
             mounts.append({"name": name, "mountPath": path, "readOnly": True})
         else:
             volumes.append({"name": name, "emptyDir": {"medium": "Memory"} if path == "/dev/shm" else {}})
@@ -182,7 +188,8 @@ def avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str,
     if not nodes:
         return _copy(affinity) if affinity else None
     out = _copy(affinity) if affinity else {}
-    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution",
+                                                             {})
     terms = required.setdefault("nodeSelectorTerms", [])
     if not terms:
         terms.append({})
@@ -195,14 +202,17 @@ def avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str,
 def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int,
         excluded_nodes: Sequence[str] = ()) -> dict[str, Any]:
     spec, name = job.spec, job.metadata.name
-    env = node_env(node_rank=rank, rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart), restart=restart)
+    env = node_env(node_rank=rank, rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart),
+                   restart=restart)
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
-    env_list.append({"name": contract.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    env_list.append({"name": contract.ENV_NODE_NAME,
+                     "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)
     ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []
-    ports += [{"name": f"metrics-{i}", "containerPort": spec.metrics.port + i} for i in range(spec.nproc_per_node)]
+    ports += [{"name": f"metrics-{i}", "containerPort": spec.metrics.port + i}
+              for i in range(spec.nproc_per_node)]
     trainer = {
         "name": "trainer",
         "image": spec.image,
@@ -257,6 +267,7 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
         service=service(job),
         configmap=configmap(job, cfg),
         environment=environment(job, cfg),
-        pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes) for r in range(job.spec.nodes)],
+        pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes)
+              for r in range(job.spec.nodes)],
         gang=group_objects,
     )

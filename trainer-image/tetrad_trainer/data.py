@@ -40,7 +40,8 @@ class TokenSource(Protocol):
 
 
 def inputs_and_labels(sample: Sample) -> tuple[np.ndarray, np.ndarray]:
-    """A sample as (inputs, labels), each seq_len long: seq_len+1 tokens are shifted, padding read as PAD_INPUT."""
+    """A sample as (inputs, labels), each seq_len long: seq_len+1 tokens are shifted, padding read as
+    PAD_INPUT."""
     if isinstance(sample, tuple):
         return sample
     tokens = np.asarray(sample)
@@ -88,12 +89,13 @@ def _tokenize(path: Path, tokenizer: str, vocab: int) -> np.ndarray:
         return np.frombuffer(_read(path), dtype=np.uint8)
     tok = load_tokenizer(tokenizer)
     if tok.vocab_size > vocab:
-        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.vocab_size} tokens, more than the"
-                          f" model's vocab of {vocab}")
+        raise ConfigError(f"{TOKENIZER_FIELD}: tokenizer {tokenizer} has {tok.vocab_size} tokens, more than"
+                          f" the model's vocab of {vocab}")
     try:
         text = _read(path).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(f"spec.data.path: text file {path} is not UTF-8 text at byte offset {e.start} ({e.reason});"
+        raise ConfigError(f"spec.data.path: text file {path} is not UTF-8 text at byte offset "
+                          f"{e.start} ({e.reason});"
                           " write it as UTF-8, or read its bytes with data.tokenizer: byte") from None
     return np.asarray(tok.encode([text], special=True)[0], dtype=np.int64)
 
@@ -106,7 +108,8 @@ def _read(path: Path) -> bytes:
 
 
 def build_source(cfg: ResolvedConfig, note: Callable[[str], None] = lambda _: None) -> TokenSource:
-    """The job's source, its files checked (ConfigError, before any collective); `note` receives what rank 0 logs."""
+    """The job's source, its files checked (ConfigError, before any collective); `note` receives what
+    rank 0 logs."""
     d, m = cfg.data, cfg.model
     assert m is not None, "a script job's config has no model to feed"
     if d.source == DataSource.SYNTHETIC:
@@ -134,8 +137,9 @@ HIGH_HALF_MAX = 3
 
 
 def _token_file(path: Path, token_dtype: str, vocab: int) -> np.ndarray:
-    """The memory-mapped tokens, every id checked against the vocab; ConfigError (exit 78) naming the field for
-    a file that cannot hold them, that looks like the other width, or that holds an id outside the vocab."""
+    """The memory-mapped tokens, every id checked against the vocab; ConfigError (exit 78) naming the
+    field for a file that cannot hold them, that looks like the other width, or that holds an id outside
+    the vocab."""
     dtype = np.dtype(token_dtype)
     try:
         size = path.stat().st_size
@@ -143,13 +147,16 @@ def _token_file(path: Path, token_dtype: str, vocab: int) -> np.ndarray:
             raise ConfigError(f"spec.data.path: token file {path} is empty")
         if size % dtype.itemsize:
             raise ConfigError(f"spec.data.path: token file {path} has {size} bytes, not a whole number of"
-                              f" {token_dtype} tokens ({dtype.itemsize} bytes each); check spec.data.tokenDtype")
+                              f" {token_dtype} tokens ({dtype.itemsize} bytes each);"
+                              " check spec.data.tokenDtype")
         tokens = np.memmap(path, dtype=dtype, mode="r")
         high = max(HIGH_HALF_MAX, (vocab - 1) >> 16)  # the largest high half of an id inside the vocab
-        if dtype.itemsize == 2 and size % 4 == 0 and _halves_look_like_uint32(head := tokens[:WIDTH_SAMPLE], high):
-            raise ConfigError(f"spec.data.tokenDtype: token file {path} looks like uint32 tokens, read as uint16: every"
-                              f" second uint16 of its first {len(head)} is at most {high} (the high halves of"
-                              " little-endian uint32 ids); set spec.data.tokenDtype: uint32")
+        if (dtype.itemsize == 2 and size % 4 == 0
+                and _halves_look_like_uint32(head := tokens[:WIDTH_SAMPLE], high)):
+            raise ConfigError(f"spec.data.tokenDtype: token file {path} looks like uint32 tokens, read as"
+                              f" uint16: every second uint16 of its first {len(head)} is at most {high}"
+                              " (the high halves of little-endian uint32 ids);"
+                              " set spec.data.tokenDtype: uint32")
         _scan(tokens, vocab, high, path)
         return tokens
     except OSError as e:
@@ -171,12 +178,14 @@ def _scan(tokens: np.ndarray, vocab: int, high: int, path: Path) -> None:
             continue
         at = start + int(np.argmax(chunk >= vocab))
         token = int(tokens[at])
-        said = (f"spec.data.path: token file {path} holds token id {token} at token {at} (byte offset {at * tokens.itemsize}),"
+        said = (f"spec.data.path: token file {path} holds token id {token} at token {at} "
+                f"(byte offset {at * tokens.itemsize}),"
                 f" outside the model's vocab of {vocab} (spec.model.vocab)")
         if tokens.itemsize == 4 and token >> 16 > high:  # two uint16 ids read as one
-            raise ConfigError(f"{said}; its high 16 bits are {token >> 16}: the file looks like uint16 tokens, read as"
-                              " uint32; set spec.data.tokenDtype: uint16")
-        raise ConfigError(f"{said}; write the file with the model's tokenizer, or use a model whose vocab covers it")
+            raise ConfigError(f"{said}; its high 16 bits are {token >> 16}: the file looks like uint16"
+                              " tokens, read as uint32; set spec.data.tokenDtype: uint16")
+        raise ConfigError(f"{said}; write the file with the model's tokenizer, or use a model whose vocab"
+                          " covers it")
 
 
 class BatchLoader:

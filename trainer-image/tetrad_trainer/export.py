@@ -60,11 +60,12 @@ from tetrad_trainer.models.llama import Transformer
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
-SOURCE_DIR = "hf-source"  # in a checkpoint directory: the source's config.json, generation config and tokenizer
+# in a checkpoint directory: the source's config.json, generation config and tokenizer
+SOURCE_DIR = "hf-source"
 MAX_SHARD_BYTES = 50 * 10**9  # transformers' save_pretrained default, "50GB"
 # The files of a Hugging Face directory beside its config and weights that the export carries along.
-SOURCE_FILES = ("generation_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
-                "chat_template.json")
+SOURCE_FILES = ("generation_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+                "merges.txt", "chat_template.json")
 SOURCE_PATTERNS = ("tokenizer*", "*.jinja", "*.tiktoken")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -90,9 +91,11 @@ _TOP_NAMES = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# Layer-local names whose rows (or channels) are per-head RoPE pairs: query heads, kv heads, or one head_dim vector.
+# Layer-local names whose rows (or channels) are per-head RoPE pairs: query heads, kv heads, or one
+# head_dim vector.
 _ROPE_ROWS = {"attention.wq.weight": "heads", "attention.wq.bias": "heads", "attention.wk.weight": "kv_heads",
-              "attention.wk.bias": "kv_heads", "attention.q_norm.weight": "one", "attention.k_norm.weight": "one"}
+              "attention.wk.bias": "kv_heads", "attention.q_norm.weight": "one",
+              "attention.k_norm.weight": "one"}
 
 
 class ConversionError(ValueError):
@@ -109,7 +112,8 @@ def hf_name(name: str) -> str:
     raise ConversionError(f"no Hugging Face name for the Tetrad parameter {name!r}")
 
 
-def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32, source: dict[str, Any] | None = None) -> dict[str, Any]:
+def hf_config(cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+              source: dict[str, Any] | None = None) -> dict[str, Any]:
     """The config.json of cfg's family for this model (over the source's config.json when given)."""
     try:
         return write_hf_config(cfg, dtype=str(dtype).removeprefix("torch."), source=source)
@@ -131,7 +135,8 @@ def to_interleaved_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _rope_heads(name: str, cfg: ModelConfig) -> int | None:
-    """The head count whose rows must be permuted (wq, wk, their biases, the q/k norms); None for other parameters."""
+    """The head count whose rows must be permuted (wq, wk, their biases, the q/k norms); None for other
+    parameters."""
     which = _ROPE_ROWS.get(name.split(".", 2)[-1]) if name.startswith("layers.") else None
     return {"heads": cfg.heads, "kv_heads": cfg.kv_heads, "one": 1, None: None}[which]
 
@@ -174,8 +179,8 @@ def _check_names(have: set[str], cfg: ModelConfig) -> dict[str, tuple[int, ...]]
     if missing or unknown:
         tied = " (tie_word_embeddings is false: the output projection lm_head.weight is its own tensor)" \
             if hf_name("output.weight") in missing else ""
-        raise ConversionError(f"the Hugging Face weights do not match the model {cfg.name}: missing {missing[:5]}, "
-                              f"unknown {unknown[:5]}{tied}")
+        raise ConversionError(f"the Hugging Face weights do not match the model {cfg.name}: "
+                              f"missing {missing[:5]}, unknown {unknown[:5]}{tied}")
     return want
 
 
@@ -184,16 +189,16 @@ def from_hf(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, tor
     want = _check_names(set(tensors), cfg)
     lm_head, embed = hf_name("output.weight"), hf_name("tok_embeddings.weight")
     if cfg.tie_embeddings and lm_head in tensors and not torch.equal(tensors[lm_head], tensors[embed]):
-        raise ConversionError(f"{lm_head} differs from {embed}, but tie_word_embeddings is true: the directory is not "
-                              "one tied model")
+        raise ConversionError(f"{lm_head} differs from {embed}, but tie_word_embeddings is true: "
+                              "the directory is not one tied model")
     return {name: _to_tetrad(name, tensors[hf_name(name)], cfg, shape) for name, shape in want.items()}
 
 
 def built_in_only(cfg: ModelConfig) -> None:
     """Refuses a model of one's own: the name table is the built-in decoder's."""
     if cfg.module is not None or cfg.family is None:
-        raise ConversionError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers the built-in "
-                              "families only")
+        raise ConversionError(f"the model is spec.model.module={cfg.module}: Hugging Face conversion covers "
+                              "the built-in families only")
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -210,7 +215,8 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-def checkpoint_step_dir(root: str | Path, step: int | None = None, say: Callable[[str], None] = _stderr) -> Path:
+def checkpoint_step_dir(root: str | Path, step: int | None = None,
+                        say: Callable[[str], None] = _stderr) -> Path:
     """The committed checkpoint to export, verified intact: `step`, or the one resume would load (the one
     `latest` names, else the next older intact one; `say` gets the refusals)."""
     ckpts = CheckpointDir(root)
@@ -223,7 +229,8 @@ def checkpoint_step_dir(root: str | Path, step: int | None = None, say: Callable
             return cand.path
         if refused:
             raise ConversionError(f"every checkpoint in {root} is damaged: {' | '.join(refused)}")
-        raise ConversionError(f"{root}: no committed checkpoint (no `latest` and no step directory with a manifest)")
+        raise ConversionError(f"{root}: no committed checkpoint "
+                              "(no `latest` and no step directory with a manifest)")
     path = ckpts.root / step_dir_name(step)
     if not path.is_dir():
         have = [s for s, _ in ckpts.committed_dirs()]
@@ -235,7 +242,8 @@ def checkpoint_step_dir(root: str | Path, step: int | None = None, say: Callable
 
 
 def check_out_dir(out_dir: str | Path) -> None:
-    """OUT_DIR must be a directory this process can write (created if missing): checked before the checkpoint is read."""
+    """OUT_DIR must be a directory this process can write (created if missing): checked before the
+    checkpoint is read."""
     if (found := unwritable(out_dir)) is not None:
         why, file = found
         fix = "move that file away or give a directory" if file else "give a directory you can write"
@@ -268,12 +276,13 @@ def source_of(checkpoint_dir: str | Path, cfg: ModelConfig, source: str | Path |
 def export(checkpoint_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
            dtype: torch.dtype | None = None, source: str | Path | None = None,
            max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
-    """Write OUT_DIR as a Hugging Face directory from a committed checkpoint; returns the step directory read."""
+    """Write OUT_DIR as a Hugging Face directory from a committed checkpoint; returns the step directory
+    read."""
     check_out_dir(out_dir)
     step_dir = checkpoint_step_dir(checkpoint_dir, step)
     cfg, params = read_checkpoint(step_dir)
-    save_hf(params, cfg, out_dir, dtype=dtype, source=source_of(checkpoint_dir, cfg, source), origin=str(step_dir),
-            max_shard_bytes=max_shard_bytes)
+    save_hf(params, cfg, out_dir, dtype=dtype, source=source_of(checkpoint_dir, cfg, source),
+            origin=str(step_dir), max_shard_bytes=max_shard_bytes)
     return step_dir
 
 
@@ -433,7 +442,8 @@ def init_from_hf(parts: list[torch.nn.Module], hf_dir: str | Path, cfg: ModelCon
     want = _check_names(set(index), cfg)
     for part in parts:
         for fqn, param in part.named_parameters():
-            name = _source_name(canonical_name(fqn), cfg)  # a pipeline's last stage holds the tied copy as output
+            # a pipeline's last stage holds the tied copy as output
+            name = _source_name(canonical_name(fqn), cfg)
             with safe_open(str(index[hf_name(name)]), framework="pt") as st:
                 full = _to_tetrad(name, st.get_tensor(hf_name(name)), cfg, want[name])
             offset, size = local_box(param)
@@ -443,16 +453,22 @@ def init_from_hf(parts: list[torch.nn.Module], hf_dir: str | Path, cfg: ModelCon
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tetrad_trainer.export",
-                                     description="Export a committed Tetrad checkpoint as a Hugging Face directory.")
-    parser.add_argument("checkpoint_dir", help="the job's checkpoint.path (holding `latest` and step-* directories)")
-    parser.add_argument("out_dir", help="where config.json, the safetensors and the source's tokenizer files are written")
-    parser.add_argument("--step", type=int, default=None, help="the step to export (default: the one `latest` names)")
+                                     description="Export a committed Tetrad checkpoint as a Hugging Face "
+                                                 "directory.")
+    parser.add_argument("checkpoint_dir",
+                        help="the job's checkpoint.path (holding `latest` and step-* directories)")
+    parser.add_argument("out_dir",
+                        help="where config.json, the safetensors and the source's tokenizer files "
+                             "are written")
+    parser.add_argument("--step", type=int, default=None,
+                        help="the step to export (default: the one `latest` names)")
     parser.add_argument("--dtype", choices=list(DTYPES), default=None,
-                        help="dtype of the weights (default: the source directory's torch_dtype, else float32)")
+                        help="dtype of the weights (default: the source directory's torch_dtype, "
+                             "else float32)")
     parser.add_argument("--source", default=None, metavar="HF_DIR",
-                        help=f"the Hugging Face directory the model came from, for its config.json, generation config and "
-                             f"tokenizer (default: CHECKPOINT_DIR/{SOURCE_DIR}, kept by the trainer, else the job's "
-                             "spec.model.hfDir where it is readable)")
+                        help=f"the Hugging Face directory the model came from, for its config.json, "
+                             f"generation config and tokenizer (default: CHECKPOINT_DIR/{SOURCE_DIR}, "
+                             "kept by the trainer, else the job's spec.model.hfDir where it is readable)")
     parser.add_argument("--max-shard-size", type=int, default=MAX_SHARD_BYTES, metavar="BYTES",
                         help="split the weights into shards of at most this many bytes, with an index "
                              f"(default {MAX_SHARD_BYTES}, transformers')")

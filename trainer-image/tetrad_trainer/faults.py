@@ -44,8 +44,8 @@ def configured() -> Hang | Fail | None:
     if not spec:
         return None
     if os.environ.get(ENV_TEST_FAULTS_ALLOWED) != "1":
-        print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with {ENV_TEST_FAULTS_ALLOWED}=1",
-              file=sys.stderr, flush=True)
+        print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with "
+              f"{ENV_TEST_FAULTS_ALLOWED}=1", file=sys.stderr, flush=True)
         return None
     if not (m := HANG.fullmatch(spec)):
         raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP or"

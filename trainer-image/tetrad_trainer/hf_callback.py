@@ -21,7 +21,8 @@ from tetrad_trainer import runtime
 
 class TetradCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, flops_per_token: float | None = None):
-        """`flops_per_token`: for MFU; default 6 x the model's parameters (its matmuls, forward and backward)."""
+        """`flops_per_token`: for MFU; default 6 x the model's parameters (its matmuls, forward and
+        backward)."""
         self.flops_per_token = flops_per_token
         self.run: runtime.Run | None = None
         self.loss: float | None = None
@@ -45,13 +46,15 @@ class TetradCallback(TrainerCallback):  # type: ignore[misc]
         assert self.run is not None
         seen = state.num_input_tokens_seen  # every process's, summed: 0 unless include_num_input_tokens_seen
         tokens, self.tokens_seen = (seen - self.tokens_seen) or None, seen
-        self.run.report(state.global_step, loss=self.loss, tokens=tokens, flops_per_token=self.flops_per_token)
+        self.run.report(state.global_step, loss=self.loss, tokens=tokens,
+                        flops_per_token=self.flops_per_token)
         action = self.run.poll()
         control.should_save = control.should_save or action.save
         if action.stop:
             control.should_training_stop = self.stopping = True
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
         assert self.run is not None
         self.run.saved(state.global_step)
         if self.stopping:

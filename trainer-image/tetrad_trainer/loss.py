@@ -24,7 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100  # label of a position the loss skips (padding), as in torch's cross_entropy
 
-TokenSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, labels) -> summed loss of the valid labels
+# (logits, labels) -> summed loss of the valid labels
+TokenSum = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -57,7 +58,8 @@ def chunked_cross_entropy_sum(hidden: torch.Tensor, labels: torch.Tensor, output
     return total
 
 
-def _project_and_sum(hidden: torch.Tensor, labels: torch.Tensor, output: nn.Module, token_sum: TokenSum) -> torch.Tensor:
+def _project_and_sum(hidden: torch.Tensor, labels: torch.Tensor, output: nn.Module,
+                     token_sum: TokenSum) -> torch.Tensor:
     return token_sum(output(hidden), labels)
 
 

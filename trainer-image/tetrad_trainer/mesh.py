@@ -68,14 +68,17 @@ def build_mesh(layout: Layout, device: torch.device) -> Mesh:
     degrees = " x ".join(f"{d}={getattr(layout, d)}" for d in MESH_DIMS)
     if layout.world_size != world_size:
         raise ConfigError(f"cannot build the device mesh {degrees} = {layout.world_size} ranks"
-                          f" on a world of {world_size} processes; the degrees must multiply to the world size")
+                          f" on a world of {world_size} processes;"
+                          " the degrees must multiply to the world size")
     try:
         world = init_device_mesh(device.type, layout.shape, mesh_dim_names=MESH_DIMS)
     except Exception as e:  # noqa: BLE001 - torch raises assorted types; the message is what matters
-        raise ConfigError(f"cannot build the device mesh {degrees} on {world_size} {device.type} processes: {e}") from e
+        raise ConfigError(f"cannot build the device mesh {degrees} on {world_size} {device.type} "
+                          f"processes: {e}") from e
     dp = world["dp_replicate", "dp_shard"]._flatten("dp")
     dp_shard_cp = world["dp_shard", "cp"]._flatten("dp_shard_cp")
     dp_cp = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
     # HSDP needs (dp_replicate, dp_shard_cp) as one 2D mesh: flatten dp_cp, then split it again.
-    hsdp = dp_cp._unflatten(0, (layout.dp_replicate, layout.dp_shard * layout.cp), ("dp_replicate", "dp_shard_cp"))
+    hsdp = dp_cp._unflatten(0, (layout.dp_replicate, layout.dp_shard * layout.cp),
+                            ("dp_replicate", "dp_shard_cp"))
     return Mesh(world=world, dp=dp, dp_shard_cp=dp_shard_cp, dp_cp=dp_cp, hsdp=hsdp)

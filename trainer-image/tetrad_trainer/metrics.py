@@ -84,9 +84,10 @@ class MfuPeak:
             return achieved_tflops / self.tflops
         if self.said is None:
             measured = self.source.startswith("measured")
-            self.said = (f"a step achieved {achieved_tflops:.3g} TFLOPS, above the MFU peak of {self.tflops:.3g}"
-                         f" ({self.source})" + ("; the peak is raised to what steps achieve" if measured else
-                                                 "; MFU is reported as at most 100%") +
+            self.said = (f"a step achieved {achieved_tflops:.3g} TFLOPS, above the MFU peak of "
+                         f"{self.tflops:.3g} ({self.source})"
+                         + ("; the peak is raised to what steps achieve" if measured else
+                            "; MFU is reported as at most 100%") +
                          ": set spec.metrics.peakTflops to this device's peak")
         if self.source.startswith("measured"):
             self.tflops = achieved_tflops
@@ -155,7 +156,8 @@ GAUGE_OF_FIELD = {
 def seconds_since_process_start() -> float:
     """Wall time since this process started (Linux /proc; elsewhere since this module was imported)."""
     try:
-        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        started = (int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+                   / os.sysconf("SC_CLK_TCK"))
         return float(Path("/proc/uptime").read_text().split()[0]) - started
     except (OSError, ValueError, IndexError):
         return time.time() - _IMPORTED_AT
@@ -172,8 +174,10 @@ class RankMetrics:
         self.registry = CollectorRegistry()
         self.gauges = {field: Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
                        for field, name in GAUGE_OF_FIELD.items()}
-        self.heartbeat = Gauge(METRIC_LAST_STEP_TIME, TRAINER_GAUGES[METRIC_LAST_STEP_TIME], registry=self.registry)
-        # NaN until set: the operator leaves a NaN out, so status.checkpoint keeps the last incarnation's figures
+        self.heartbeat = Gauge(METRIC_LAST_STEP_TIME, TRAINER_GAUGES[METRIC_LAST_STEP_TIME],
+                               registry=self.registry)
+        # NaN until set: the operator leaves a NaN out, so status.checkpoint keeps the last incarnation's
+        # figures
         self.checkpoint_step, self.checkpoint_time, self.resumed_from = (
             Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
             for name in (METRIC_CHECKPOINT_STEP, METRIC_CHECKPOINT_TIME, METRIC_RESUMED_FROM))
@@ -197,11 +201,13 @@ class RankMetrics:
             self._server, _ = start_http_server(port, registry=self.registry)
             return port
         except OSError as e:  # metrics are for watching; a busy port must not stop training
-            print(f"[tetrad rank {self.rank}] metrics endpoint not started on port {port}: {e}", file=sys.stderr, flush=True)
+            print(f"[tetrad rank {self.rank}] metrics endpoint not started on port {port}: {e}",
+                  file=sys.stderr, flush=True)
             return None
 
     def step_completed(self) -> None:
-        """The heartbeat, on every step (logged or not): the operator restarts a gang whose rank 0 stops beating."""
+        """The heartbeat, on every step (logged or not): the operator restarts a gang whose rank 0 stops
+        beating."""
         self.heartbeat.set(time.time())
 
     def checkpoint_committed(self, step: int, at: float) -> None:
@@ -238,7 +244,8 @@ class RankMetrics:
     def final_figures(self) -> str:
         """The gauges the operator scrapes into the job's status, as exposition text without help lines
         (short enough for a termination message)."""
-        text = generate_latest(self.registry.restricted_registry([*c.SCRAPED, *c.SCRAPED_CHECKPOINT])).decode()
+        text = generate_latest(
+            self.registry.restricted_registry([*c.SCRAPED, *c.SCRAPED_CHECKPOINT])).decode()
         return "".join(line + "\n" for line in text.splitlines() if not line.startswith("# HELP"))
 
     def resumed(self, step: int) -> None:
@@ -249,7 +256,8 @@ class RankMetrics:
         for key, value in asdict(record).items():
             self.gauges[key].set(value)
         if self.rank == 0:  # a figure not known (NaN: a script that reports no loss, say) is null
-            line = json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(record).items()})
+            line = json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v
+                               for k, v in asdict(record).items()})
             print(line, flush=True)
             if self.jsonl is not None:
                 self.jsonl.write(line + "\n")

@@ -22,5 +22,6 @@ from tetrad_trainer.models.llama import (
     rope_tables,
 )
 
-__all__ = ["TILE", "Attention", "CausalAttention", "FeedForward", "Transformer", "TransformerBlock", "apply_rope",
-           "canonical_name", "init_weights", "initial_slice", "initial_value", "local_box", "rope_tables"]
+__all__ = ["TILE", "Attention", "CausalAttention", "FeedForward", "Transformer", "TransformerBlock",
+           "apply_rope", "canonical_name", "init_weights", "initial_slice", "initial_value", "local_box",
+           "rope_tables"]

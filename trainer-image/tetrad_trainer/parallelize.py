@@ -1,7 +1,8 @@
 """From a meta-device model to this rank's parallelized, materialized model parts.
 
 A straight line, in this order:
-    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile → apply_fsdp | apply_ddp | apply_replicate → init_weights
+    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile
+        → apply_fsdp | apply_ddp | apply_replicate → init_weights
 Each step is a plain function of a model part, so a reader can follow what each rank holds. The
 model's definition (tetrad_trainer.models.ModelDefinition) names the parts each step works on; a
 step given no definition takes the one the model's cfg names.
@@ -55,14 +56,16 @@ class TiedCopies:
 
     copies: list[nn.Parameter]  # this rank's copies: one, or both when it holds both stages
     group: dist.ProcessGroup | None  # the two pipeline ranks holding them; None when this rank holds both
-    second: nn.Parameter | None  # this rank's copy of the pair's second parameter: left out of the gradient norm
+    # this rank's copy of the pair's second parameter: left out of the gradient norm
+    second: nn.Parameter | None
 
     @torch.no_grad()
     def reduce_grads(self) -> None:
         for p in self.copies:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            elif isinstance(p, DTensor) and p.grad.placements != p.placements:  # e.g. TP left it whole (Replicate)
+            elif isinstance(p, DTensor) and p.grad.placements != p.placements:
+                # e.g. TP left it whole (Replicate)
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [_local(p.grad) for p in self.copies]
         if self.group is not None:
@@ -134,7 +137,8 @@ def stage_ids(schedule: PPSchedule, pp: int, pp_rank: int, per_rank: int) -> lis
     return [pp_rank + i * pp for i in range(per_rank)]
 
 
-def pipeline_split(model: nn.Module, stage: int, n_stages: int, definition: ModelDefinition | None = None) -> nn.Module:
+def pipeline_split(model: nn.Module, stage: int, n_stages: int,
+                   definition: ModelDefinition | None = None) -> nn.Module:
     """A copy of model holding only what stage computes."""
     definition = _definition(model, definition)
     part = copy.deepcopy(model)
@@ -142,7 +146,8 @@ def pipeline_split(model: nn.Module, stage: int, n_stages: int, definition: Mode
     keep = {str(i) for i in stage_layers(len(blocks), n_stages)[stage]}
     for name in [n for n in blocks if n not in keep]:
         del blocks[name]
-    dropped = (() if stage == 0 else definition.first_stage) + (() if stage == n_stages - 1 else definition.last_stage)
+    dropped = ((() if stage == 0 else definition.first_stage)
+               + (() if stage == n_stages - 1 else definition.last_stage))
     for name in dropped:
         setattr(part, name, None)
     return part
@@ -156,8 +161,8 @@ def _pair_groups(mesh: Mesh, a: int, b: int) -> dist.ProcessGroup | None:
     return group
 
 
-def tied_across_stages(cfg: ResolvedConfig, definition: ModelDefinition, parts: list[nn.Module], ids: list[int],
-                       mesh: Mesh) -> list[TiedCopies]:
+def tied_across_stages(cfg: ResolvedConfig, definition: ModelDefinition, parts: list[nn.Module],
+                       ids: list[int], mesh: Mesh) -> list[TiedCopies]:
     """The tied pairs a pipeline splits (an embedding on the first stage, the output on the last): this
     rank's copies of each, and the group that sums their gradients. Collective."""
     n_stages = cfg.layout.pp * cfg.pp_stages_per_rank
@@ -192,13 +197,15 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, definition: ModelDefinition 
     definition = _definition(model, definition)
     plan = definition.tensor_parallel
     assert plan is not None, "loader.checked_definition refuses tp > 1 without a plan"
-    top = {path: style for path, style in plan.top.items() if getattr(model, path.split(".")[0], None) is not None}
+    top = {path: style for path, style in plan.top.items()
+           if getattr(model, path.split(".")[0], None) is not None}
     parallelize_module(model, tp_mesh, dict(top))
     for a, b in definition.tied:
         ends = _placements(model, a), _placements(model, b)
         if None not in ends and ends[0] != ends[1]:
-            raise ConfigError(f"spec.model.module={model.cfg.module}: the tied parameters {a} and {b} are sharded"  # type: ignore[union-attr]
-                              f" differently by tensor_parallel ({ends[0]} vs {ends[1]}); shard both on the same dim"
+            raise ConfigError(f"spec.model.module={model.cfg.module}: the tied parameters {a} and {b}"  # type: ignore[union-attr]
+                              f" are sharded differently by tensor_parallel ({ends[0]} vs {ends[1]});"
+                              " shard both on the same dim"
                               " (e.g. RowwiseParallel embedding, ColwiseParallel output)")
     definition.tie(model)
     for block in _blocks(model, definition).values():
@@ -217,13 +224,16 @@ def apply_cp(model: nn.Module, cp_mesh: DeviceMesh, definition: ModelDefinition 
     """Shard the sequence: every block's attention core attends over the gathered K/V. The model gets this
     rank's load-balanced positions when it is materialized (init_weights)."""
     definition = _definition(model, definition)
-    assert definition.attention is not None, "loader.checked_definition refuses cp > 1 without an attention core"
+    assert definition.attention is not None, (
+        "loader.checked_definition refuses cp > 1 without an attention core")
     parent, _, attr = definition.attention.rpartition(".")
     for block in _blocks(model, definition).values():
-        setattr(block.get_submodule(parent), attr, context_parallel.ContextParallelAttention(cp_mesh.get_group()))
+        setattr(block.get_submodule(parent), attr,
+                context_parallel.ContextParallelAttention(cp_mesh.get_group()))
 
 
-def apply_ac(model: nn.Module, mode: ActivationCheckpointing, definition: ModelDefinition | None = None) -> None:
+def apply_ac(model: nn.Module, mode: ActivationCheckpointing,
+             definition: ModelDefinition | None = None) -> None:
     """Recompute blocks in backward: every block (full) or every other block (selective)."""
     blocks = _blocks(model, _definition(model, definition))
     for name, block in blocks.items():
@@ -263,19 +273,21 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, precision: Precision, resh
     definition = _definition(model, definition)
     mp = _mixed_precision(precision)
     first, last = _present(model, definition.first_stage), _present(model, definition.last_stage)
-    if first and last and any(a.split(".")[0] in definition.first_stage and b.split(".")[0] in definition.last_stage
+    if first and last and any(a.split(".")[0] in definition.first_stage
+                              and b.split(".")[0] in definition.last_stage
                               for a, b in definition.tied):
         first, last = [], first + last
     if first:
-        fully_shard(_one_or_list(first), mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload)
+        fully_shard(_one_or_list(first), mesh=dp_mesh, mp_policy=mp,
+                    reshard_after_forward=reshard_after_forward, offload_policy=offload)
     for block in _blocks(model, definition).values():
         fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     if last:
         fully_shard(_one_or_list(last), mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False,
                     offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward,
+                offload_policy=offload)
 
 
 def offload_policy(offload: Offload, device: torch.device) -> OffloadPolicy:
@@ -330,7 +342,8 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
     # Under CPU offload FSDP takes its parameters materialized on the host.
     params_device = torch.device("cpu") if isinstance(offload, CPUOffloadPolicy) else None
     # This rank's positions of the sequence: its load-balanced chunks under CP.
-    positions = context_parallel.shard_sequence(torch.arange(cfg.model.seq_len), 0, layout.cp, mesh.local_rank("cp"))
+    positions = context_parallel.shard_sequence(torch.arange(cfg.model.seq_len), 0, layout.cp,
+                                                mesh.local_rank("cp"))
     for part in parts:
         if layout.tp > 1:
             apply_tp(part, mesh["tp"], definition)
@@ -367,7 +380,8 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         has_first_stage=0 in ids,
         has_last_stage=n_stages - 1 in ids,
         loss_parallel=layout.tp > 1,
-        # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need autocast.
+        # FSDP2 and its replicate cast parameters to bf16 themselves; DDP and no data parallelism need
+        # autocast.
         autocast=training.precision == Precision.BF16 and data_parallel in (None, "ddp"),
         loss=loss,
         tied=tied_across_stages(cfg, definition, parts, ids, mesh) if layout.pp > 1 else [],
@@ -376,11 +390,13 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
 
 def pipeline_schedule(cfg: ResolvedConfig, parts: list[nn.Module], ids: list[int], n_stages: int, mesh: Mesh,
                       device: torch.device, loss: TokenLoss) -> _PipelineSchedule:
-    """The schedule that runs this rank's stages `parts` (stage numbers `ids`) with the other pipeline ranks."""
+    """The schedule that runs this rank's stages `parts` (stage numbers `ids`) with the other pipeline
+    ranks."""
     from torch.distributed import pipelining
 
     group = mesh["pp"].get_group()
-    stages = [pipelining.PipelineStage(part, s, n_stages, device, group=group) for part, s in zip(parts, ids, strict=True)]
+    stages = [pipelining.PipelineStage(part, s, n_stages, device, group=group)
+              for part, s in zip(parts, ids, strict=True)]
     schedule_class = getattr(pipelining, SCHEDULES[cfg.pp_schedule])
     return schedule_class(stages if cfg.pp_schedule in MULTI_STAGE else stages[0],
                           n_microbatches=cfg.pp_microbatches, loss_fn=loss, scale_grads=False)
@@ -401,7 +417,8 @@ def full_parameters(model: ParallelModel, mesh: Mesh) -> dict[str, torch.Tensor]
     if any(mesh.local_rank(d) for d in ("dp_replicate", "dp_shard", "cp", "tp")):
         return None
     pp_group = mesh["pp"].get_group()
-    gathered: list[dict[str, torch.Tensor]] | None = [{} for _ in range(mesh["pp"].size())] if dist.get_rank() == 0 else None
+    gathered: list[dict[str, torch.Tensor]] | None = ([{} for _ in range(mesh["pp"].size())]
+                                                      if dist.get_rank() == 0 else None)
     dist.gather_object(local, gathered, group=pp_group, group_dst=0)
     if gathered is None:
         return None

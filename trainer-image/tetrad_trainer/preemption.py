@@ -94,5 +94,5 @@ def leave_final_state(figures: str, stopped: tuple[int | None, float | None] | N
     if os.environ.get("RANK", "0") != "0":
         return
     step, committed_at = stopped if stopped is not None else (None, None)
-    exits.leave(TerminationMessage(stopped=stopped is not None, checkpoint_step=step, checkpoint_time=committed_at,
-                                   figures=figures))
+    exits.leave(TerminationMessage(stopped=stopped is not None, checkpoint_step=step,
+                                   checkpoint_time=committed_at, figures=figures))

@@ -6,11 +6,12 @@ script runs under the job's launcher as any script does.
 
     run = tetrad.init()             # the process group, SIGTERM kept for later, this rank's metrics endpoint
     mesh = run.mesh                 # a DeviceMesh with Tetrad's dims: pp, dp_replicate, dp_shard, cp, tp
-    step = load_checkpoint(run.checkpoint_dir)         # your own checkpoints, where spec.checkpoint mounts them
+    step = load_checkpoint(run.checkpoint_dir)  # your own checkpoints, where spec.checkpoint mounts them
     while step < steps:
         step += 1
         loss = train_step()
-        run.report(step, loss=loss, tokens=tokens_per_step, flops_per_token=6 * params)  # STEP, TOKENS/S, MFU, LOSS
+        run.report(step, loss=loss, tokens=tokens_per_step,
+                   flops_per_token=6 * params)  # STEP, TOKENS/S, MFU, LOSS
         action = run.poll()         # collective: every rank gets the same answer
         if action.save:             # a checkpoint-now request, or SIGTERM (action.seconds_left of grace)
             save_checkpoint(run.checkpoint_dir, step)
@@ -83,9 +84,9 @@ def check_contract(env: NodeEnv) -> None:
     """Refuse a pod rendered for a contract this library does not speak (not under Tetrad: no check)."""
     if env.contract is not None and env.contract not in SPOKEN_CONTRACTS:
         raise ContractMismatch(
-            f"this pod was rendered for Tetrad's contract {env.contract}, the image's tetrad_trainer.runtime speaks "
-            f"{SPOKEN_CONTRACTS.start}..{SPOKEN_CONTRACTS.stop - 1}: install the tetrad version of the operator in the "
-            f"image (spec.image)")
+            f"this pod was rendered for Tetrad's contract {env.contract}, the image's "
+            f"tetrad_trainer.runtime speaks {SPOKEN_CONTRACTS.start}..{SPOKEN_CONTRACTS.stop - 1}: install "
+            f"the tetrad version of the operator in the image (spec.image)")
 
 
 def _device() -> torch.device:
@@ -111,7 +112,8 @@ class Run:
         self.checkpoint_dir = env.checkpoint_dir
         self.restart = env.restart
         cfg = _config()
-        self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None, cfg.gpu_type if cfg else None)
+        self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None,
+                                    cfg.gpu_type if cfg else None)
         self._said_peak = False
         port = os.environ.get(ENV_METRICS_PORT)
         jsonl = os.environ.get(ENV_JSONL)
@@ -138,7 +140,8 @@ class Run:
         return self._mesh
 
     def report(self, step: int, *, loss: float | None = None, tokens: int | None = None,
-               flops_per_token: float | None = None, grad_norm: float | None = None, lr: float | None = None) -> None:
+               flops_per_token: float | None = None, grad_norm: float | None = None,
+               lr: float | None = None) -> None:
         """Step `step` completed: the heartbeat and this rank's figures. `tokens`: the tokens the whole
         job trained in one step (global batch x sequence); `loss`: the global loss, as rank 0 shows it."""
         now = time.perf_counter()
@@ -152,8 +155,9 @@ class Run:
         tflops = (flops_per_token or math.nan) * per_second / self.world_size / 1e12
         peak, reserved = peak_memory_bytes(self.device)
         self.metrics.log(StepRecord(
-            step=step, loss=_number(loss), grad_norm=_number(grad_norm), lr=_number(lr), step_time_s=step_time,
-            tokens_per_second=per_second, tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
+            step=step, loss=_number(loss), grad_norm=_number(grad_norm), lr=_number(lr),
+            step_time_s=step_time, tokens_per_second=per_second,
+            tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
             mfu=self.mfu_peak.mfu(tflops), peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
             startup_s=self._started))
         if self.mfu_peak.said is not None and not self._said_peak:
@@ -166,7 +170,8 @@ class Run:
         stop = self.preemption.requested(checkpoint_asked=token is not None)
         if token is not None and self._last is not None:
             self.metrics.checkpoint_requested(token, self._last[0])
-        return Action(save=stop or self.preemption.checkpoint_asked, stop=stop, seconds_left=self.preemption.remaining_s)
+        return Action(save=stop or self.preemption.checkpoint_asked, stop=stop,
+                      seconds_left=self.preemption.remaining_s)
 
     def saved(self, step: int) -> None:
         """The script committed its checkpoint of `step` (call it on every rank once the save is complete)."""

@@ -35,7 +35,8 @@ resumes exactly.
 
 Every line is checked at start-up, on every rank, before any collective (one streamed pass,
 tokenized in chunks of CHUNK_LINES lines). A line that is not a JSON object of one of the two forms,
-text no tokenizer takes (not UTF-8, an unpaired surrogate escape), a missing or mistyped field, an empty completion, a chat without an assistant turn, a template that
+text no tokenizer takes (not UTF-8, an unpaired surrogate escape), a missing or mistyped field, an
+empty completion, a chat without an assistant turn, a template that
 fails on it, a token id at or above the model's vocab, and a sample longer than seqLen+1 tokens
 (unless spec.data.truncate) are errors naming spec.data.path, the file, the line and the field:
 exit 78 (the first SHOWN, and how many more). Empty lines are skipped and counted; with
@@ -66,8 +67,8 @@ CHUNK_LINES = 1024  # lines tokenized together (bounds the memory of the tokeniz
 SHOWN = 5  # problems spelled out in the error; the rest are counted
 SHOWN_LINES = 10  # line numbers listed in a logged count
 PACK_STREAM, EPOCH_STREAM = 1, 2  # the random streams drawn from (seed, stream[, epoch])
-FORMS = ('a line is {"prompt": "...", "completion": "..."} or {"messages": [{"role": "user", "content": "..."}, '
-         '{"role": "assistant", "content": "..."}]}')
+FORMS = ('a line is {"prompt": "...", "completion": "..."} or {"messages": [{"role": "user", '
+         '"content": "..."}, {"role": "assistant", "content": "..."}]}')
 
 
 class LineProblem(Exception):
@@ -139,7 +140,8 @@ def spans_of(obj: Any, tok: HFTokenizer) -> tuple[list[Span], bool]:
     if chat and pair:
         raise LineProblem('has both "messages" and "prompt"/"completion"; give one form per line')
     if not chat and not pair:
-        raise LineProblem(f"has neither \"prompt\"/\"completion\" nor \"messages\" (its keys: {', '.join(sorted(obj)) or 'none'}); {FORMS}")
+        raise LineProblem(f"has neither \"prompt\"/\"completion\" nor \"messages\" "
+                          f"(its keys: {', '.join(sorted(obj)) or 'none'}); {FORMS}")
     return (_chat_spans(obj, tok), True) if chat else (_pair_spans(obj, tok), False)
 
 
@@ -151,11 +153,13 @@ def _pair_spans(obj: dict[str, Any], tok: HFTokenizer) -> list[Span]:
             hint = ' (a conversation goes in "messages")' if isinstance(obj[key], list) else ""
             raise LineProblem(f'"{key}" is a JSON {_json_type(obj[key])}, not a string{hint}')
     if not obj["completion"]:
-        raise LineProblem('"completion" is empty: there is nothing to learn but the end of text; give the answer or remove the line')
+        raise LineProblem('"completion" is empty: there is nothing to learn but the end of text; '
+                          'give the answer or remove the line')
     eos = tok.eos
     if eos is None:
-        raise ConfigError(f"{TOKENIZER_FIELD}: {tok.directory} names no eos_token in tokenizer_config.json: it ends every "
-                          "completion (the model learns to stop); use the model's tokenizer directory, which names it")
+        raise ConfigError(f"{TOKENIZER_FIELD}: {tok.directory} names no eos_token in tokenizer_config.json: "
+                          "it ends every completion (the model learns to stop); use the model's tokenizer "
+                          "directory, which names it")
     bos = [Span("bos_token", False, ids=(tok.bos.id,))] if tok.add_bos and tok.bos is not None else []
     return [*bos, Span("prompt", False, obj["prompt"]), Span("completion", True, obj["completion"]),
             Span("eos_token", True, ids=(eos.id,))]
@@ -175,7 +179,8 @@ def _chat_spans(obj: dict[str, Any], tok: HFTokenizer) -> list[Span]:
                 raise LineProblem(f"messages[{i}].{key} is a JSON {_json_type(m[key])}, not a string")
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
-        raise LineProblem("messages has no assistant message: nothing would be learned (the assistant turns are)")
+        raise LineProblem("messages has no assistant message: nothing would be learned "
+                          "(the assistant turns are)")
     tools = obj.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise LineProblem(f'"tools" is a JSON {_json_type(tools)}, not an array')
@@ -185,11 +190,13 @@ def _chat_spans(obj: dict[str, Any], tok: HFTokenizer) -> list[Span]:
         for i in turns:
             before = tok.render_chat(messages[:i], add_generation_prompt=True, tools=tools)
             through = tok.render_chat(messages[:i + 1], add_generation_prompt=False, tools=tools)
-            if not (whole.startswith(before) and whole.startswith(through) and cursor <= len(before) <= len(through)):
+            if not (whole.startswith(before) and whole.startswith(through)
+                    and cursor <= len(before) <= len(through)):
                 raise LineProblem(
-                    f"the chat template does not render this conversation turn by turn (rendered up to messages[{i}],"
-                    " the assistant's, it is not the start of the whole), so the assistant's tokens cannot be told"
-                    " apart; write the line as prompt/completion, or use a template that only appends turns")
+                    f"the chat template does not render this conversation turn by turn"
+                    f" (rendered up to messages[{i}], the assistant's, it is not the start of the whole),"
+                    " so the assistant's tokens cannot be told apart; write the line as prompt/completion,"
+                    " or use a template that only appends turns")
             spans += [Span(_messages(after, i), False, whole[cursor:len(before)]),
                       Span(f"messages[{i}]", True, whole[len(before):len(through)], turn=True)]
             cursor, after = len(through), i + 1
@@ -201,9 +208,11 @@ def _chat_spans(obj: dict[str, Any], tok: HFTokenizer) -> list[Span]:
 
 
 def _messages(first: int, end: int) -> str:
-    """The field name of the unlearned text before messages[end]: the messages since `first` and the template's text."""
+    """The field name of the unlearned text before messages[end]: the messages since `first` and the
+    template's text."""
     if end == first:
-        return f"the chat template's text before messages[{end}]" if end else "the chat template's opening text"
+        return (f"the chat template's text before messages[{end}]" if end
+                else "the chat template's opening text")
     return f"messages[{first}]" if end == first + 1 else f"messages[{first}..{end - 1}]"
 
 
@@ -240,11 +249,14 @@ class _Reader:
         if self.problems:
             more = self.problem_count - len(self.problems)
             raise ConfigError(f"{FIELD}: {self.path} " + "; ".join(self.problems)
-                              + (f"; and {more} more line{'s' if more > 1 else ''} with problems" if more else "")
+                              + (f"; and {more} more line{'s' if more > 1 else ''} with problems"
+                                 if more else "")
                               + "".join(f"; {fix}" for fix in self.fixes))
         if not self.lines:
-            raise ConfigError(f"{FIELD}: {self.path} holds no sample ({len(self.counts.empty)} empty lines"
-                              f"{', and every other was left out by truncation' if self.counts.left_out else ''}); {FORMS}")
+            raise ConfigError(
+                f"{FIELD}: {self.path} holds no sample ({len(self.counts.empty)} empty lines"
+                f"{', and every other was left out by truncation' if self.counts.left_out else ''}"
+                f"); {FORMS}")
         self.counts.seconds = time.monotonic() - start
         lengths = np.array([len(t) for t in self.tokens], dtype=np.int64)
         return Tokenized(np.concatenate(self.tokens), np.concatenate(self.trains),
@@ -261,7 +273,8 @@ class _Reader:
             self.problem(number, f"is not UTF-8 text (byte {e.start + 1}); write the file as UTF-8")
             return
         except json.JSONDecodeError as e:
-            self.problem(number, f"is not valid JSON ({e.msg} at column {e.colno}); each line must be one JSON object")
+            self.problem(number, f"is not valid JSON ({e.msg} at column {e.colno}); "
+                                 "each line must be one JSON object")
             return
         except LineProblem as e:
             self.problem(number, str(e))
@@ -270,7 +283,8 @@ class _Reader:
             try:
                 span.text.encode("utf-8")
             except UnicodeEncodeError as e:
-                self.problem(number, f"{span.field} holds an unpaired surrogate (\\u{ord(span.text[e.start]):04x}); escape"
+                self.problem(number, f"{span.field} holds an unpaired surrogate "
+                                     f"(\\u{ord(span.text[e.start]):04x}); escape"
                                      " characters outside the BMP as a pair, or write them as UTF-8")
                 return
         self.pending.append((number, spans, chat))
@@ -281,7 +295,8 @@ class _Reader:
         texts = [s.text for _, spans, _ in self.pending for s in spans if s.ids is None]
         encoded = iter(self.tok.encode(texts))
         for number, spans, chat in self.pending:
-            self.sample(number, spans, [list(s.ids) if s.ids is not None else next(encoded) for s in spans], chat)
+            self.sample(number, spans,
+                        [list(s.ids) if s.ids is not None else next(encoded) for s in spans], chat)
         self.pending = []
 
     def learned(self, span: Span, ids: list[int]) -> np.ndarray:
@@ -296,8 +311,9 @@ class _Reader:
     def sample(self, number: int, spans: list[Span], ids: list[list[int]], chat: bool) -> None:
         for span, span_ids in zip(spans, ids, strict=True):
             if span_ids and (top := max(span_ids)) >= self.vocab:
-                self.problem(number, f"{span.field} holds token id {top} ({self.tok.piece(top)!r}), outside the model's vocab"
-                                     f" of {self.vocab}", f"use a model whose vocab covers the tokenizer's"
+                self.problem(number, f"{span.field} holds token id {top} ({self.tok.piece(top)!r}),"
+                                     f" outside the model's vocab of {self.vocab}",
+                                     f"use a model whose vocab covers the tokenizer's"
                                      f" {self.tok.vocab_size} tokens (spec.model.vocab)")
                 return
         tokens = np.array([t for span_ids in ids for t in span_ids], dtype=np.int32)
@@ -305,8 +321,10 @@ class _Reader:
         trains[:1] = False
         if len(tokens) > self.row:
             if not self.truncate:
-                sizes = ", ".join(f"{s.field} {len(i)}" for s, i in zip(spans, ids, strict=True) if s.ids is None and i)
-                self.problem(number, f"has {len(tokens)} tokens ({sizes}), more than a row holds (seqLen+1 = {self.row})",
+                sizes = ", ".join(f"{s.field} {len(i)}" for s, i in zip(spans, ids, strict=True)
+                                  if s.ids is None and i)
+                self.problem(number, f"has {len(tokens)} tokens ({sizes}), more than a row holds"
+                                     f" (seqLen+1 = {self.row})",
                              "raise spec.model.seqLen, shorten or remove the lines longer than a row, or set"
                              f" spec.data.truncate: true to keep their first {self.row} tokens")
                 return
@@ -318,7 +336,8 @@ class _Reader:
             if self.counts.truncated[-1:] == [number]:
                 self.counts.left_out.append(number)
             else:
-                self.problem(number, "has no token to learn (the chat template renders its assistant turns empty)")
+                self.problem(number, "has no token to learn "
+                                     "(the chat template renders its assistant turns empty)")
             return
         self.tokens.append(tokens)
         self.trains.append(trains)
@@ -329,7 +348,8 @@ class _Reader:
             self.counts.pairs += 1
 
 
-def read_jsonl(path: Path, tok: HFTokenizer, row: int, vocab: int, truncate: bool) -> tuple[Tokenized, Counts]:
+def read_jsonl(path: Path, tok: HFTokenizer, row: int, vocab: int,
+               truncate: bool) -> tuple[Tokenized, Counts]:
     """Every line of path checked and tokenized: samples of at most `row` tokens, ids below vocab."""
     if not path.is_file():
         raise ConfigError(f"{FIELD}: {str(path)!r} is not a file (data.source=jsonl)")
@@ -365,7 +385,8 @@ class JsonlSource:
 
     def order(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
-            self._epoch, self._order = epoch, np.random.default_rng((self.seed, EPOCH_STREAM, epoch)).permutation(self.rows)
+            self._epoch, self._order = epoch, np.random.default_rng(
+                (self.seed, EPOCH_STREAM, epoch)).permutation(self.rows)
         return self._order
 
     def row(self, index: int) -> np.ndarray:
@@ -394,20 +415,23 @@ class JsonlSource:
 def notes(path: Path, data: Tokenized, counts: Counts, source: JsonlSource, packing: bool) -> list[str]:
     """What rank 0 logs: the data, and every decision the reader counted."""
     trained, row = int(data.trains.sum()), source.seq_len + 1
-    said = [f"jsonl data {path}: {_n(data.count, 'sample')} ({counts.pairs} prompt/completion, {counts.chats} chat) read and"
-            f" tokenized in {counts.seconds:.1f} s, {_n(len(data.tokens), 'token')}, {trained} of them learned"
-            f" ({100 * trained / len(data.tokens):.0f}%), the longest sample {int(data.lengths.max())}; {_n(source.rows, 'row')}"
-            f" of seqLen+1 = {row} tokens ({'packed' if packing else 'one sample each'}, {100 * source.fill():.0f}% tokens,"
+    said = [f"jsonl data {path}: {_n(data.count, 'sample')} ({counts.pairs} prompt/completion,"
+            f" {counts.chats} chat) read and tokenized in {counts.seconds:.1f} s,"
+            f" {_n(len(data.tokens), 'token')}, {trained} of them learned"
+            f" ({100 * trained / len(data.tokens):.0f}%), the longest sample {int(data.lengths.max())};"
+            f" {_n(source.rows, 'row')} of seqLen+1 = {row} tokens"
+            f" ({'packed' if packing else 'one sample each'}, {100 * source.fill():.0f}% tokens,"
             " the rest padding), in a new order every epoch"]
     if counts.empty:
         said.append(f"skipped {_n(len(counts.empty), 'empty line')}: {_lines(counts.empty)}")
     if counts.truncated:
-        said.append(f"spec.data.truncate: cut {_n(len(counts.truncated), 'sample')} longer than {row} tokens to their first"
-                    f" {row} (lines {_lines(counts.truncated)}), dropping {_n(counts.dropped_tokens, 'token')},"
+        said.append(f"spec.data.truncate: cut {_n(len(counts.truncated), 'sample')} longer than {row} tokens"
+                    f" to their first {row} (lines {_lines(counts.truncated)}),"
+                    f" dropping {_n(counts.dropped_tokens, 'token')},"
                     f" {counts.dropped_trained} of them learned")
     if counts.left_out:
-        said.append(f"spec.data.truncate: left out {_n(len(counts.left_out), 'sample')} with nothing left to learn once cut"
-                    f" (lines {_lines(counts.left_out)})")
+        said.append(f"spec.data.truncate: left out {_n(len(counts.left_out), 'sample')} with nothing left"
+                    f" to learn once cut (lines {_lines(counts.left_out)})")
     return said
 
 
@@ -415,13 +439,15 @@ def jsonl_source(cfg: ResolvedConfig, note: Callable[[str], None]) -> JsonlSourc
     """The job's JSONL source, every line checked; `note` receives what rank 0 logs."""
     d, m = cfg.data, cfg.model
     assert m is not None
-    if d.tokenizer == BYTE_TOKENIZER:  # validation refuses it; a config written by hand may not have been validated
+    if d.tokenizer == BYTE_TOKENIZER:
+        # validation refuses it; a config written by hand may not have been validated
         raise ConfigError(f"{TOKENIZER_FIELD}: {JSONL_TOKENIZER_MESSAGE}")
     tok = load_tokenizer(d.tokenizer)
     for name, token in tok.special.items():
         if name != "unk_token" and token.id >= m.vocab:
-            raise ConfigError(f"{TOKENIZER_FIELD}: {name} {token.text!r} is token id {token.id}, outside the model's vocab"
-                              f" of {m.vocab}; use a model whose vocab covers the tokenizer's {tok.vocab_size} tokens")
+            raise ConfigError(f"{TOKENIZER_FIELD}: {name} {token.text!r} is token id {token.id},"
+                              f" outside the model's vocab of {m.vocab}; use a model whose vocab covers"
+                              f" the tokenizer's {tok.vocab_size} tokens")
     path = Path(d.path or "")
     data, counts = read_jsonl(path, tok, m.seq_len + 1, m.vocab, d.truncate)
     source = JsonlSource(data, m.seq_len, cfg.training.seed, d.packing, tok.pad_id)

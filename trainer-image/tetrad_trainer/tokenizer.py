@@ -75,7 +75,8 @@ class HFTokenizer:
 
     @property
     def pad_id(self) -> int:
-        """The input fed at a padded position: pad_token, else eos_token (as Hugging Face trainers do), else 0."""
+        """The input fed at a padded position: pad_token, else eos_token (as Hugging Face trainers do),
+        else 0."""
         token = self.special.get("pad_token") or self.eos
         return token.id if token is not None else 0
 
@@ -96,17 +97,18 @@ class HFTokenizer:
         Raises jinja2.TemplateError when the template does (raise_exception, an undefined call)."""
         if self._compiled is None:
             if self.chat_template is None:
-                raise ConfigError(f"{FIELD}: {self.directory} has no chat template (neither {TEMPLATE_FILE} nor "
-                                  f"chat_template in {CONFIG_FILE}), which chat lines (messages) need; use a tokenizer "
-                                  "saved with its template or write the lines as prompt/completion")
+                raise ConfigError(f"{FIELD}: {self.directory} has no chat template (neither {TEMPLATE_FILE} "
+                                  f"nor chat_template in {CONFIG_FILE}), which chat lines (messages) need; "
+                                  "use a tokenizer saved with its template or write the lines as "
+                                  "prompt/completion")
             try:
                 self._compiled = _environment().from_string(self.chat_template)
             except jinja2.TemplateSyntaxError as e:
-                raise ConfigError(f"{FIELD}: the chat template in {self.template_source} does not parse: {e.message}"
-                                  f" (template line {e.lineno})") from None
+                raise ConfigError(f"{FIELD}: the chat template in {self.template_source} does not parse:"
+                                  f" {e.message} (template line {e.lineno})") from None
         specials = {name: token.text for name, token in self.special.items()}
-        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                     documents=None, **specials)
+        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools, documents=None, **specials)
 
 
 class _Generation(jinja2.ext.Extension):
@@ -125,7 +127,8 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
             sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _environment() -> jinja2.Environment:
@@ -137,26 +140,30 @@ def _environment() -> jinja2.Environment:
 
 
 def load_tokenizer(spec: str) -> HFTokenizer:
-    """The tokenizer of spec.data.tokenizer: a directory, or its tokenizer.json (its directory read beside it)."""
+    """The tokenizer of spec.data.tokenizer: a directory, or its tokenizer.json (its directory read
+    beside it)."""
     path = Path(spec)
     if path.is_dir():
         file = path / "tokenizer.json"
         if not file.is_file():
-            raise ConfigError(f"{FIELD}: the directory {path} has no tokenizer.json; save the tokenizer there with "
-                              "transformers' save_pretrained (a fast tokenizer) or name the tokenizer.json itself")
+            raise ConfigError(f"{FIELD}: the directory {path} has no tokenizer.json; save the tokenizer "
+                              "there with transformers' save_pretrained (a fast tokenizer) or name the "
+                              "tokenizer.json itself")
     elif path.is_file():
         file = path
     else:
-        raise ConfigError(f"{FIELD}: {spec!r} is neither 'byte', a tokenizer.json nor a Hugging Face tokenizer "
-                          "directory inside the pod; mount it (template.volumes) and give its path")
+        raise ConfigError(f"{FIELD}: {spec!r} is neither 'byte', a tokenizer.json nor a Hugging Face "
+                          "tokenizer directory inside the pod; mount it (template.volumes) and give its path")
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as e:  # noqa: BLE001 - the Rust library raises plain Exceptions
-        raise ConfigError(f"{FIELD}: {file} is not a tokenizer.json the tokenizers library loads: {e}") from None
+        raise ConfigError(f"{FIELD}: {file} is not a tokenizer.json"
+                          f" the tokenizers library loads: {e}") from None
     config = _config(file.parent / CONFIG_FILE)
     special = {name: token for name in SPECIAL if (token := _special(tok, config, name, file)) is not None}
     add_bos = config.get("add_bos_token")
-    if not isinstance(add_bos, bool):  # not said: what the post-processor does, as transformers' tokenizer(text)
+    if not isinstance(add_bos, bool):
+        # not said: what the post-processor does, as transformers' tokenizer(text)
         add_bos = _post_processor_adds(tok, file, special.get("bos_token"))
     elif add_bos and "bos_token" not in special:
         raise ConfigError(f"{FIELD}: {file.parent / CONFIG_FILE} sets add_bos_token but names no bos_token; "
@@ -188,7 +195,8 @@ def _special(tok: Tokenizer, config: dict[str, Any], name: str, file: Path) -> S
                           "token (a string or an object with its content)")
     token_id = tok.token_to_id(value)
     if token_id is None:
-        raise ConfigError(f"{FIELD}: {file.parent / CONFIG_FILE} names {name} {value!r}, which {file} does not hold")
+        raise ConfigError(f"{FIELD}: {file.parent / CONFIG_FILE} names {name} {value!r}, "
+                          f"which {file} does not hold")
     return SpecialToken(value, token_id)
 
 
@@ -219,7 +227,8 @@ def _chat_template(directory: Path, config: dict[str, Any]) -> tuple[str | None,
     if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         if "default" not in named:
-            raise ConfigError(f"{FIELD}: {where} lists templates {sorted(map(str, named))} but none named 'default'")
+            raise ConfigError(f"{FIELD}: {where} lists templates {sorted(map(str, named))} "
+                              "but none named 'default'")
         template, where = named["default"], f"{where} 'default'"
     if template is not None and not isinstance(template, str):
         raise ConfigError(f"{FIELD}: {where} is a {type(template).__name__}, not a Jinja template")

@@ -15,7 +15,7 @@ not answer first (tetrad_trainer.collective). A run that resumes nothing starts 
 the Hugging Face directory of spec.model.hfDir (or training.initFrom, or --init-from) instead of
 the seed's (tetrad_trainer.export); every rank checks its config.json against the model before any
 collective, and rank 0 keeps its config and tokenizer files beside the checkpoints for the export.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -105,11 +105,12 @@ class Trainer:
         self.flops_per_token = definition.flops_per_token(cfg.model)  # for MFU
         self.optimizer = build_optimizer(self.model.parameters(), cfg.training)
         dp_rank = self.mesh.dp.get_local_rank()
-        self.loader = BatchLoader(source if source is not None else build_source(cfg), cfg.training.global_batch,
-                                  dp_rank=dp_rank, dp_size=cfg.layout.dp)
-        self.checkpointer = Checkpointer(cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
-                                         data_loader=self.loader, dp_rank=dp_rank, logger=log,
-                                         on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at))
+        self.loader = BatchLoader(source if source is not None else build_source(cfg),
+                                  cfg.training.global_batch, dp_rank=dp_rank, dp_size=cfg.layout.dp)
+        self.checkpointer = Checkpointer(
+            cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
+            data_loader=self.loader, dp_rank=dp_rank, logger=log,
+            on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at))
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
@@ -127,10 +128,12 @@ class Trainer:
         self.said_peak = False
         if rank == 0:
             m = cfg.model
-            log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type} processes,"
-                f" model {m.name} ({definition.num_params(m) / 1e6:.1f}M params), {cfg.training.steps} steps;"
+            log(f"job {cfg.job_name}: mesh {cfg.layout.label()} on {dist.get_world_size()} {device.type}"
+                f" processes, model {m.name} ({definition.num_params(m) / 1e6:.1f}M params),"
+                f" {cfg.training.steps} steps;"
                 f" MFU peak {self.mfu_peak.tflops:.3g} TFLOPS ({self.mfu_peak.source})")
-            if device.type == "cpu" and cfg.training.precision == Precision.BF16 and (slow := slow_bf16_warning()):
+            if (device.type == "cpu" and cfg.training.precision == Precision.BF16
+                    and (slow := slow_bf16_warning())):
                 log(f"warning: {slow}")
 
     @contextlib.contextmanager
@@ -143,7 +146,8 @@ class Trainer:
             yield
 
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Gradient accumulation over micro batches; returns this rank's scaled loss sum (tetrad_trainer.loss)."""
+        """Gradient accumulation over micro batches; returns this rank's scaled loss sum
+        (tetrad_trainer.loss)."""
         (model,) = self.model.parts
         n = inputs.shape[0] // self.cfg.training.micro_batch
         total = torch.zeros((), device=self.device)
@@ -179,7 +183,8 @@ class Trainer:
             else:
                 loss = self.forward_backward(inputs, labels)
         self.model.reduce_tied_grads()  # tied parameters split over pipeline stages
-        grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group, self.model.uncounted())
+        grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group,
+                                  self.model.uncounted())
         return loss, grad_norm, lr
 
     def global_loss(self, loss: torch.Tensor) -> float:
@@ -211,8 +216,8 @@ class Trainer:
     def stop_if_signalled_at_start_up(self) -> None:
         """Before the first step there is nothing new to save: stop at once."""
         if self.preemption.requested():
-            raise Preempted(f"stopped during start-up on SIGTERM, before the first step: nothing new to save; "
-                            f"{self.resume_note()}")
+            raise Preempted(f"stopped during start-up on SIGTERM, before the first step: "
+                            f"nothing new to save; {self.resume_note()}")
 
     def committed_step(self) -> int | None:
         """The step the next run resumes from; None: it starts from step 0."""
@@ -240,10 +245,12 @@ class Trainer:
             if in_flight is not None:
                 log_rank0(f"the asynchronous save of step {in_flight} in progress at SIGTERM committed")
         except CheckpointError as e:  # the same error on every rank; its partial files are removed
-            log_rank0(f"the asynchronous save of step {in_flight} in progress at SIGTERM failed and was abandoned: {e}")
+            log_rank0(f"the asynchronous save of step {in_flight} in progress at SIGTERM failed and was "
+                      f"abandoned: {e}")
         if ckpt.last_committed_step == step:
             raise Preempted(f"{where}; checkpoint step {step} committed")
-        left = None if self.preemption.remaining_s is None else self.preemption.remaining_s - (time.monotonic() - waited)
+        left = (None if self.preemption.remaining_s is None
+                else self.preemption.remaining_s - (time.monotonic() - waited))
         last = ckpt.last_stats.total_s if ckpt.last_stats is not None else None
         fits = left is None or last is None or last * SAVE_TIME_MARGIN + SAVE_TIME_SLACK_S <= left
         if not self.preemption.everyone(fits):
@@ -266,7 +273,8 @@ class Trainer:
         self.steps_since_log += 1
         if self.startup_s is None:
             self.startup_s = seconds_since_process_start()
-            log_rank0(f"first step after {self.startup_s:.1f} s (process start to the end of step {self.step})")
+            log_rank0(f"first step after {self.startup_s:.1f} s "
+                      f"(process start to the end of step {self.step})")
         last = self.step == self.cfg.training.steps
         if self.checkpointer.due(self.step) or last:
             self.checkpointer.save(self.step)
@@ -284,8 +292,8 @@ class Trainer:
     def checkpoint_now(self, token: str | None) -> None:
         """A checkpoint-now request reached some rank (rank 0 holds its token): every rank saves this step."""
         if not self.checkpointer.settings.enabled:
-            log_rank0(f"checkpoint-now {token!r} at step {self.step}: checkpointing is off (spec.checkpoint.enabled), "
-                      "nothing saved")
+            log_rank0(f"checkpoint-now {token!r} at step {self.step}: checkpointing is off "
+                      "(spec.checkpoint.enabled), nothing saved")
             return
         if token is not None:
             self.metrics.checkpoint_requested(token, self.step)
@@ -323,14 +331,18 @@ class Trainer:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tetrad_trainer.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.environ.get(ENV_CONFIG), help=f"resolved config JSON (default ${ENV_CONFIG})")
-    p.add_argument("--steps", type=int, default=None, help="train this many steps instead of training.steps (the LR schedule follows)")
-    p.add_argument("--jsonl", type=Path, default=os.environ.get(ENV_JSONL), help=f"also append rank 0's JSON lines here (default ${ENV_JSONL})")
+    p.add_argument("--config", default=os.environ.get(ENV_CONFIG),
+                   help=f"resolved config JSON (default ${ENV_CONFIG})")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train this many steps instead of training.steps (the LR schedule follows)")
+    p.add_argument("--jsonl", type=Path, default=os.environ.get(ENV_JSONL),
+                   help=f"also append rank 0's JSON lines here (default ${ENV_JSONL})")
     p.add_argument("--save-full-parameters", type=Path, default=None, metavar="PATH",
                    help="after training, save the gathered parameters to PATH (torch.save of a dict)")
     p.add_argument("--init-from", type=Path, default=None, metavar="HF_DIR",
-                   help="initial weights from a Hugging Face directory (config.json, *.safetensors) of this model, "
-                        "e.g. one written by python -m tetrad_trainer.export; ignored when a checkpoint is resumed "
+                   help="initial weights from a Hugging Face directory (config.json, *.safetensors) "
+                        "of this model, e.g. one written by python -m tetrad_trainer.export; ignored when "
+                        "a checkpoint is resumed "
                         "(default: model.hfDir of the config, from spec.model.hfDir or training.initFrom)")
     return p.parse_args(argv)
 
@@ -360,7 +372,8 @@ def run(args: argparse.Namespace) -> int:
         return config_error(e)
     try:
         trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, source=source)
-        if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:  # the gate's, run by the launcher
+        if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:
+            # the gate's, run by the launcher
             trainer.metrics.preflight(figures)
         try:
             trainer.train()
@@ -381,7 +394,8 @@ def run(args: argparse.Namespace) -> int:
         log(str(e))
         step, committed = trainer.committed_step(), trainer.metrics.committed
         leave_final_state(trainer.metrics.final_figures(),
-                          stopped=(step, committed[1] if committed is not None and committed[0] == step else None))
+                          stopped=(step, committed[1] if committed is not None and committed[0] == step
+                                   else None))
         return EXIT_PREEMPTED
     except DeviceOutOfMemory as e:  # permanent by default: the same layout would run out again
         log(str(e))
@@ -398,8 +412,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def hf_dir_field(cfg: ResolvedConfig, init_from: Path | None) -> str:
-    """What named the Hugging Face directory the model starts from: --init-from, else the spec's field (initFrom
-    when it is set: hfDir, when set too, is the same path)."""
+    """What named the Hugging Face directory the model starts from: --init-from, else the spec's field
+    (initFrom when it is set: hfDir, when set too, is the same path)."""
     if init_from is not None:
         return "--init-from"
     return "spec.training.initFrom" if cfg.training.init_from is not None else "spec.model.hfDir"

@@ -38,6 +38,7 @@ from tetrad_operator.lifecycle.machine import Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
-    "Action", "AnnotatePod", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
+    "Action", "AnnotatePod", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure",
+    "Event", "PodRejection", "ResolvedJob",
     "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

@@ -35,12 +35,15 @@ def suspend(m: JobPass, job: ParallelTrainingJob) -> None:
     spec = job.spec
     if m.phase != Phase.SUSPENDED:
         if m.phase == Phase.RUNNING and any(not p.terminal for p in m.pods):
-            m.transition(Phase.SUSPENDED, "Suspending", "spec.runPolicy.suspend is true: the pods are deleted "
+            m.transition(Phase.SUSPENDED, "Suspending",
+                         "spec.runPolicy.suspend is true: the pods are deleted "
                          f"with their grace period ({spec.run_policy.termination_grace_period_seconds}s), "
-                         + ("in which the trainer saves a checkpoint and exits" if spec.checkpoint.enabled else
-                            "and checkpointing is off (spec.checkpoint.enabled=false): the training state is lost"))
+                         + ("in which the trainer saves a checkpoint and exits" if spec.checkpoint.enabled
+                            else "and checkpointing is off (spec.checkpoint.enabled=false): the training "
+                                 "state is lost"))
         else:
-            m.transition(Phase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true: pods deleted, the job is kept")
+            m.transition(Phase.SUSPENDED, "Suspended",
+                         "spec.runPolicy.suspend is true: pods deleted, the job is kept")
         m.status.start_time = None
         release.withdraw(m, "Suspended", "the job is suspended")
     restart = m.status.restarts
@@ -67,7 +70,8 @@ def _record_saved(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) 
 
 def _saved_note(m: JobPass, job: ParallelTrainingJob) -> str:
     if not job.spec.checkpoint.enabled:
-        return "checkpointing is off (spec.checkpoint.enabled=false): the training state is lost, a resume starts from step 0"
+        return ("checkpointing is off (spec.checkpoint.enabled=false): the training state is lost, "
+                "a resume starts from step 0")
     step = m.checkpoint.step
     if step is None:
         return "no checkpoint was committed: a resume starts from step 0"
@@ -77,7 +81,8 @@ def _saved_note(m: JobPass, job: ParallelTrainingJob) -> str:
 def resumed(m: JobPass, job: ParallelTrainingJob) -> None:
     """suspend is false again: the same incarnation is created anew and resumes from the last checkpoint."""
     step = recorded(m).step
-    where = f"; the trainer resumes from checkpoint step {step}" if job.spec.checkpoint.enabled and step is not None else ""
+    where = (f"; the trainer resumes from checkpoint step {step}"
+             if job.spec.checkpoint.enabled and step is not None else "")
     m.transition(Phase.PENDING, "Resumed", f"the job was resumed{where}")
     m.status.start_time = None
     # The resume of the gone incarnation no longer describes the job: the new one reports its own.
@@ -85,16 +90,19 @@ def resumed(m: JobPass, job: ParallelTrainingJob) -> None:
 
 
 def forward_request(m: JobPass, job: ParallelTrainingJob, rank0: PodState) -> None:
-    """A checkpoint-now token not forwarded yet: onto rank 0's running pod, whose trainer saves at its next step."""
+    """A checkpoint-now token not forwarded yet: onto rank 0's running pod, whose trainer saves at its
+    next step."""
     token = (m.meta.get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW)
     if not token or recorded(m).requested == token or rank0.phase != "Running" or rank0.deleting:
         return
     m.checkpoint.requested = token
     if not job.spec.checkpoint.enabled:
-        m.decision.events.append(Event("Warning", "CheckpointNotConfigured", f"checkpoint-now {token!r} ignored: "
+        m.decision.events.append(Event("Warning", "CheckpointNotConfigured",
+                                       f"checkpoint-now {token!r} ignored: "
                                        "checkpointing is off (spec.checkpoint.enabled=false)"))
         return
     if rank0.checkpoint_request != token:
-        m.decision.actions.append(AnnotatePod(rank0.name, rank0.uid, {contract.ANNOTATION_CHECKPOINT_NOW: token}))
+        m.decision.actions.append(AnnotatePod(rank0.name, rank0.uid,
+                                              {contract.ANNOTATION_CHECKPOINT_NOW: token}))
     m.decision.events.append(Event("Normal", "CheckpointRequested", f"checkpoint-now {token!r}: asked rank 0 "
                                    f"({rank0.name}) to save a checkpoint after its next step"))

@@ -95,12 +95,14 @@ def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queue
         start = parse_time(m.status.start_time) or now
         left = deadline - (now - start).total_seconds()
         if left <= 0:
-            m.fail("DeadlineExceeded", f"the job was active longer than activeDeadlineSeconds={deadline}", run_policy)
+            m.fail("DeadlineExceeded", f"the job was active longer than activeDeadlineSeconds={deadline}",
+                   run_policy)
             return
         m.decision.after(left)
 
     if rejection is not None and rejection.attempts >= m.settings.pod_create_attempts:
-        m.fail("PodCreationRejected", f"the API server rejected the job's pods {rejection.attempts} times in a row: "
+        m.fail("PodCreationRejected",
+               f"the API server rejected the job's pods {rejection.attempts} times in a row: "
                f"{rejection.message}", run_policy)
         return
 
@@ -150,8 +152,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         new: list[dict[str, Any]] = []
         if not current:  # a new incarnation: its Service, ConfigMaps and PodGroup, then every pod
             rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
-            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap, rendered.environment,
-                                                            *rendered.gang_objects()))
+            m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap,
+                                                            rendered.environment, *rendered.gang_objects()))
             if backend.group_per_incarnation and restart > 0:  # a PodGroup before its Workload
                 kinds = tuple((o["apiVersion"], o["kind"]) for o in reversed(rendered.gang_objects()))
                 m.decision.actions.append(DeleteStaleGang(keep=restart, kinds=kinds))
@@ -161,7 +163,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             # An operator older than the environment ConfigMap may have begun this incarnation.
             m.decision.actions.append(Ensure(render_environment(job, cfg)))
             avoid = preflight.excluded(m.status)
-            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart, excluded_nodes=avoid))
+            m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart,
+                                                           excluded_nodes=avoid))
                                       for r in missing)
         if gated:
             release.creating(m, spec.nodes, restart, new)
@@ -185,16 +188,19 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         preflight.report_slow(m, restart, spec.preflight.slow_node_fraction)  # the SlowNodes condition
         if m.phase != Phase.RUNNING:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
-        elif pods[0].phase == "Running" and (stall := policy.stalled(m, run_policy, pods[0], policy.steps_of(spec))) is not None:
+        elif (pods[0].phase == "Running"
+                and (stall := policy.stalled(m, run_policy, pods[0], policy.steps_of(spec))) is not None):
             policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
         else:
             checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0
     else:  # the queue's or the scheduler's reason, as it changes
         scheduler = spec.gang.scheduler.value
         if queued:
-            reason, message = "WaitingForQueue", f"all {spec.nodes} pods exist; {scheduler} has not admitted them: {queued}"
+            reason, message = "WaitingForQueue", (f"all {spec.nodes} pods exist; {scheduler} has not "
+                                                  f"admitted them: {queued}")
         else:
             why = next((f": {p.unschedulable}" for p in pods if p.unschedulable), "")
-            reason, message = "WaitingForScheduler", f"all {spec.nodes} pods exist; waiting for {scheduler} to place and start them{why}"
+            reason, message = "WaitingForScheduler", (f"all {spec.nodes} pods exist; waiting for "
+                                                      f"{scheduler} to place and start them{why}")
         if m.phase != Phase.GANG_WAITING or (not gated and m.status.message != message):
             m.transition(Phase.GANG_WAITING, reason, message)

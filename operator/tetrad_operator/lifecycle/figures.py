@@ -24,4 +24,5 @@ def record_left(m: JobPass, job: ParallelTrainingJob, rank0: PodState | None) ->
         m.training = status.merged(m.training, training)
         m.training.updated = format_time(m.now)
     if saved:
-        m.checkpoint = status.merged(m.checkpoint, scrape.checkpoint(saved, job.spec.checkpoint.path, rank0.restart))
+        m.checkpoint = status.merged(m.checkpoint,
+                                     scrape.checkpoint(saved, job.spec.checkpoint.path, rank0.restart))

@@ -32,7 +32,8 @@ class Settings:
     stall_floor_seconds: float = 300.0  # the default stall timeout is at least this (start-up included)
     stall_step_factor: float = 10.0  # ... and at least this many times the measured step time
     stall_startup_factor: float = 2.0  # before the first step: at least this many times the last start-up
-    stall_collective_margin_seconds: float = 60.0  # ... and at least runPolicy.collectiveTimeoutSeconds + this
+    # ... and at least runPolicy.collectiveTimeoutSeconds + this
+    stall_collective_margin_seconds: float = 60.0
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

@@ -23,11 +23,12 @@ from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState, parse_time
 
 # pod.status.reason values of a kubelet or the node lifecycle taking the pod away.
-EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "UnexpectedAdmissionError"})
+EVICTED_REASONS = frozenset({"Evicted", "Preempting", "NodeLost", "NodeShutdown", "Terminated",
+                             "UnexpectedAdmissionError"})
 # Permanent exit codes the trainer documents: the job's reason and what the user should read.
 EXPLAINED_EXITS = {
-    EXIT_OOM: ("DeviceOutOfMemory", "the trainer ran out of device memory; see the pod log for the planner's figures "
-               "and the knobs to turn"),
+    EXIT_OOM: ("DeviceOutOfMemory", "the trainer ran out of device memory; see the pod log for the planner's "
+               "figures and the knobs to turn"),
 }
 # What the container runtime says of a container it could not start because the image lacks what the
 # command needs (python3, say): no restart helps.
@@ -46,7 +47,8 @@ def backoff_seconds(policy: RunPolicy, restart: int) -> float:
 class Failure:
     rank: int
     pod: PodState | None  # None: the rank's pod is missing
-    reason: str  # PodFailed, PreflightFailed, CollectiveTimeout, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
+    # PodFailed, PreflightFailed, CollectiveTimeout, PodEvicted, PodDeleted, NodeLost, PodMissing, Stalled
+    reason: str
     detail: str
     infrastructure: bool  # the cluster took the pod away: always retryable
     force: bool = False  # delete the pod with grace period 0
@@ -74,7 +76,8 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
             elif p.exit_code == EXIT_PREFLIGHT:
                 out.append(preflight_failure(rank, p, current))
             elif p.ended in START_ERRORS:
-                out.append(Failure(rank, p, "ContainerCannotStart", f"the container of pod {p.name} could not start:"
+                out.append(Failure(rank, p, "ContainerCannotStart",
+                                   f"the container of pod {p.name} could not start:"
                                    f" {p.message or p.ended}", False))
             else:
                 code = "unknown" if p.exit_code is None else str(p.exit_code)
@@ -93,7 +96,8 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
         if (why := m.lost(p)) is not None:
             out.append(Failure(rank, p, "NodeLost", f"pod {p.name} was lost: {why}", True, force=True))
         elif p.deleting and not expect_deleting:
-            out.append(Failure(rank, p, "PodDeleted", f"pod {p.name} was deleted ({p.disrupted or 'externally'})", True))
+            out.append(Failure(rank, p, "PodDeleted",
+                               f"pod {p.name} was deleted ({p.disrupted or 'externally'})", True))
     if m.phase == Phase.RUNNING:  # every rank had a pod: one that is gone now was taken away
         for rank in range(nodes):
             if rank not in current:
@@ -159,7 +163,8 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
         return None
     since = beat if started and beat is not None else running
     source = ("spec.runPolicy.stallTimeoutSeconds" if policy.stall_timeout_seconds is not None else
-              f"the default: {m.settings.stall_step_factor:g} x the step time, at least {stall_floor(m, policy):g}s")
+              f"the default: {m.settings.stall_step_factor:g} x the step time, "
+              f"at least {stall_floor(m, policy):g}s")
     startup = training.startup_seconds
     if not started:
         measured = m.settings.stall_startup_factor * startup if startup is not None else 0.0
@@ -173,8 +178,8 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
             m.decision.after(left)  # the first moment a read can tell (the scraper's write wakes the job too)
         return None
     what = f"no step since {training.last_step_time}" if started else "no step"
-    return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, over the stall "
-                   f"timeout of {timeout:g}s ({source})", True)
+    return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, "
+                   f"over the stall timeout of {timeout:g}s ({source})", True)
 
 
 def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
@@ -182,12 +187,13 @@ def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
     code = f.exit_code
     if f.reason == "ContainerCannotStart" and f.pod is not None and any(
             m in (f.pod.message or "") for m in MISSING_IN_IMAGE):
-        return f.reason, (f"{f.detail}; spec.image must hold what the pods run: python3 with torch, and spec.script's"
-                          " entry point (docs/bring-your-own.md)")
+        return f.reason, (f"{f.detail}; spec.image must hold what the pods run: python3 with torch, "
+                          "and spec.script's entry point (docs/bring-your-own.md)")
     if f.infrastructure or code is None or code == EXIT_PREEMPTED:
         return None
     if code in policy.permanent_exit_codes:
-        if f.pod is not None and f.pod.said.reason and f.pod.said.message:  # the node named the cause: the detail says it
+        if f.pod is not None and f.pod.said.reason and f.pod.said.message:
+            # the node named the cause: the detail says it
             return f.pod.said.reason, f"{f.detail}; exit code {code} is not retryable"
         if code in EXPLAINED_EXITS:
             reason, why = EXPLAINED_EXITS[code]
@@ -198,7 +204,8 @@ def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
     return None
 
 
-def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], restart: int, policy: RunPolicy) -> None:
+def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], restart: int,
+               policy: RunPolicy) -> None:
     """Fail the job, or restart the whole gang as incarnation restart+1 after the backoff."""
     for f in found:
         if (verdict := fatal(policy, f)) is not None:
@@ -216,15 +223,16 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     if disruption is not None and disruptions >= policy.max_disruptions:
         m.fail("DisruptionBudgetExceeded",
                f"{first.detail}; the gang was already restarted {disruptions} times after disruptions"
-               f" (spec.runPolicy.maxDisruptions={policy.max_disruptions}); raise it if the cluster is expected"
-               f" to take the job's pods this often", policy)
+               f" (spec.runPolicy.maxDisruptions={policy.max_disruptions}); raise it if the cluster is"
+               f" expected to take the job's pods this often", policy)
         return
     m.status.restarts = restart + 1
     m.status.disruptions = disruptions + (disruption is not None)
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
     wait = backoff_seconds(policy, restart + 1)
     m.transition(Phase.RESTARTING, first.reason,
-                 f"{first.detail}{more}; restarting the whole gang as restart {restart + 1} in {wait:g}s", warning=True)
+                 f"{first.detail}{more}; restarting the whole gang as restart {restart + 1} in {wait:g}s",
+                 warning=True)
     release.withdraw(m, "Restarting", "the gang is restarting")
     forced = {f.pod.name for f in found if f.force and f.pod is not None}
     m.delete([p for p in current if p.name not in forced])
@@ -237,5 +245,6 @@ def hold_until(m: JobPass, policy: RunPolicy, restart: int, gang_timed_out: bool
     if m.phase == Phase.RESTARTING:
         return m.since(Phase.RESTARTING) + timedelta(seconds=backoff_seconds(policy, restart))
     if gang_timed_out:
-        return m.since(release.RELEASED) + timedelta(seconds=min(policy.backoff_seconds, policy.backoff_max_seconds))
+        return m.since(release.RELEASED) + timedelta(seconds=min(policy.backoff_seconds,
+                                                                 policy.backoff_max_seconds))
     return None

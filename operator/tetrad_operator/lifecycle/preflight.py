@@ -42,7 +42,8 @@ def named_nodes(pod: PodState, current: Mapping[int, PodState]) -> tuple[list[tu
         else:
             gang.append(f.reason)
     if not said and pod.node:
-        nodes.append((pod.node, "exited 69 (the preflight gate) without a termination message; see the pod log"))
+        nodes.append((pod.node,
+                      "exited 69 (the preflight gate) without a termination message; see the pod log"))
     return nodes, gang
 
 
@@ -60,17 +61,21 @@ def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflig
         if any(f.node == node and f.restart == restart for f in failed):
             continue  # a later pass over the same failure
         at_fault = blames_the_node(reason)
-        exclude = at_fault and spec.exclude_failed_nodes and (node in avoided or len(avoided) < spec.max_excluded_nodes)
+        exclude = (at_fault and spec.exclude_failed_nodes
+                   and (node in avoided or len(avoided) < spec.max_excluded_nodes))
         if exclude and node not in avoided:
             avoided.add(node)
-            m.decision.events.append(Event("Warning", "NodeExcluded", f"node {node} failed the preflight gate "
+            m.decision.events.append(Event("Warning", "NodeExcluded",
+                                           f"node {node} failed the preflight gate "
                                            f"({reason}); the next pods avoid it ({len(avoided)} of "
-                                           f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} excluded)"))
+                                           f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} "
+                                           f"excluded)"))
         elif not exclude:
             why = ("pod 0's name not resolving there says nothing against the node" if not at_fault else
                    "spec.preflight.excludeFailedNodes is false" if not spec.exclude_failed_nodes else
                    f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} nodes are excluded already")
-            m.decision.events.append(Event("Warning", "NodeNotExcluded", f"node {node} failed the preflight gate "
+            m.decision.events.append(Event("Warning", "NodeNotExcluded",
+                                           f"node {node} failed the preflight gate "
                                            f"({reason}); not excluded: {why}"))
         failed.append(FailedNode(node=node, reason=reason, restart=restart, excluded=exclude))
     kept = [f for f in failed if f.excluded]
@@ -91,9 +96,10 @@ def report_slow(m: JobPass, restart: int, fraction: float) -> None:
     before = m.condition(SLOW_NODES)
     if slow:
         median = statistics.median(bandwidth.values())
-        message = (f"node{'s' if len(slow) > 1 else ''} {', '.join(slow)} measured a preflight all-reduce bus "
-                   f"bandwidth below spec.preflight.slowNodeFraction={fraction:g} of the gang's median "
-                   f"({median:.3g} GB/s): " + ", ".join(f"{node} {bandwidth[node]:.3g} GB/s" for node in slow))
+        message = (f"node{'s' if len(slow) > 1 else ''} {', '.join(slow)} measured a preflight all-reduce "
+                   f"bus bandwidth below spec.preflight.slowNodeFraction={fraction:g} of the gang's median "
+                   f"({median:.3g} GB/s): "
+                   + ", ".join(f"{node} {bandwidth[node]:.3g} GB/s" for node in slow))
         if before is None or before.status != "True" or before.message != message:
             m.decision.events.append(Event("Warning", SLOW_NODES, message))
         m.set_condition(SLOW_NODES, "True", SLOW_NODES, message)

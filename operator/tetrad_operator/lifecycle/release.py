@@ -54,7 +54,8 @@ def drive(m: JobPass, job: ParallelTrainingJob, pods: list[PodState], restart: i
         if m.phase != Phase.GANG_WAITING:
             m.transition(Phase.GANG_WAITING, "WaitingForCapacity",
                          f"all {spec.nodes} pods are gated until the whole gang fits on the free capacity")
-        m.set_condition(RELEASED, "False", "WaitingForCapacity", "waiting until free allocatable resources fit every pod")
+        m.set_condition(RELEASED, "False", "WaitingForCapacity",
+                        "waiting until free allocatable resources fit every pod")
         created = parse_time(m.meta.get("creationTimestamp"))
         m.decision.gang = GangRequest(m.namespace, m.name, created, restart, tuple(pods))
         return True

@@ -13,7 +13,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=0, help="steps to run; 0: until SIGTERM")
 p.add_argument("--step-seconds", type=float, default=0.2)
 p.add_argument("--report-at-sigterm", type=int, default=None, help="report no step but this one, at SIGTERM")
-p.add_argument("--started-dir", default=None, help="each rank leaves rank-R here once its SIGTERM handler is set")
+p.add_argument("--started-dir", default=None,
+               help="each rank leaves rank-R here once its SIGTERM handler is set")
 args = p.parse_args()
 rank = int(os.environ["RANK"])
 

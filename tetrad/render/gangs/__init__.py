@@ -28,8 +28,9 @@ BACKENDS: dict[Scheduler, GangBackend] = {b.scheduler: b for b in (
 DISRUPTION_CONDITIONS = frozenset(b.disruption_condition for b in BACKENDS.values() if b.disruption_condition)
 CLOSING_ANNOTATIONS = frozenset(b.closing_annotation for b in BACKENDS.values() if b.closing_annotation)
 
-__all__ = ["BACKENDS", "CLOSING_ANNOTATIONS", "DISRUPTION_CONDITIONS", "STAGE_LABEL", "GangBackend", "Incarnation",
-           "apply_to_pod", "backend", "gang_resources", "group_name", "objects", "pipeline_stage"]
+__all__ = ["BACKENDS", "CLOSING_ANNOTATIONS", "DISRUPTION_CONDITIONS", "STAGE_LABEL", "GangBackend",
+           "Incarnation", "apply_to_pod", "backend", "gang_resources", "group_name", "objects",
+           "pipeline_stage"]
 
 
 def backend(spec: ParallelTrainingJobSpec) -> GangBackend:
@@ -41,7 +42,8 @@ def group_name(spec: ParallelTrainingJobSpec, job: str, restart: int) -> str:
     return backend(spec).group_name(job, restart)
 
 
-def objects(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, namespace: str, restart: int) -> list[dict[str, Any]]:
+def objects(spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, namespace: str,
+            restart: int) -> list[dict[str, Any]]:
     """The incarnation's group objects, in the order they are created."""
     b = backend(spec)
     return b.objects(b.incarnation(spec, cfg, job, namespace, restart))

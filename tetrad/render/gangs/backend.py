@@ -26,7 +26,8 @@ from tetrad.render import names
 def gang_resources(spec: ParallelTrainingJobSpec) -> dict[str, str]:
     """The whole gang's requests: what the scheduler must find before any pod runs."""
     r = spec.resources
-    out = {name: scale_quantity(value, spec.nodes) for name, value in (("cpu", r.cpu), ("memory", r.memory)) if value is not None}
+    out = {name: scale_quantity(value, spec.nodes) for name, value in (("cpu", r.cpu), ("memory", r.memory))
+           if value is not None}
     if r.gpu:
         out["nvidia.com/gpu"] = str(r.gpu * spec.nodes)
     return out
@@ -71,7 +72,8 @@ class GangBackend:
 
     def incarnation(self, spec: ParallelTrainingJobSpec, cfg: ResolvedConfig, job: str, namespace: str,
                     restart: int) -> Incarnation:
-        return Incarnation(spec, cfg, job, namespace, restart, self.group_name(job, restart), self.keeps_domain(spec, cfg))
+        return Incarnation(spec, cfg, job, namespace, restart, self.group_name(job, restart),
+                           self.keeps_domain(spec, cfg))
 
     def objects(self, inc: Incarnation) -> list[dict[str, Any]]:
         """The incarnation's group objects, in the order they are created."""

@@ -32,14 +32,18 @@ def keep_stage_together(inc: Incarnation, pod: dict[str, Any], rank: int) -> Non
     # first one placed picks the domain, and prefers one without the other stages' pods, so a
     # stage placed later does not take room an earlier one still needs.
     gang_pods = {contract.LABEL_JOB: inc.job, contract.LABEL_RESTART: str(inc.restart)}
-    term = {"labelSelector": {"matchLabels": {**gang_pods, STAGE_LABEL: str(stage)}}, "topologyKey": g.topology_key}
+    term = {"labelSelector": {"matchLabels": {**gang_pods, STAGE_LABEL: str(stage)}},
+            "topologyKey": g.topology_key}
     affinity = pod["spec"].setdefault("affinity", {})
     together = affinity.setdefault("podAffinity", {})
     if g.topology_mode == TopologyMode.REQUIRED:
         together.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
     else:
-        together.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append({"weight": 100, "podAffinityTerm": term})
+        together.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+            {"weight": 100, "podAffinityTerm": term})
     if cfg.layout.pp > 1:
-        others = {"matchLabels": gang_pods, "matchExpressions": [{"key": STAGE_LABEL, "operator": "NotIn", "values": [str(stage)]}]}
-        affinity.setdefault("podAntiAffinity", {}).setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+        others = {"matchLabels": gang_pods,
+                  "matchExpressions": [{"key": STAGE_LABEL, "operator": "NotIn", "values": [str(stage)]}]}
+        affinity.setdefault("podAntiAffinity", {}).setdefault(
+            "preferredDuringSchedulingIgnoredDuringExecution", []).append(
             {"weight": 50, "podAffinityTerm": {"labelSelector": others, "topologyKey": g.topology_key}})

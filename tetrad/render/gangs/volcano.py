@@ -21,13 +21,15 @@ class Volcano(GangBackend):
 
     def objects(self, inc: Incarnation) -> list[dict[str, Any]]:
         spec, g = inc.spec, inc.spec.gang
-        group: dict[str, Any] = {"minMember": spec.nodes, "minResources": gang_resources(spec), "queue": g.queue or "default"}
+        group: dict[str, Any] = {"minMember": spec.nodes, "minResources": gang_resources(spec),
+                                 "queue": g.queue or "default"}
         if spec.template.priority_class_name:
             group["priorityClassName"] = spec.template.priority_class_name
         if inc.own_domain:
             mode = "hard" if g.topology_mode == TopologyMode.REQUIRED else "soft"
             group["networkTopology"] = {"mode": mode, "highestTierAllowed": 1}
-        return [{"apiVersion": API_VERSION, "kind": "PodGroup", "metadata": self.group_metadata(inc), "spec": group}]
+        return [{"apiVersion": API_VERSION, "kind": "PodGroup", "metadata": self.group_metadata(inc),
+                 "spec": group}]
 
     def label_pod(self, inc: Incarnation, pod: dict[str, Any]) -> None:
         annotations = pod["metadata"]["annotations"]

@@ -28,8 +28,8 @@ class Workload(GangBackend):
             return out
 
         workload = {"apiVersion": API_VERSION, "kind": "Workload", "metadata": self.group_metadata(inc),
-                    "spec": {"controllerRef": {"apiGroup": contract.API_VERSION.split("/")[0], "kind": contract.KIND,
-                                               "name": inc.job},
+                    "spec": {"controllerRef": {"apiGroup": contract.API_VERSION.split("/")[0],
+                                               "kind": contract.KIND, "name": inc.job},
                              "podGroupTemplates": [{"name": TEMPLATE, **group()}]}}
         ref = {"workload": {"workloadName": inc.group, "podGroupTemplateName": TEMPLATE}}
         pod_group = {"apiVersion": API_VERSION, "kind": "PodGroup", "metadata": self.group_metadata(inc),

@@ -17,7 +17,8 @@ What `checkpoint.path` holds (one job per path):
 A checkpoint is committed when `latest` names it or a newer committed one; retention keeps the
 newest `keep_last` committed checkpoints and deletes older ones only after a newer one is
 committed. Each manifest names the job that wrote it (its config's jobName): a job resumes another
-job's checkpoint only with checkpoint.allowForeign, and never deletes or replaces one. On resume the `latest` checkpoint is verified against its manifest by all ranks (each
+job's checkpoint only with checkpoint.allowForeign, and never deletes or replaces one. On resume the
+`latest` checkpoint is verified against its manifest by all ranks (each
 checks a share of the files); a damaged one is refused with the reason and the next older
 committed checkpoint is tried.
 

@@ -59,13 +59,15 @@ log = logging.getLogger("tetrad.checkpoint")
 
 # Model dims that must match for a checkpoint to load; everything else (layout, batch, lr, steps)
 # may change between runs.
-MODEL_KEYS = ("dim", "layers", "heads", "kv_heads", "head_dim", "vocab", "ffn_dim", "qkv_bias", "qk_norm", "tie_embeddings")
+MODEL_KEYS = ("dim", "layers", "heads", "kv_heads", "head_dim", "vocab", "ffn_dim", "qkv_bias", "qk_norm",
+              "tie_embeddings")
 
 
 def _reason(e: BaseException, rank: int) -> str:
     """`rank N: Type: message` per cause; DCP's exception (a BaseException) carries each failed rank's own."""
     if isinstance(e, CheckpointException):
-        return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}" for r, (exc, _) in sorted(e.failures.items()))
+        return "; ".join(f"rank {r}: {type(exc).__name__}: {exc}"
+                         for r, (exc, _) in sorted(e.failures.items()))
     return f"rank {rank}: {type(e).__name__}: {e}"
 
 
@@ -236,7 +238,8 @@ class Checkpointer:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tetrad-ckpt")
             stall = time.perf_counter() - t0
-            self._pending = self._executor.submit(self._write_and_commit, step, state, blob, need, t0, stall, True)
+            self._pending = self._executor.submit(self._write_and_commit, step, state, blob, need, t0, stall,
+                                                  True)
             self.last_saved_step = step
             return None
         stats = self._write_and_commit(step, state, blob, need, t0, 0.0, False)
@@ -310,12 +313,14 @@ class Checkpointer:
         except (Exception, CheckpointException) as e:  # every rank must still reach the gather below
             report["error"], report["no_room"] = _reason(e, self.rank), no_room(e)
         reports = self._all_gather(report)
-        errors = list(dict.fromkeys(r["error"] for r in reports if "error" in r))  # DCP reports a cause on every rank
+        # DCP reports a cause on every rank
+        errors = list(dict.fromkeys(r["error"] for r in reports if "error" in r))
         codes = {r["no_room"] for r in reports if r.get("no_room")}
         size = 0
         if self.rank == 0 and not errors:
             try:
-                size, deleted = self.dir.commit(step, tmp, reports, self._manifest(reports), self.settings.keep_last)
+                size, deleted = self.dir.commit(step, tmp, reports, self._manifest(reports),
+                                                self.settings.keep_last)
                 if deleted:
                     self._info(f"retention (keepLast={self.settings.keep_last}) removed steps {deleted}")
             except Exception as e:
@@ -326,7 +331,8 @@ class Checkpointer:
         if errors:
             if self.rank == 0:  # every rank is done with it: give a full disk its space back
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(self._save_failure(step, tmp, errors, codes, sum(r["bytes"] for r in reports), latest))
+            raise CheckpointError(self._save_failure(step, tmp, errors, codes,
+                                                     sum(r["bytes"] for r in reports), latest))
         total = time.perf_counter() - t0
         stats = SaveStats(step=step, stall_s=stall if async_save else total, total_s=total, bytes=size,
                           async_save=async_save)
@@ -345,10 +351,11 @@ class Checkpointer:
         """Why a save failed: each rank's cause, a full disk said so, and the checkpoint a restart resumes."""
         full = f"the disk holding {self.dir.root} is full (this checkpoint needs about {need:,} bytes): " \
             if codes & set(FULL_DISK) else ""
-        kept = (f": `latest` still names step {latest} ({self.dir.root / step_dir_name(latest)})" if latest is not None
-                else f", and no checkpoint was committed in {self.dir.root} before it")
+        kept = (f": `latest` still names step {latest} ({self.dir.root / step_dir_name(latest)})"
+                if latest is not None else f", and no checkpoint was committed in {self.dir.root} before it")
         hint = "; free space on the checkpoint volume or lower checkpoint.keepLast" if codes - {None} else ""
-        return f"saving step {step} to {tmp} failed: {full}" + "; ".join(errors) + f"; nothing was committed{kept}{hint}"
+        return (f"saving step {step} to {tmp} failed: {full}" + "; ".join(errors)
+                + f"; nothing was committed{kept}{hint}")
 
     def _manifest(self, reports: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -377,8 +384,8 @@ class Checkpointer:
             assert manifest is not None
             resumed = self._load(cand.path, manifest)
             resumed.refused = refused
-            self._info(f"resumed step {resumed.step} from {cand.path} (saved with layout {resumed.saved_layout}, "
-                       f"now {resumed.layout}; restart {self.restart})")
+            self._info(f"resumed step {resumed.step} from {cand.path} (saved with layout "
+                       f"{resumed.saved_layout}, now {resumed.layout}; restart {self.restart})")
             return resumed
         if refused:
             raise NoGoodCheckpoint(f"every checkpoint in {self.dir.root} is damaged: " + " | ".join(refused)
@@ -414,9 +421,10 @@ class Checkpointer:
             return
         if not self.settings.allow_foreign:
             raise ForeignCheckpoint(
-                f"spec.checkpoint.path: {self.dir.root} holds checkpoint step {manifest['step']} of the job {other!r}, "
-                f"not of this job {self.config.job_name!r}; give this job its own checkpoint.path, or set "
-                "checkpoint.allowForeign: true to resume it (e.g. after renaming the job)")
+                f"spec.checkpoint.path: {self.dir.root} holds checkpoint step {manifest['step']} of the job "
+                f"{other!r}, not of this job {self.config.job_name!r}; give this job its own "
+                "checkpoint.path, or set checkpoint.allowForeign: true to resume it (e.g. after renaming "
+                "the job)")
         self._info(f"resuming step {manifest['step']} of the job {other!r} (checkpoint.allowForeign); its "
                    "checkpoints stay, retention deletes only this job's")
 
@@ -433,21 +441,23 @@ class Checkpointer:
             wanted = {k for keys in requested for k in keys}
             if saved_keys != wanted:
                 missing, unknown = sorted(wanted - saved_keys), sorted(saved_keys - wanted)
-                problem = (f"checkpoint step {manifest['step']} (layout {saved_label}) and this job (layout {label}) "
-                           f"disagree on the model's parameters: missing in the checkpoint {missing[:3]}, "
-                           f"not in this job {unknown[:3]}")
+                problem = (f"checkpoint step {manifest['step']} (layout {saved_label}) "
+                           f"and this job (layout {label}) disagree on the model's parameters: "
+                           f"missing in the checkpoint {missing[:3]}, not in this job {unknown[:3]}")
         if problem := self._broadcast(problem):
             raise CheckpointMismatch(problem)
         try:
             with _quiet_single_process(self.distributed):
                 dcp.load(state, checkpoint_id=str(path), process_group=self.pg, no_dist=not self.distributed)
         except Exception as e:
-            raise CheckpointMismatch(f"cannot load checkpoint step {manifest['step']} saved with layout {saved_label} "
-                                     f"into layout {label}: {e}") from e
+            raise CheckpointMismatch(f"cannot load checkpoint step {manifest['step']} saved with layout "
+                                     f"{saved_label} into layout {label}: {e}") from e
         rank_state.set_tensor_state(self.pairs, state)
-        self._load_rank_state(path, manifest, same_layout=saved_label == label and manifest["world_size"] == self.world)
+        self._load_rank_state(path, manifest,
+                              same_layout=saved_label == label and manifest["world_size"] == self.world)
         self.last_saved_step = self.last_committed_step = manifest["step"]
-        return Resumed(step=manifest["step"], path=path, saved_layout=saved_label, layout=label, restart=self.restart)
+        return Resumed(step=manifest["step"], path=path, saved_layout=saved_label, layout=label,
+                       restart=self.restart)
 
     def _load_rank_state(self, path: Path, manifest: dict[str, Any], *, same_layout: bool) -> None:
         """RNG (same layout only) and the data loader's position."""
@@ -463,12 +473,14 @@ class Checkpointer:
             for r in manifest["ranks"]:
                 first_of.setdefault(r["dp_rank"], r["rank"])
             rank_state.load_data_position(
-                self.data_loader, lambda d: read(first_of[d])["data"], Layout.model_validate(manifest["layout"]).dp,
+                self.data_loader, lambda d: read(first_of[d])["data"],
+                Layout.model_validate(manifest["layout"]).dp,
                 self.dp, self.dp_rank, (manifest["layout_label"], self.layout.label()))
         if not same_layout:
-            self._info(f"layout changed ({manifest['layout_label']} -> {self.layout.label()}): model and optimizer "
-                       "resharded; RNG states start fresh" + ("; data loader rebuilt from the global sample index"
-                                                              if self.data_loader is not None else ""))
+            self._info(f"layout changed ({manifest['layout_label']} -> {self.layout.label()}): model and "
+                       "optimizer resharded; RNG states start fresh"
+                       + ("; data loader rebuilt from the global sample index"
+                          if self.data_loader is not None else ""))
 
 
 @contextlib.contextmanager

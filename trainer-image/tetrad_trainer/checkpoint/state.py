@@ -50,7 +50,8 @@ class ResumableLoader(Protocol):
 
 # -- tensors: model and optimizer ---------------------------------------------------------------
 
-def pair_parts(model_parts: Sequence[torch.nn.Module], optimizers: Sequence[torch.optim.Optimizer]) -> list[Pair]:
+def pair_parts(model_parts: Sequence[torch.nn.Module],
+               optimizers: Sequence[torch.optim.Optimizer]) -> list[Pair]:
     """(module, optimizer) pairs: one per part, or one merged view when one optimizer holds them all."""
     if len(optimizers) == len(model_parts):
         return list(zip(model_parts, optimizers, strict=True))
@@ -68,7 +69,8 @@ def tensor_state(pairs: list[Pair]) -> dict[str, Any]:
         for src, dst in ((get_model_state_dict(part), model), (optimizer_state(part, opt), optim)):
             if clash := src.keys() & dst.keys():
                 raise CheckpointError(f"model parts share state keys, e.g. {sorted(clash)[0]!r}; "
-                                      "each pipeline stage must keep the full model's FQNs for its own modules")
+                                      "each pipeline stage must keep the full model's FQNs for its own "
+                                      "modules")
             dst.update(src)
     return {"model": model, "optim": optim}
 
@@ -128,7 +130,8 @@ def merged_view(parts: Sequence[torch.nn.Module]) -> torch.nn.Module:
     view = torch.nn.Module()
     for part in parts:
         if own := [n for n, _ in part.named_parameters(recurse=False)]:
-            raise CheckpointError(f"a pipeline stage holds parameters of its own ({own[0]}); expected only submodules")
+            raise CheckpointError(f"a pipeline stage holds parameters of its own ({own[0]}); "
+                                  "expected only submodules")
         for name, child in part.named_children():
             have = view._modules.get(name)
             if isinstance(child, torch.nn.ModuleDict):

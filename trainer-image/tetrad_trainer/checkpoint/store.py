@@ -143,7 +143,8 @@ def verify_files(step_dir: Path, files: dict[str, dict[str, Any]]) -> list[str]:
             problems.append(f"{name}: missing")
             continue
         if size != want["size"]:
-            problems.append(f"{name}: {size} bytes, the manifest says {want['size']} (truncated or overwritten)")
+            problems.append(f"{name}: {size} bytes, the manifest says {want['size']} "
+                            "(truncated or overwritten)")
             continue
         _, crc = file_digest(path)
         if crc != want["crc32"]:
@@ -177,7 +178,8 @@ def verified_here(cand: Candidate) -> tuple[dict[str, Any] | None, list[str]]:
     return manifest, verify_files(cand.path, manifest["files"])
 
 
-def first_intact(candidates: list[Candidate], verify: Callable[[Candidate], tuple[dict[str, Any] | None, list[str]]],
+def first_intact(candidates: list[Candidate],
+                 verify: Callable[[Candidate], tuple[dict[str, Any] | None, list[str]]],
                  say: Callable[[str], None]) -> tuple[Candidate | None, dict[str, Any] | None, list[str]]:
     """The first candidate `verify` finds intact, its manifest and the refusals before it: the rule of resume
     and export. A damaged one (or one `latest` names that is missing) is refused with the reason and the next
@@ -211,7 +213,8 @@ class CheckpointDir:
         self.job = job
 
     def foreign(self, step_dir: Path) -> str | None:
-        """The other job that wrote `step_dir`, or None when it is this job's (or its manifest does not say)."""
+        """The other job that wrote `step_dir`, or None when it is this job's (or its manifest does not
+        say)."""
         try:
             other = job_of(json.loads((step_dir / MANIFEST).read_bytes()))
         except (OSError, ValueError, AttributeError):
@@ -337,8 +340,8 @@ class CheckpointDir:
         phase("manifest-written", step)
         final = self.root / step_dir_name(step)
         if other := self.foreign(final):
-            raise CheckpointError(f"{final} is a checkpoint of the job {other!r}, which the job {self.job!r} does not "
-                                  "replace; give each job its own checkpoint.path")
+            raise CheckpointError(f"{final} is a checkpoint of the job {other!r}, which the job {self.job!r} "
+                                  "does not replace; give each job its own checkpoint.path")
         if final.exists():  # left by a save killed before its publication, or a run with resume off
             self.discard(final)
         os.rename(tmp, final)
@@ -365,7 +368,8 @@ def unwritable(root: str | Path) -> tuple[str, bool] | None:
         write_file(probe, b"")
         probe.unlink()
     except OSError as e:
-        return f"{path} is not writable by uid {os.getuid()} on {os.uname().nodename} ({e.strerror or e})", False
+        return (f"{path} is not writable by uid {os.getuid()} on {os.uname().nodename} "
+                f"({e.strerror or e})", False)
     return None
 
 
@@ -379,5 +383,6 @@ def writable_problem(root: str | Path) -> str | None:
         return None
     why, file = found
     fix = ("move that file away or set checkpoint.path to a directory" if file else
-           "mount a writable volume there (spec.checkpoint.volume, e.g. a ReadWriteMany claim) or choose another path")
+           "mount a writable volume there (spec.checkpoint.volume, e.g. a ReadWriteMany claim) "
+           "or choose another path")
     return f"spec.checkpoint.path: {why}; {fix}"

@@ -35,8 +35,8 @@ def _tile_generator(seed: int, name: str, tile: tuple[int, int]) -> torch.Genera
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
-def initial_slice(name: str, shape: Sequence[int], offset: Sequence[int], size: Sequence[int], cfg: ModelConfig,
-                  seed: int, definition: ModelDefinition | None = None) -> torch.Tensor:
+def initial_slice(name: str, shape: Sequence[int], offset: Sequence[int], size: Sequence[int],
+                  cfg: ModelConfig, seed: int, definition: ModelDefinition | None = None) -> torch.Tensor:
     """The box [offset, offset+size) of the initial value of the parameter called name (full shape
     `shape`), on the CPU in fp32, computed without the rest of the parameter.
 
@@ -60,7 +60,8 @@ def initial_slice(name: str, shape: Sequence[int], offset: Sequence[int], size: 
     for i in range(r0 // tr, (r0 + nr - 1) // tr + 1):
         for j in range(c0 // tc, (c0 + nc - 1) // tc + 1):
             top, left = i * tr, j * tc
-            tile = draw(torch.empty(min(tr, rows - top), min(tc, cols - left)), _tile_generator(seed, name, (i, j)))
+            tile = draw(torch.empty(min(tr, rows - top), min(tc, cols - left)),
+                        _tile_generator(seed, name, (i, j)))
             # the part of the tile inside the box, in tile and in box coordinates
             a, b = max(r0, top), min(r0 + nr, top + tile.shape[0])
             c, d = max(c0, left), min(c0 + nc, left + tile.shape[1])

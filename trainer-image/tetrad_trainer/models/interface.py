@@ -53,11 +53,14 @@ class Decoder(Protocol):
     """
 
     cfg: ModelConfig  # the dims it was built from
-    project_output: bool  # False: the last stage returns the hidden states before the output projection (the chunked loss projects)
+    # False: the last stage returns the hidden states before the output projection (the chunked loss
+    # projects)
+    project_output: bool
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids (batch, seq) on the first stage, hidden states (batch, seq, dim) on the others; returns
-        the logits on the last stage (or its hidden states without `project_output`), hidden states elsewhere."""
+        the logits on the last stage (or its hidden states without `project_output`), hidden states
+        elsewhere."""
         ...
 
     def set_positions(self, positions: torch.Tensor) -> None:
@@ -154,12 +157,14 @@ class ModelDefinition:
 
     def flops_per_token(self, cfg: ModelConfig) -> float:
         """`flops(cfg)`, or 6N + 12·L·H·Q·T as the planner counts Llama: N the parameters used in matmuls
-        (all but embedding tables that are not tied to an output), L layers, H heads, Q = dim/heads, T seq_len."""
+        (all but embedding tables that are not tied to an output), L layers, H heads, Q = dim/heads, T
+        seq_len."""
         if self.flops is not None:
             return self.flops(cfg)
         model = self.meta_model(cfg)
         lookup = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-        multiplied = {id(p) for m in model.modules() if not isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+        multiplied = {id(p) for m in model.modules() if not isinstance(m, nn.Embedding)
+                      for p in m.parameters(recurse=False)}
         n = sum(p.numel() for p in model.parameters() if id(p) not in lookup or id(p) in multiplied)
         return 6.0 * n + cfg.attention_flops_per_token()
 

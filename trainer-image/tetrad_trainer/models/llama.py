@@ -49,11 +49,13 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         return inv_freq
     wavelength = 2 * math.pi / inv_freq
     ratio = scaling.original_max_positions / wavelength
-    smooth = ((ratio - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)).clamp(0, 1)
+    smooth = ((ratio - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor)).clamp(0, 1)
     return inv_freq / scaling.factor * (1 - smooth) + inv_freq * smooth
 
 
-def rope_tables(head_dim: int, theta: float, positions: torch.Tensor, scaling: RopeScaling | None = None) -> torch.Tensor:
+def rope_tables(head_dim: int, theta: float, positions: torch.Tensor,
+                scaling: RopeScaling | None = None) -> torch.Tensor:
     """The rotation of every (position, channel), as two factors: (len(positions), head_dim, 2).
 
     [..., 0] is cos of the channel's pair's angle, [..., 1] is -sin for the pair's first channel and
@@ -142,7 +144,8 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.project_output = True  # False: the last stage returns the final norm's output (the chunked loss projects)
+        # False: the last stage returns the final norm's output (the chunked loss projects)
+        self.project_output = True
         self.set_positions(torch.arange(cfg.seq_len, device="cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +188,8 @@ def initial_values(name: str, cfg: ModelConfig) -> Draw:
 
 
 # Megatron-style TP: column-wise in, row-wise out; sequence parallel norms; vocab-sharded logits.
-_GATHER_SEQUENCE = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
+_GATHER_SEQUENCE = PrepareModuleInput(input_layouts=(Shard(1), None),
+                                      desired_input_layouts=(Replicate(), None))
 TENSOR_PARALLEL = TensorParallelPlan(
     top={
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -235,5 +239,7 @@ def _variant(qk_norm: bool, tied: bool) -> ModelDefinition:
 
 
 def definition_for(cfg: ModelConfig) -> ModelDefinition:
-    """The definition of the built-in decoder with cfg's options (`definition` itself without q/k norms and tie)."""
-    return definition if not (cfg.qk_norm or cfg.tie_embeddings) else _variant(cfg.qk_norm, cfg.tie_embeddings)
+    """The definition of the built-in decoder with cfg's options (`definition` itself without q/k norms
+    and tie)."""
+    return (definition if not (cfg.qk_norm or cfg.tie_embeddings)
+            else _variant(cfg.qk_norm, cfg.tie_embeddings))

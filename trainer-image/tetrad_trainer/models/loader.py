@@ -52,7 +52,8 @@ def checked_definition(cfg: ResolvedConfig) -> ModelDefinition:
     """The job's definition, its model built on the meta device and checked against what the
     definition names and what the layout needs."""
     if cfg.model is None:
-        raise ConfigError("the config has no model (a spec.script job): Tetrad's trainer has nothing to train")
+        raise ConfigError("the config has no model (a spec.script job): "
+                          "Tetrad's trainer has nothing to train")
     definition = definition_of(cfg.model)
     if problems := definition_problems(definition, cfg):
         raise ConfigError(f"spec.model.module={cfg.model.module or BUILT_IN}: {'; '.join(problems)}")
@@ -73,8 +74,8 @@ def definition_problems(definition: ModelDefinition, cfg: ResolvedConfig) -> lis
 def layout_problems(definition: ModelDefinition, cfg: ResolvedConfig) -> list[str]:
     problems = []
     if cfg.layout.tp > 1 and definition.tensor_parallel is None:
-        problems.append(f"spec.parallelism.tp={cfg.layout.tp} needs a tensor-parallel plan (ModelDefinition.tensor_parallel)"
-                        " and the definition has none; use tp: 1")
+        problems.append(f"spec.parallelism.tp={cfg.layout.tp} needs a tensor-parallel plan"
+                        " (ModelDefinition.tensor_parallel) and the definition has none; use tp: 1")
     if cfg.layout.cp > 1 and definition.attention is None:
         problems.append(f"spec.parallelism.cp={cfg.layout.cp} needs the blocks' attention core"
                         " (ModelDefinition.attention) and the definition names none; use cp: 1")
@@ -83,26 +84,29 @@ def layout_problems(definition: ModelDefinition, cfg: ResolvedConfig) -> list[st
 
 def model_problems(definition: ModelDefinition, model: nn.Module, layers: int) -> list[str]:
     """Whether the built model has every part the definition names (and the trainer's protocol)."""
-    problems = [f"the model has no {m!r} (the Decoder protocol)" for m in ("cfg", "project_output", "set_positions")
-                if not hasattr(model, m)]
+    problems = [f"the model has no {m!r} (the Decoder protocol)"
+                for m in ("cfg", "project_output", "set_positions") if not hasattr(model, m)]
     blocks = getattr(model, definition.blocks, None)
     if not isinstance(blocks, nn.ModuleDict) or list(blocks) != [str(i) for i in range(layers)]:
-        problems.append(f"ModelDefinition.blocks={definition.blocks!r}: the model needs a ModuleDict of that name keyed "
-                        f"'0'..'{layers - 1}'")
+        problems.append(f"ModelDefinition.blocks={definition.blocks!r}: the model needs a ModuleDict "
+                        f"of that name keyed '0'..'{layers - 1}'")
         return problems
     stages = (*definition.first_stage, *definition.last_stage)
     problems += [f"the model has no top-level module {name!r} (ModelDefinition.first_stage / last_stage)"
                  for name in stages if not isinstance(getattr(model, name, None), nn.Module)]
     if definition.output not in definition.last_stage:
-        problems.append(f"ModelDefinition.output={definition.output!r} is not among last_stage {definition.last_stage}")
+        problems.append(f"ModelDefinition.output={definition.output!r} is not among last_stage "
+                        f"{definition.last_stage}")
     owned = {definition.blocks, *stages}
     if stray := sorted({n.split(".")[0] for n, _ in model.named_parameters()} - owned):
-        problems.append(f"parameters of {stray} belong to no pipeline stage: name their modules in first_stage or last_stage")
+        problems.append(f"parameters of {stray} belong to no pipeline stage: name their modules in "
+                        "first_stage or last_stage")
     block = blocks["0"]
     if definition.attention is not None and not _has_module(block, definition.attention):
         problems.append(f"ModelDefinition.attention={definition.attention!r} is not a module of a block")
     if (plan := definition.tensor_parallel) is not None:
-        problems += [f"tensor_parallel.top names {p!r}, not a module of the model" for p in plan.top if not _has_module(model, p)]
+        problems += [f"tensor_parallel.top names {p!r}, not a module of the model" for p in plan.top
+                     if not _has_module(model, p)]
         problems += [f"tensor_parallel.block names {p!r}, not a module of a block" for p in plan.block
                      if not _has_module(block, p)]
     return problems + tied_problems(definition, model)
@@ -114,11 +118,14 @@ def tied_problems(definition: ModelDefinition, model: nn.Module) -> list[str]:
     params = dict(model.named_parameters(remove_duplicate=False))
     for a, b in definition.tied:
         if a not in params or b not in params:
-            problems.append(f"tied ({a!r}, {b!r}): the model has no parameter {a if a not in params else b!r}")
+            problems.append(f"tied ({a!r}, {b!r}): the model has no parameter "
+                            f"{a if a not in params else b!r}")
         elif params[a] is not params[b]:
-            problems.append(f"tied ({a!r}, {b!r}) are two tensors: build must tie them (e.g. output.weight = embedding.weight)")
+            problems.append(f"tied ({a!r}, {b!r}) are two tensors: build must tie them "
+                            "(e.g. output.weight = embedding.weight)")
         elif {a.split(".")[0], b.split(".")[0]} - set(stages):
-            problems.append(f"tied ({a!r}, {b!r}): only parameters of first_stage and last_stage modules can be tied")
+            problems.append(f"tied ({a!r}, {b!r}): only parameters of first_stage and last_stage modules "
+                            "can be tied")
         elif a.split(".")[0] in definition.last_stage and b.split(".")[0] in definition.first_stage:
             problems.append(f"tied ({a!r}, {b!r}): name the first stage's end first, ({b!r}, {a!r})")
     return problems
