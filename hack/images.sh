@@ -72,12 +72,17 @@ build_base() {
   echo "$BASE_IMAGE $archive"
 }
 
-# bud TARGET NAME: build a target of the Dockerfile (its layers cached in the store).
+# bud ARGS...: `buildah bud` as every build here needs it: chroot isolation (no OCI runtime for RUN),
+# the host's trust for pip, ulimits within the hard limits (the defaults need CAP_SYS_RESOURCE).
 bud() {
-  (cd "$REPO" && "${B[@]}" bud --quiet --isolation chroot --layers "${TRUST[@]}" \
-    --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
-    --build-arg PYTHON="$BASE_IMAGE" --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" \
-    --target "$1" -t "$2" -f Dockerfile .) >/dev/null
+  "${B[@]}" bud --quiet --isolation chroot "${TRUST[@]}" \
+    --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 "$@" >/dev/null
+}
+
+# bud_target TARGET NAME: a target of the Dockerfile (its layers cached in the store).
+bud_target() {
+  (cd "$REPO" && bud --layers --build-arg PYTHON="$BASE_IMAGE" \
+    --build-arg TORCH_INDEX="${TETRAD_TORCH_INDEX:-}" --target "$1" -t "$2" -f Dockerfile .)
 }
 
 build_target() {
@@ -93,7 +98,7 @@ build_target() {
   if [[ ! -f $archive ]]; then
     local t0=$SECONDS
     log "building $name ..."
-    bud "$target" "$name"
+    bud_target "$target" "$name"
     # zstd: the trainer's 5.7 GB layer compresses in a third of gzip's time (containerd 1.6 reads it).
     "${B[@]}" push --quiet --compression-format zstd "$name" "oci-archive:$archive.tmp:$name"
     mv -f "$archive.tmp" "$archive"
@@ -123,11 +128,11 @@ build_example() {
   if [[ ! -f $archive ]]; then
     local t0=$SECONDS layout
     base=docker.io/tetrad/${EXAMPLE_BASE[$example]}:$VERSION
-    [[ $base == docker.io/tetrad/torch:* ]] && bud torch "$base"  # the trainer's cached layers, tagged
+    if [[ ${EXAMPLE_BASE[$example]} == torch ]]; then
+      bud_target torch "$base"  # the trainer's cached layers, tagged
+    fi
     log "building $name FROM $base ..."
-    "${B[@]}" bud --quiet --isolation chroot --pull=never "${TRUST[@]}" \
-      --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
-      --build-arg BASE="$base" -t "$name" "$dir" >/dev/null
+    bud --pull=never --build-arg BASE="$base" -t "$name" "$dir"
     layout=$(mktemp -d "$OUT/.layout.XXXXXX")
     python3 "$HACK/images/thin-archive.py" placeholders "$trainer" "$layout"
     "${B[@]}" push --quiet "$name" "oci:$layout:$name"
