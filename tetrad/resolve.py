@@ -32,6 +32,7 @@ from tetrad.api.rules import (
     TRAINER_PIPELINE,
     check_data,
     check_data_vocab,
+    check_float8,
     check_layout,
     check_run_policy,
     hf_dims_message,
@@ -255,6 +256,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
                 " use 2 or more"), "warning"))
     rp = spec.run_policy
     check_run_policy(rp, problems)
+    check_float8(spec.training, spec.resources, problems)
     if rp.stall_timeout_seconds and rp.stall_timeout_seconds <= rp.collective_timeout_seconds:
         problems.append(Problem("spec.runPolicy.stallTimeoutSeconds", (
             f"stallTimeoutSeconds={rp.stall_timeout_seconds} is not above collectiveTimeoutSeconds="

@@ -175,6 +175,13 @@ CASES = [
      ["offload=cpu needs FSDP, but dpShard*cp = 1*1 = 1"]),
     (manifest(parallelism={"pp": 4, "dpShard": 1, "cp": 2, "tp": 1},
               training={"fsdp": {"offload": "cpu"}}), []),
+    # float8: compiled bf16 on GPUs, tp 1
+    (manifest(resources={"gpu": 4}, parallelism={"tp": 1, "dpShard": 8, "pp": 1},
+              training={"float8": {"recipe": "rowwise"}, "compile": True}), []),
+    (manifest(parallelism={"tp": 2, "dpShard": 2, "pp": 2}, training={"float8": {"recipe": "tensorwise"},
+                                                                    "precision": "fp32"}),
+     ["float8 needs training.compile: true", "float8 trains a bf16 model", "float8 needs NVIDIA GPUs",
+      "float8 with tensor parallelism is not supported"]),
     # A script job: the model-dependent rules do not apply (tp=8 divides no debug head count), the trainer's
     # sections and settings are refused.
     (script_job(parallelism={"tp": 8, "dpShard": 1, "pp": 1}), []),
@@ -235,6 +242,7 @@ SHARED_RULES: dict[tuple[str, str], Any] = {
     (".resources.gpu", "FieldValueInvalid"): lambda p: p.field == "spec.resources.gpu",
     (".gang.queue", "FieldValueRequired"): lambda p: p.field == "spec.gang.queue",
     (".training.fsdp.offload", "FieldValueInvalid"): lambda p: p.field == "spec.training.fsdp.offload",
+    (".training.float8.recipe", "FieldValueInvalid"): lambda p: p.field == "spec.training.float8.recipe",
     **{(f".{name}", "FieldValueForbidden"): (
         lambda p, name=name: p.field == f"spec.{name}" and "spec.script runs" in p.message)
        for name in ("model", "training", "data")},
@@ -295,7 +303,10 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
     doc = manifest(nodes=nodes, nprocPerNode=nproc, parallelism=parallelism, model=draw(model_specs()),
                    resources={"gpu": draw(st.sampled_from([0, nproc, nproc + 1]))}, gang=gang,
                    training={"globalBatch": draw(st.sampled_from([8, 16, 48, 96])),
-                             "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))}})
+                             "fsdp": {"offload": draw(st.sampled_from(["none", "cpu"]))},
+                             "float8": {"recipe": draw(st.sampled_from(["none", "tensorwise"]))},
+                             "compile": draw(st.booleans()),
+                             "precision": draw(st.sampled_from(["bf16", "fp32"]))})
     if draw(st.booleans()):  # data from a file, or not; with a path and a tokenizer, or not
         data: dict[str, Any] = {"source": draw(st.sampled_from(["synthetic", "text", "tokens", "jsonl"]))}
         if draw(st.booleans()):

@@ -24,6 +24,7 @@ from tetrad.api.rules import (
     DEFAULT_MULTI_STAGES_PER_RANK,
     FAMILY_PRESET_MESSAGE,
     FILE_SOURCES,
+    FLOAT8_NEEDS,
     HF_DIMS,
     JSONL_TOKENIZER_MESSAGE,
     MULTI_STAGE,
@@ -45,9 +46,11 @@ from tetrad.api.spec import (
     DNS1035_LABEL,
     JOB_NAME_MAX,
     DataSource,
+    Float8Recipe,
     Offload,
     ParallelTrainingJobSpec,
     ParallelTrainingJobStatus,
+    Precision,
 )
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
@@ -240,6 +243,7 @@ def spec_rules() -> list[dict[str, str]]:
             "reason": "FieldValueInvalid",
             "fieldPath": ".training.fsdp.offload",
         },
+        *float8_rules(),
         *script_rules(),
         *data_rules(),
         *run_policy_rules(),
@@ -290,6 +294,18 @@ def data_rules() -> list[dict[str, str]]:
                                    "self.model.vocab"),
          "reason": "FieldValueInvalid", "fieldPath": ".model.vocab"},
     ]
+
+
+def float8_rules() -> list[dict[str, str]]:
+    """What float8 needs (rules.check_float8, check_float8_layout)."""
+    off = f"!has(self.training) || self.training.float8.recipe == '{Float8Recipe.NONE.value}'"
+    needs = {"compile": "self.training.compile",
+             "precision": f"self.training.precision == '{Precision.BF16.value}'",
+             "gpu": "self.resources.gpu > 0",
+             "tp": f"!({_is_int('tp')}) || {_degree('tp')} == 1"}
+    return [{"rule": f"{off} || {rule}", "message": f"spec.training.float8.recipe: {FLOAT8_NEEDS[what]}",
+             "reason": "FieldValueInvalid", "fieldPath": ".training.float8.recipe"}
+            for what, rule in needs.items()]
 
 
 def run_policy_rules() -> list[dict[str, str]]:

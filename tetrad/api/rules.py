@@ -12,15 +12,19 @@ from __future__ import annotations
 
 from typing import Final
 
+from tetrad.api.accelerators import find_accelerator
 from tetrad.api.contract import EXIT_ALWAYS_RETRIED
 from tetrad.api.problems import Problem
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.spec import (
     Data,
     DataSource,
+    Float8Recipe,
     Offload,
     ParallelTrainingJobSpec,
     PPSchedule,
+    Precision,
+    Resources,
     RunPolicy,
     Training,
 )
@@ -151,6 +155,44 @@ def check_run_policy(policy: RunPolicy, problems: list[Problem]) -> None:
     if policy.backoff_max_seconds < policy.backoff_seconds:
         problems.append(Problem("spec.runPolicy.backoffMaxSeconds",
                                 BACKOFF_MESSAGE.format(policy.backoff_max_seconds, policy.backoff_seconds)))
+
+
+# What float8 (training.float8.recipe) needs, each said once for Python and CEL (tetrad.api.crd).
+FLOAT8_NEEDS: Final = {
+    "compile": "float8 needs training.compile: true (torchao's float8 casts are fast only compiled); set "
+               "compile: true or float8.recipe: none",
+    "precision": "float8 trains a bf16 model; set training.precision: bf16 or float8.recipe: none",
+    "gpu": "float8 needs NVIDIA GPUs of compute capability 8.9 or newer (H100, H200, L4, L40S, B200); set "
+           "resources.gpu or float8.recipe: none",
+    "tp": "float8 with tensor parallelism is not supported yet; use tp: 1 (shard with dpShard) or "
+          "float8.recipe: none",
+}
+
+
+def check_float8(training: Training, resources: Resources | None, problems: list[Problem]) -> None:
+    """float8 runs compiled bf16 training on GPUs that have float8 matmuls (resources None: not known here,
+    the trainer checks the device)."""
+    if training.float8.recipe == Float8Recipe.NONE:
+        return
+    field = "spec.training.float8.recipe"
+    if not training.compile:
+        problems.append(Problem(field, FLOAT8_NEEDS["compile"]))
+    if training.precision != Precision.BF16:
+        problems.append(Problem(field, FLOAT8_NEEDS["precision"]))
+    if resources is None:
+        return
+    if resources.gpu == 0:
+        problems.append(Problem(field, FLOAT8_NEEDS["gpu"]))
+    elif (resources.gpu_type and (found := find_accelerator(resources.gpu_type))
+          and not found[1].float8_tflops):
+        problems.append(Problem(field, (
+            f"resources.gpuType={resources.gpu_type}: the {found[0]} has no float8 matmuls (compute "
+            "capability below 8.9); use an H100, H200, L4, L40S or B200, or float8.recipe: none")))
+
+
+def check_float8_layout(training: Training, layout: Layout, problems: list[Problem]) -> None:
+    if training.float8.recipe != Float8Recipe.NONE and layout.tp > 1:
+        problems.append(Problem("spec.training.float8.recipe", FLOAT8_NEEDS["tp"]))
 
 
 def divisors(n: int) -> list[int]:
@@ -284,6 +326,7 @@ def check_layout(spec: ParallelTrainingJobSpec, cfg: ModelConfig, layout: Layout
                        cfg.layers, problems)
     check_batch(spec.training, layout, n_microbatches, problems)
     check_fsdp(spec.training, layout, problems)
+    check_float8_layout(spec.training, layout, problems)
     if layout.tp > spec.nproc_per_node:
         problems.append(Problem(f"{par}.tp", (
             f"tp={layout.tp} spans nodes (nprocPerNode={spec.nproc_per_node});"
@@ -303,6 +346,8 @@ def check_resolved(cfg: ResolvedConfig) -> list[Problem]:
                        cfg.model.layers, problems)
     check_batch(cfg.training, cfg.layout, cfg.pp_microbatches, problems)
     check_fsdp(cfg.training, cfg.layout, problems)
+    check_float8(cfg.training, None, problems)
+    check_float8_layout(cfg.training, cfg.layout, problems)
     check_data(cfg.data, problems)
     check_data_vocab(cfg.data, cfg.model.vocab, problems)
     return problems

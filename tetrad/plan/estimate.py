@@ -32,6 +32,11 @@ ELEMENTWISE_BYTES = {False: 1050.0, True: 400.0}  # by training.compile: eager, 
 # Per parameter on the device: the norm reads the fp32 gradient, fused AdamW reads the parameter, the
 # gradient and both moments and writes them back; 52 at the bandwidth these kernels reach (H200).
 OPTIMIZER_STEP_BYTES_PER_PARAM = 52.0
+# float8 (training.float8): the casts of the converted layers' inputs and output gradients, with their
+# scales' reductions, per token, block and model dim; and of their weights, twice per microbatch (for the
+# forward and for the input gradient), per parameter. Both to be calibrated on a GPU (docs/planner.md).
+FLOAT8_ACTIVATION_CAST_BYTES = 150.0
+FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM = 20.0
 # Share of the transient memory (activations and the loss) the caching allocator loses to fragmentation.
 FRAGMENTATION = 0.05
 
@@ -59,6 +64,8 @@ class Workload:
     compile: bool = False  # training.compile: blocks, and the loss where compiles_loss says so
     reshard_after_forward: bool = True  # training.fsdp.reshardAfterForward (false: ZeRO-2 behaviour)
     offload: bool = False  # training.fsdp.offload: cpu
+    float8: bool = False  # training.float8.recipe is not none: the blocks' linear layers in float8
+    float8_output: bool = False  # training.float8.output: the output projection too
 
 
 @dataclass
@@ -72,6 +79,7 @@ class Estimate:
     model_flops: float  # per device, 6N + attention
     hardware_flops: float  # per device, with activation recompute
     attention_flops: float = 0.0  # the part of hardware_flops in attention, recompute included
+    float8_flops: float = 0.0  # the part of hardware_flops in float8 matmuls, recompute included
     # bytes the memory-bound kernels move per device and step, besides the matmuls and attention:
     elementwise_bytes: float = 0.0  # norms, activations, rotary, residuals, casts, the loss
     optimizer_step_bytes: float = 0.0  # the clipping's norm and fused AdamW over the device's params
@@ -202,9 +210,18 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         comm["pp"] = 2 * n_micro * per_rank * tokens_micro * h * cbytes / layout.tp
     if w.loss_chunks > 1:  # each slice's output projection runs again in the backward
         hardware_flops += 2 * m.dim * m.vocab * tokens_rank
+    elementwise = ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h
+    float8_flops = 0.0
+    if w.float8:
+        linear_params = (m.layers * (m.block_params() - 2 * m.dim)
+                         + (m.dim * m.vocab if w.float8_output else 0))
+        float8_flops = 6 * linear_params * tokens_rank * (1 + recompute)
+        weights_local = linear_params / layout.pp / layout.tp
+        elementwise += (FLOAT8_ACTIVATION_CAST_BYTES * tokens_rank * m.layers * h
+                        + FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM * weights_local * n_micro)
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops,
-                    attention_flops,
-                    elementwise_bytes=ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h,
+                    attention_flops, float8_flops,
+                    elementwise_bytes=elementwise,
                     optimizer_step_bytes=OPTIMIZER_STEP_BYTES_PER_PARAM * params / 4, comm_bytes=comm,
                     fragmentation_bytes=FRAGMENTATION * activations, host_bytes=host, host_params=host_params,
                     host_copy_bytes=_host_copies(host_params, gathers, rounds))

@@ -23,7 +23,13 @@ from tetrad.api.accelerators import ACCELERATORS, ASSUMED, Accelerator, find_acc
 from tetrad.api.problems import Problem, errors
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.rules import check_layout, divisors, microbatches, stages_per_rank
-from tetrad.api.spec import ActivationCheckpointing, Offload, ParallelTrainingJobSpec, PPSchedule
+from tetrad.api.spec import (
+    ActivationCheckpointing,
+    Float8Recipe,
+    Offload,
+    ParallelTrainingJobSpec,
+    PPSchedule,
+)
 from tetrad.plan.estimate import Estimate, GiB, Workload, estimate
 from tetrad.plan.timing import StepTime, step_time
 
@@ -59,6 +65,8 @@ def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
         compile=t.compile,
         reshard_after_forward=t.fsdp.reshard_after_forward,
         offload=t.fsdp.offload == Offload.CPU,
+        float8=t.float8.recipe != Float8Recipe.NONE,
+        float8_output=t.float8.output,
     )
 
 
@@ -93,6 +101,8 @@ def _candidates(spec: ParallelTrainingJobSpec, cfg: ModelConfig) -> list[Layout]
         return auto if value == "auto" else [int(value)]
 
     tp_auto = [d for d in divisors(spec.nproc_per_node) if cfg.heads % d == 0 and cfg.kv_heads % d == 0]
+    if spec.training.float8.recipe != Float8Recipe.NONE:
+        tp_auto = [1]  # rules.check_float8_layout
     out = []
     for pp, cp, tp in itertools.product(options(p.pp, divisors(world)), options(p.cp, divisors(world)),
                                         options(p.tp, tp_auto)):

@@ -21,6 +21,8 @@ from tetrad.plan.estimate import FSDP, Estimate, Workload
 # bf16 GEMMs ran at 0.75-0.79; flash attention at about half (its FLOPs counted whole, causal or not).
 MATMUL_EFFICIENCY = 0.76
 ATTENTION_EFFICIENCY = 0.5
+# float8 matmuls (training.float8) against the float8 peak: a first guess, to be calibrated on a GPU.
+FLOAT8_MATMUL_EFFICIENCY = 0.6
 HOST = "host (CPU offload)"  # the comm key of offload's host <-> device copies
 # prefetched all-gathers, reduce-scatters during backward, their copies
 OVERLAPPED = (FSDP, "dp_replicate", HOST)
@@ -78,7 +80,9 @@ def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: A
     layout = est.layout
     peak = acc.peak_tflops * 1e12
     memory_bound = (est.elementwise_bytes + est.optimizer_step_bytes) / (acc.memory_gbps * 1e9)
-    compute = ((est.hardware_flops - est.attention_flops) / (peak * MATMUL_EFFICIENCY)
+    float8_peak = (acc.float8_tflops or acc.peak_tflops) * 1e12
+    compute = ((est.hardware_flops - est.attention_flops - est.float8_flops) / (peak * MATMUL_EFFICIENCY)
+               + est.float8_flops / (float8_peak * FLOAT8_MATMUL_EFFICIENCY)
                + est.attention_flops / (peak * ATTENTION_EFFICIENCY) + memory_bound)
     bubble = 0.0
     if layout.pp > 1:

@@ -1,7 +1,7 @@
 """From a meta-device model to this rank's parallelized, materialized model parts.
 
 A straight line, in this order:
-    pipeline split → apply_tp → apply_cp → apply_ac → apply_compile
+    pipeline split → apply_float8 → apply_tp → apply_cp → apply_ac → apply_compile
         → apply_fsdp | apply_ddp | apply_replicate → init_weights
 Each step is a plain function of a model part, so a reader can follow what each rank holds. The
 model's definition (tetrad_trainer.models.ModelDefinition) names the parts each step works on; a
@@ -11,6 +11,7 @@ step given no definition takes the one the model's cfg names.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from tetrad.api.resolved import Layout, ResolvedConfig
 from tetrad.api.rules import MULTI_STAGE, compiles_loss
-from tetrad.api.spec import ActivationCheckpointing, Offload, PPSchedule, Precision
+from tetrad.api.spec import ActivationCheckpointing, Float8, Float8Recipe, Offload, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
 from tetrad_trainer.config import ConfigError
 from tetrad_trainer.loss import TokenLoss
@@ -85,6 +86,8 @@ class ParallelModel:
     autocast: bool  # bf16 without FSDP's mixed precision: run forward under autocast
     loss: TokenLoss  # the last stage's loss (the pipeline schedule's loss_fn); its scale is set every step
     tied: list[TiedCopies] = field(default_factory=list)  # tied pairs split over pipeline stages
+    # tensorwise float8 under FSDP all-gathers float8 weights: their scales are computed after each step
+    float8_scales: bool = False
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -93,6 +96,14 @@ class ParallelModel:
         """Sum the gradients of the tied copies; collective over the pipeline ranks holding them."""
         for t in self.tied:
             t.reduce_grads()
+
+    def after_optimizer_step(self) -> None:
+        """The float8 weights' scales for the next all-gathers, in one all-reduce for all parameters."""
+        if self.float8_scales:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            for part in self.parts:
+                precompute_float8_dynamic_scale_for_fsdp(part)
 
     def uncounted(self) -> list[nn.Parameter]:
         """Tied copies the gradient norm must skip: their gradient is counted on the other end."""
@@ -187,6 +198,60 @@ def tied_across_stages(cfg: ResolvedConfig, definition: ModelDefinition, parts: 
         if held:
             tied.append(TiedCopies(copies=list(held.values()), group=groups.get(ranks), second=held.get(b)))
     return tied
+
+
+# --- float8 ------------------------------------------------------------------------------------------
+
+# torch._scaled_mm multiplies float8 matrices whose dims are multiples of 16.
+FLOAT8_DIM_MULTIPLE = 16
+
+
+def float8_modules(model: nn.Module, float8: Float8, definition: ModelDefinition | None = None) -> list[str]:
+    """The linear layers float8 converts: every nn.Linear of the blocks, and the output projection when
+    float8.output says so, whose dims are multiples of FLOAT8_DIM_MULTIPLE."""
+    definition = _definition(model, definition)
+    prefixes = (f"{definition.blocks}.", *((f"{definition.output}",) if float8.output else ()))
+    return [fqn for fqn, m in model.named_modules()
+            if isinstance(m, nn.Linear) and fqn.startswith(prefixes)
+            and m.in_features % FLOAT8_DIM_MULTIPLE == 0 and m.out_features % FLOAT8_DIM_MULTIPLE == 0]
+
+
+def check_float8_device(device: torch.device) -> None:
+    """float8 matmuls need torchao and an NVIDIA GPU of compute capability 8.9 or newer."""
+    field = "spec.training.float8.recipe"
+    if device.type != "cuda":
+        raise ConfigError(f"{field}: float8 needs a CUDA GPU, this process runs on {device.type}")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        raise ConfigError(f"{field}: float8 needs a GPU of compute capability 8.9 or newer (H100, H200, L4, "
+                          f"L40S, B200); {torch.cuda.get_device_name(device)} is "
+                          f"{capability[0]}.{capability[1]}: set float8.recipe: none")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"{field}: float8 needs torchao, which this image lacks (pip install torchao, or "
+                          "use Tetrad's trainer image)") from e
+
+
+def apply_float8(model: nn.Module, float8: Float8, fsdp: bool, definition: ModelDefinition | None = None,
+                 emulate: bool = False) -> bool:
+    """Swap float8_modules for torchao's Float8Linear (dynamic scaling by float8.recipe; on the meta device,
+    before everything else). Under FSDP the tensorwise recipe all-gathers the weights in float8. True when
+    the weights' scales must be precomputed after each optimizer step (ParallelModel.after_optimizer_step).
+    emulate: the matmuls in high precision on any device (tests)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(float8.recipe.value)
+    all_gather = fsdp and float8.recipe == Float8Recipe.TENSORWISE
+    config = dataclasses.replace(config, enable_fsdp_float8_all_gather=all_gather, emulate=emulate)
+    if float8.recipe != Float8Recipe.TENSORWISE:
+        import torch._inductor.config
+
+        # the rowwise casts round like eager only with this (pytorch/pytorch#150859)
+        torch._inductor.config.emulate_precision_casts = True  # type: ignore[attr-defined]
+    chosen = set(float8_modules(model, float8, definition))
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, fqn: fqn in chosen)
+    return all_gather
 
 
 # --- tensor, context and data parallelism -----------------------------------------------------------
@@ -344,7 +409,12 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
     # This rank's positions of the sequence: its load-balanced chunks under CP.
     positions = context_parallel.shard_sequence(torch.arange(cfg.model.seq_len), 0, layout.cp,
                                                 mesh.local_rank("cp"))
+    float8_scales = False
+    if training.float8.recipe != Float8Recipe.NONE:
+        check_float8_device(device)
     for part in parts:
+        if training.float8.recipe != Float8Recipe.NONE:
+            float8_scales = apply_float8(part, training.float8, data_parallel == "fsdp", definition)
         if layout.tp > 1:
             apply_tp(part, mesh["tp"], definition)
         if layout.cp > 1:
@@ -385,6 +455,7 @@ def parallelize(cfg: ResolvedConfig, mesh: Mesh, device: torch.device) -> Parall
         autocast=training.precision == Precision.BF16 and data_parallel in (None, "ddp"),
         loss=loss,
         tied=tied_across_stages(cfg, definition, parts, ids, mesh) if layout.pp > 1 else [],
+        float8_scales=float8_scales,
     )
 
 

@@ -185,6 +185,7 @@ class Trainer:
         self.model.reduce_tied_grads()  # tied parameters split over pipeline stages
         grad_norm = clip_and_step(self.optimizer, self.cfg.training.grad_clip, self.pp_group,
                                   self.model.uncounted())
+        self.model.after_optimizer_step()
         return loss, grad_norm, lr
 
     def global_loss(self, loss: torch.Tensor) -> float:
