@@ -36,17 +36,45 @@ def test_smoke_runs_every_system_on_the_cpu(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["system"]: r for r in json.loads(out.read_text())}
-    assert set(rows) == {"tetrad", "hf", "hand"}
+    assert set(rows) == {"tetrad", "torchtitan", "hf", "hand"}
     for system in ("tetrad", "hand"):
         assert rows[system]["status"] == "ok", rows[system]
         assert (rows[system]["tokens_per_second"] > 0 and rows[system]["peak_bytes"] > 0
-                and rows[system]["mfu"] > 0)
-    if importlib.util.find_spec("transformers") is None:
-        assert rows["hf"]["status"] == "skipped: transformers is not installed (pip install transformers)"
-        assert "ratio" not in rows["tetrad"]
-    else:
-        assert rows["hf"]["status"] == "ok" and rows["tetrad"]["ratio"] > 0
+                and rows[system]["mfu"] > 0 and 0 < rows[system]["final_loss"] < 12)
+    for system, package in (("hf", "transformers"), ("torchtitan", "torchtitan")):
+        if importlib.util.find_spec(package) is None:
+            assert rows[system]["status"] == f"skipped: {package} is not installed (pip install {package})"
+            assert "vs_" + system not in rows["tetrad"]
+        else:
+            assert rows[system]["status"] == "ok" and rows["tetrad"]["vs_" + system] > 0
     assert "| debug-2x64-eager | tetrad | " in done.stdout
+
+
+def test_torchtitan_is_given_tetrads_dims_batch_and_settings() -> None:
+    """The torchtitan system's configuration, checked without torchtitan: its FFN sizing rule gives Tetrad's
+    width, and each setting the comparison depends on is mapped."""
+    import math
+
+    from tetrad.api import parse
+    from tetrad.resolve import resolve
+
+    cfg = gpu.Config("llama3-1b", 2048, 4, ac="selective", compile=True, float8="rowwise")
+    job, problems = parse(gpu.job_document(cfg, 40, "bf16", 1, None))
+    assert job is not None, problems
+    resolved = resolve(job)
+    args, sections = gpu.torchtitan_settings(resolved)
+    m = resolved.model
+    hidden = int(2 * 4 * args["dim"] / 3)  # torchtitan's FeedForward sizing, with no multiplier
+    assert args["multiple_of"] * math.ceil(hidden / args["multiple_of"]) == m.ffn_dim == 8192
+    assert (args["dim"], args["n_layers"], args["n_heads"], args["n_kv_heads"], args["vocab_size"]) == (
+        2048, 16, 32, 8, 128256)
+    assert sections["training"] | {} == {"local_batch_size": 4, "global_batch_size": 4, "seq_len": 2048,
+                                         "steps": 40, "max_norm": 1.0, "mixed_precision_param": "bfloat16"}
+    assert sections["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
+    assert sections["compile"] == {"enable": True, "components": ["model", "loss"]}
+    assert sections["optimizer"]["implementation"] == "fused"
+    assert sections["model"]["converters"] == ["quantize.linear.float8"]
+    assert sections["float8"] == {"recipe_name": "rowwise", "filter_fqns": ["output"]}
 
 
 def test_the_gpu_checks_refuse_to_run_without_a_gpu_and_their_preflight_check_holds_on_the_cpu() -> None:
