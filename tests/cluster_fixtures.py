@@ -196,8 +196,11 @@ def start_cluster(name: str, extra_env: dict[str, str] | None = None) -> Cluster
     )
 
 
-def stop_cluster(name: str) -> None:
+def stop_cluster(name: str, missing_ok: bool = False) -> None:
+    """``hack/cluster.sh down``; missing_ok: a cluster this machine never brought up is fine."""
     down = cluster_script("down", name=name, timeout=300)
+    if missing_ok and down.returncode != 0 and "error: no such cluster" in down.stderr:
+        return
     if down.returncode != 0:
         raise RuntimeError(f"hack/cluster.sh down failed ({down.returncode}):\n{down.stderr[-4000:]}")
 
@@ -308,8 +311,9 @@ def real_nodes(k8s_tools: Path) -> Iterator[RealCluster]:
         pytest.skip("real nodes need root (bridges, cgroups, containerd)")
     name = os.environ.get("TETRAD_REAL_CLUSTER_NAME", "pytest-real")
     # A real-node cluster is the only one of its kind on a machine; `down` also removes what a crashed
-    # earlier run of it left on the host (links, mounts, cgroups), so the snapshot is of a clean host.
-    stop_cluster(name)
+    # earlier run of it left on the host (links, mounts, cgroups), so the snapshot is of a clean host. On a
+    # fresh machine there is none yet.
+    stop_cluster(name, missing_ok=True)
     before = host_snapshot()
     # One kwok node beside the real ones, tainted so that no workload of these tests lands on it.
     extra = {"TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES), "TETRAD_NODE_TAINT": FAKE_NODE_TAINT}
