@@ -19,12 +19,12 @@ from tetrad.cli.report import plan_job, print_plan
 from tetrad.plan.estimate import FSDP, GiB, Workload, count_text, estimate
 from tetrad.plan.solver import CLEARLY_FASTER
 from tetrad.plan.timing import (
-    ATTENTION_EFFICIENCY,
     HOST,
     HOST_ADAMW_PARAMS_PER_S,
     HOST_LINK_GBPS,
     MATMUL_EFFICIENCY,
     OVERLAPPED,
+    attention_efficiency,
     crosses_nodes,
     step_time,
 )
@@ -215,7 +215,7 @@ def test_step_time_charges_network_speed_and_exposes_only_model_parallel_traffic
     est = estimate(cfg, Layout(tp=2, dp_shard=8), w)
     assert inside.compute_s == pytest.approx(
         (est.hardware_flops - est.attention_flops) / (989e12 * MATMUL_EFFICIENCY)
-        + est.attention_flops / (989e12 * ATTENTION_EFFICIENCY)
+        + est.attention_flops / (989e12 * attention_efficiency(cfg.seq_len))
         + (est.elementwise_bytes + est.optimizer_step_bytes) / 3350e9)
 
 

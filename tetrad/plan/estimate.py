@@ -34,7 +34,8 @@ ELEMENTWISE_BYTES = {False: 1050.0, True: 400.0}  # by training.compile: eager, 
 OPTIMIZER_STEP_BYTES_PER_PARAM = 52.0
 # float8 (training.float8): the casts of the converted layers' inputs and output gradients, with their
 # scales' reductions, per token, block and model dim; and of their weights, twice per microbatch (for the
-# forward and for the input gradient), per parameter. Both to be calibrated on a GPU (docs/planner.md).
+# forward and for the input gradient), per parameter: from the tensors each cast reads and writes, not
+# fitted (docs/planner.md).
 FLOAT8_ACTIVATION_CAST_BYTES = 150.0
 FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM = 20.0
 # Share of the transient memory (activations and the loss) the caching allocator loses to fragmentation.
@@ -80,6 +81,7 @@ class Estimate:
     hardware_flops: float  # per device, with activation recompute
     attention_flops: float = 0.0  # the part of hardware_flops in attention, recompute included
     float8_flops: float = 0.0  # the part of hardware_flops in float8 matmuls, recompute included
+    seq_len: int = 0  # the model's: flash attention's efficiency depends on it (tetrad.plan.timing)
     # bytes the memory-bound kernels move per device and step, besides the matmuls and attention:
     elementwise_bytes: float = 0.0  # norms, activations, rotary, residuals, casts, the loss
     optimizer_step_bytes: float = 0.0  # the clipping's norm and fused AdamW over the device's params
@@ -220,7 +222,7 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         elementwise += (FLOAT8_ACTIVATION_CAST_BYTES * tokens_rank * m.layers * h
                         + FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM * weights_local * n_micro)
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops,
-                    attention_flops, float8_flops,
+                    attention_flops, float8_flops, m.seq_len,
                     elementwise_bytes=elementwise,
                     optimizer_step_bytes=OPTIMIZER_STEP_BYTES_PER_PARAM * params / 4, comm_bytes=comm,
                     fragmentation_bytes=FRAGMENTATION * activations, host_bytes=host, host_params=host_params,

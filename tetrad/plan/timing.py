@@ -18,10 +18,14 @@ from tetrad.api.spec import PPSchedule
 from tetrad.plan.estimate import FSDP, Estimate, Workload
 
 # Shares of the datasheet peak, from a torch profile of llama3-1b on an H200 (docs/planner.md): the
-# bf16 GEMMs ran at 0.75-0.79; flash attention at about half (its FLOPs counted whole, causal or not).
+# bf16 GEMMs ran at 0.75-0.79. Flash attention's share (its FLOPs counted whole, causal or not) grows with
+# the sequence, ATTENTION_EFFICIENCY_MAX * s / (s + ATTENTION_HALF_SEQ_LEN): fitted to the 2,048- to
+# 32,768-token runs on an H200.
 MATMUL_EFFICIENCY = 0.76
-ATTENTION_EFFICIENCY = 0.5
-# float8 matmuls (training.float8) against the float8 peak: a first guess, to be calibrated on a GPU.
+ATTENTION_EFFICIENCY_MAX = 0.8
+ATTENTION_HALF_SEQ_LEN = 2048
+# float8 matmuls (training.float8) against the float8 peak: set before the first float8 run, which it
+# predicted within 2 % (one H200, docs/planner.md).
 FLOAT8_MATMUL_EFFICIENCY = 0.6
 HOST = "host (CPU offload)"  # the comm key of offload's host <-> device copies
 # prefetched all-gathers, reduce-scatters during backward, their copies
@@ -63,6 +67,10 @@ class StepTime:
                 "tokens_per_second_per_device": self.tokens_per_second, "mfu": self.mfu}
 
 
+def attention_efficiency(seq_len: int) -> float:
+    return ATTENTION_EFFICIENCY_MAX * seq_len / (seq_len + ATTENTION_HALF_SEQ_LEN)
+
+
 def group(layout: Layout, dim: str) -> tuple[int, int]:
     """(stride, size) of dim's process groups in rank order; tp is innermost (MESH_DIMS)."""
     tp, cp, dps, dpr = layout.tp, layout.cp, layout.dp_shard, layout.dp_replicate
@@ -83,7 +91,7 @@ def step_time(est: Estimate, w: Workload, nproc_per_node: int, name: str, acc: A
     float8_peak = (acc.float8_tflops or acc.peak_tflops) * 1e12
     compute = ((est.hardware_flops - est.attention_flops - est.float8_flops) / (peak * MATMUL_EFFICIENCY)
                + est.float8_flops / (float8_peak * FLOAT8_MATMUL_EFFICIENCY)
-               + est.attention_flops / (peak * ATTENTION_EFFICIENCY) + memory_bound)
+               + est.attention_flops / (peak * attention_efficiency(est.seq_len)) + memory_bound)
     bubble = 0.0
     if layout.pp > 1:
         # (pp-1) idle slots per (microbatches x virtual stages); zero-bubble fills about half of them
