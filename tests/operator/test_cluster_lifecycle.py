@@ -204,8 +204,9 @@ def test_ttl_deletes_the_finished_job(api, operator, namespace):
 
 def test_active_deadline_fails_the_job(api, operator, namespace):
     ns = namespace
-    api.create_job(ns, ptj("slow", nodes=1, runPolicy={"activeDeadlineSeconds": 3}))
+    # long enough for the pod to run first on a loaded machine (3 s was not, once in CI)
+    api.create_job(ns, ptj("slow", nodes=1, runPolicy={"activeDeadlineSeconds": 10}))
     wait_running(api, ns, "slow", 1)
-    st = wait_phase(api, ns, "slow", "Failed", timeout=20)
+    st = wait_phase(api, ns, "slow", "Failed", timeout=25)
     assert condition(st, "Failed")["reason"] == "DeadlineExceeded"
     wait_for(lambda: not running_pods(api, ns, "slow"), what="running pods deleted")
