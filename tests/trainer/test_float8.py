@@ -44,6 +44,15 @@ def test_every_linear_layer_of_the_blocks_is_converted_and_the_output_only_when_
         BLOCK_LINEARS, key=list(dict(model(None).named_modules())).index)
 
 
+def test_only_the_output_projection_itself_is_converted_not_a_module_whose_name_starts_like_it() -> None:
+    m = built_in.definition.meta_model(LLAMA.model)
+    with torch.device("meta"):
+        m.output_head = torch.nn.Module()
+        m.output_head.proj = torch.nn.Linear(64, 64)
+    names = float8_modules(m, Float8(recipe="tensorwise", output=True))
+    assert "output" in names and "output_head.proj" not in names
+
+
 def test_a_layer_whose_dims_are_not_multiples_of_16_stays_in_bf16() -> None:
     odd = job({}, nproc=1, model={"seqLen": 32, "layers": 1, "ffnDim": 100})
     names = float8_modules(built_in.definition.meta_model(odd.model), Float8(recipe="tensorwise"))

@@ -24,6 +24,7 @@ from tetrad.api.rules import (
     DEFAULT_MULTI_STAGES_PER_RANK,
     FAMILY_PRESET_MESSAGE,
     FILE_SOURCES,
+    FLOAT8_FIELD,
     FLOAT8_NEEDS,
     HF_DIMS,
     JSONL_TOKENIZER_MESSAGE,
@@ -303,7 +304,7 @@ def float8_rules() -> list[dict[str, str]]:
              "precision": f"self.training.precision == '{Precision.BF16.value}'",
              "gpu": "self.resources.gpu > 0",
              "tp": f"!({_is_int('tp')}) || {_degree('tp')} == 1"}
-    return [{"rule": f"{off} || {rule}", "message": f"spec.training.float8.recipe: {FLOAT8_NEEDS[what]}",
+    return [{"rule": f"{off} || {rule}", "message": f"{FLOAT8_FIELD}: {FLOAT8_NEEDS[what]}",
              "reason": "FieldValueInvalid", "fieldPath": ".training.float8.recipe"}
             for what, rule in needs.items()]
 

@@ -157,7 +157,9 @@ def check_run_policy(policy: RunPolicy, problems: list[Problem]) -> None:
                                 BACKOFF_MESSAGE.format(policy.backoff_max_seconds, policy.backoff_seconds)))
 
 
-# What float8 (training.float8.recipe) needs, each said once for Python and CEL (tetrad.api.crd).
+# What float8 (training.float8.recipe) needs, each said once for Python, CEL (tetrad.api.crd) and the
+# trainer's device check.
+FLOAT8_FIELD: Final = "spec.training.float8.recipe"
 FLOAT8_NEEDS: Final = {
     "compile": "float8 needs training.compile: true (torchao's float8 casts are fast only compiled); set "
                "compile: true or float8.recipe: none",
@@ -174,7 +176,7 @@ def check_float8(training: Training, resources: Resources | None, problems: list
     the trainer checks the device)."""
     if training.float8.recipe == Float8Recipe.NONE:
         return
-    field = "spec.training.float8.recipe"
+    field = FLOAT8_FIELD
     if not training.compile:
         problems.append(Problem(field, FLOAT8_NEEDS["compile"]))
     if training.precision != Precision.BF16:
@@ -192,7 +194,7 @@ def check_float8(training: Training, resources: Resources | None, problems: list
 
 def check_float8_layout(training: Training, layout: Layout, problems: list[Problem]) -> None:
     if training.float8.recipe != Float8Recipe.NONE and layout.tp > 1:
-        problems.append(Problem("spec.training.float8.recipe", FLOAT8_NEEDS["tp"]))
+        problems.append(Problem(FLOAT8_FIELD, FLOAT8_NEEDS["tp"]))
 
 
 def divisors(n: int) -> list[int]:

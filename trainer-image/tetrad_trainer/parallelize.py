@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from tetrad.api.resolved import Layout, ResolvedConfig
-from tetrad.api.rules import MULTI_STAGE, compiles_loss
+from tetrad.api.rules import FLOAT8_FIELD, MULTI_STAGE, compiles_loss
 from tetrad.api.spec import ActivationCheckpointing, Float8, Float8Recipe, Offload, PPSchedule, Precision
 from tetrad_trainer import cp as context_parallel
 from tetrad_trainer.config import ConfigError
@@ -210,15 +210,19 @@ def float8_modules(model: nn.Module, float8: Float8, definition: ModelDefinition
     """The linear layers float8 converts: every nn.Linear of the blocks, and the output projection when
     float8.output says so, whose dims are multiples of FLOAT8_DIM_MULTIPLE."""
     definition = _definition(model, definition)
-    prefixes = (f"{definition.blocks}.", *((f"{definition.output}",) if float8.output else ()))
+    blocks = f"{definition.blocks}."
+
+    def chosen(fqn: str) -> bool:
+        return fqn.startswith(blocks) or (float8.output and fqn == definition.output)
+
     return [fqn for fqn, m in model.named_modules()
-            if isinstance(m, nn.Linear) and fqn.startswith(prefixes)
+            if isinstance(m, nn.Linear) and chosen(fqn)
             and m.in_features % FLOAT8_DIM_MULTIPLE == 0 and m.out_features % FLOAT8_DIM_MULTIPLE == 0]
 
 
 def check_float8_device(device: torch.device) -> None:
     """float8 matmuls need torchao and an NVIDIA GPU of compute capability 8.9 or newer."""
-    field = "spec.training.float8.recipe"
+    field = FLOAT8_FIELD
     if device.type != "cuda":
         raise ConfigError(f"{field}: float8 needs a CUDA GPU, this process runs on {device.type}")
     capability = torch.cuda.get_device_capability(device)
