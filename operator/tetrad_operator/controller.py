@@ -81,6 +81,26 @@ SYSTEM_CLOCK = SystemClock()
 
 
 @dataclass
+class PodView:
+    """What a job's loop knows of its pods beyond what the informer holds."""
+
+    expected: dict[str, float] = field(default_factory=dict)  # pods created (name: when), not yet shown
+    gone: set[str] = field(default_factory=set)  # uids of pods the informer still has but the API has not
+    last_listed: float = -1e9  # clock.monotonic() of the last consistent LIST of the job's pods
+
+
+@dataclass
+class Scraping:
+    """The live figures' scrape of rank 0: the one in flight, and when the next one is due."""
+
+    task: asyncio.Task[None] | None = None
+    next_at: float = 0.0  # clock.monotonic()
+
+    def busy(self, now: float) -> bool:
+        return (self.task is not None and not self.task.done()) or now < self.next_at
+
+
+@dataclass
 class JobLoop:
     """What one job's loop remembers between passes; it lives exactly as long as the loop."""
 
@@ -88,13 +108,10 @@ class JobLoop:
     clock: Clock = SYSTEM_CLOCK
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     phase: str = ""
-    expected: dict[str, float] = field(default_factory=dict)  # pods created, not yet in the informer
-    gone: set[str] = field(default_factory=set)  # uids of pods the informer still has but the API has not
-    last_listed: float = -1e9  # clock.monotonic() of the last consistent LIST of the job's pods
-    scrape: asyncio.Task[None] | None = None
-    next_scrape: float = 0.0
-    spec: ResolvedJob | None = None  # the spec of generation `spec_of`, parsed and resolved once
-    spec_of: tuple[str, int | None] | None = None  # (metadata.uid, metadata.generation)
+    pods: PodView = field(default_factory=PodView)
+    scraping: Scraping = field(default_factory=Scraping)
+    # the spec of one (metadata.uid, metadata.generation), parsed and resolved once
+    spec: tuple[tuple[str, int | None], ResolvedJob] | None = None
     rejection: PodRejection | None = None  # passes in a row whose pod creations were refused
     queue_read: tuple[int, float, str | None] | None = None  # (restart, clock.monotonic(), Kueue's reason)
     # the job's newest body seen: a GET, a status write's answer, the watch
@@ -148,7 +165,7 @@ class JobLoop:
         once per resync period, from the loop's first pass on. Never for a job not reconciled yet
         (no status: a pass writes it before creating anything), which has no pod of ours that a
         lagging watch could hide; `reconcile` starts its period there."""
-        return bool(body.get("status")) and self.clock.monotonic() - self.last_listed > resync_seconds
+        return bool(body.get("status")) and self.clock.monotonic() - self.pods.last_listed > resync_seconds
 
     def count_creations(self, results: list[Any]) -> list[ApiError]:
         """Count the passes in a row whose pod creations the API server refused for good (a quota,
@@ -166,9 +183,9 @@ class JobLoop:
     def resolved(self, body: dict[str, Any]) -> ResolvedJob:
         meta = body["metadata"]
         of = (meta.get("uid", ""), meta.get("generation"))
-        if self.spec is None or self.spec_of != of:
-            self.spec, self.spec_of = lifecycle.resolve_job(body), of
-        return self.spec
+        if self.spec is None or self.spec[0] != of:
+            self.spec = (of, lifecycle.resolve_job(body))
+        return self.spec[1]
 
 
 class Controller:
@@ -221,8 +238,8 @@ class Controller:
         return Informer(self.kube, path("v1", "nodes"), NodeState.from_body, self.on_node_change)
 
     async def stop(self) -> None:
-        tasks, self._tasks = [*self._tasks,
-                              *(j.scrape for j in self.jobs.values() if j.scrape is not None)], []
+        scrapes = (j.scraping.task for j in self.jobs.values() if j.scraping.task is not None)
+        tasks, self._tasks = [*self._tasks, *scrapes], []
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -234,7 +251,7 @@ class Controller:
 
     def pods(self, loop: JobLoop) -> list[PodState]:
         """The job's pods from the informer, minus pods known to be gone that it still holds."""
-        return [p for i in self.pod_informers for p in i.group(loop.key) if p.uid not in loop.gone]
+        return [p for i in self.pod_informers for p in i.group(loop.key) if p.uid not in loop.pods.gone]
 
     async def listed_pods(self, loop: JobLoop) -> list[PodState]:
         """The job's pods from a consistent LIST; remembers informer entries that no longer exist.
@@ -245,8 +262,8 @@ class Controller:
         namespace, name = loop.key
         items = await self.kube.list(path("v1", "pods", namespace), labelSelector=names.pod_selector(name))
         listed = [PodState.from_body(b) for b in items]
-        loop.gone.update(indexed - {p.uid for p in listed})
-        loop.last_listed = self.clock.monotonic()
+        loop.pods.gone.update(indexed - {p.uid for p in listed})
+        loop.pods.last_listed = self.clock.monotonic()
         return listed
 
     def nodes(self) -> list[NodeState]:
@@ -329,8 +346,8 @@ class Controller:
             if self.jobs.get(key) is loop:
                 del self.jobs[key]
             self.admission.withdraw(key)
-            if loop.scrape is not None:
-                loop.scrape.cancel()
+            if loop.scraping.task is not None:
+                loop.scraping.task.cancel()
 
     def job_loop(self, key: Key, body: dict[str, Any] | None = None) -> JobLoop:
         """A new loop for the job, known to the controller's wake-ups; `body` as kopf's watch showed it."""
@@ -368,7 +385,7 @@ class Controller:
         nodes = self.node_informer.items  # by name; decide only reads it
         stale = loop.list_due(body, self.settings.resync_seconds)
         if not body.get("status"):
-            loop.last_listed = self.clock.monotonic()  # a new job's resync period starts with its first pass
+            loop.pods.last_listed = self.clock.monotonic()  # a new job's resync starts with its first pass
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)
@@ -464,7 +481,7 @@ class Controller:
 
     def _expected(self, loop: JobLoop, observed: Iterable[PodState]) -> dict[str, float]:
         """Pods this operator created that the watch has not shown yet (stale entries expire)."""
-        exp = loop.expected
+        exp = loop.pods.expected
         seen = {p.name for p in observed}
         cutoff = self.clock.monotonic() - EXPECTATION_SECONDS
         for name in [n for n, t in exp.items() if n in seen or t < cutoff]:
@@ -568,7 +585,7 @@ class Controller:
     async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:
             created = await self.kube.create(path("v1", "pods", loop.key[0]), action.obj)
-        loop.expected[action.name] = self.clock.monotonic()
+        loop.pods.expected[action.name] = self.clock.monotonic()
         if created:
             self.metrics.pods_created.inc()
 
@@ -583,7 +600,7 @@ class Controller:
             found = await self.kube.delete(path("v1", "pods", loop.key[0], action.name), uid=action.uid,
                                            grace_seconds=0 if action.force else None)
         if not found:  # already gone (or replaced): the informer may hold a stale entry
-            loop.gone.add(action.uid)
+            loop.pods.gone.add(action.uid)
         self.metrics.pods_deleted.labels(str(action.force).lower()).inc()
 
     # ------------------------------------------------------------------ live training figures
@@ -591,7 +608,7 @@ class Controller:
     def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
                       decided: ParallelTrainingJobStatus) -> None:
         now = self.clock.monotonic()
-        if (loop.scrape is not None and not loop.scrape.done()) or now < loop.next_scrape:
+        if loop.scraping.busy(now):
             return
         restart = decided.restarts
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
@@ -601,9 +618,9 @@ class Controller:
         spec = job.get("spec") or {}
         port = int((spec.get("metrics") or {}).get("port") or 9400)
         checkpoint_path = (spec.get("checkpoint") or {}).get("path") or Checkpoint().path
-        loop.next_scrape = now + self.settings.scrape_interval_seconds
-        loop.scrape = asyncio.create_task(self._scrape(loop.key, host, port, checkpoint_path, restart),
-                                          name=f"scrape {loop.key}")
+        loop.scraping.next_at = now + self.settings.scrape_interval_seconds
+        loop.scraping.task = asyncio.create_task(self._scrape(loop.key, host, port, checkpoint_path, restart),
+                                                 name=f"scrape {loop.key}")
 
     async def _scrape(self, key: Key, host: str, port: int, checkpoint_path: str, restart: int) -> None:
         assert self.session is not None

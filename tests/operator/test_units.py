@@ -335,17 +335,17 @@ def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_neve
     loop = JobLoop(("ns", "j"))
     reconciled = {"status": {"phase": "Pending"}}
     assert loop.list_due(reconciled, 30.0), "a loop's first pass lists the pods of a job that has a status"
-    loop.last_listed = time.monotonic()
+    loop.pods.last_listed = time.monotonic()
     assert not loop.list_due(reconciled, 30.0)
-    loop.last_listed -= 31.0
+    loop.pods.last_listed -= 31.0
     assert loop.list_due(reconciled, 30.0), "once per resync period"
     new = JobLoop(("ns", "k"))
     assert not new.list_due({"metadata": {}}, 30.0), (
         "no status: nothing of ours exists that the watch could hide")
     assert not new.list_due({"metadata": {}}, 30.0), "asking changes nothing"
-    new.last_listed = time.monotonic()  # what reconcile does on a new job's first pass
+    new.pods.last_listed = time.monotonic()  # what reconcile does on a new job's first pass
     assert not new.list_due({"status": {"phase": "Pending"}}, 30.0), "its first pass started the period"
-    new.last_listed -= 31.0
+    new.pods.last_listed -= 31.0
     assert new.list_due({"status": {"phase": "Pending"}}, 30.0)
 
 
