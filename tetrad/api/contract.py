@@ -50,6 +50,8 @@ ENV_TEST_OOM_AT_STEP: Final = "TETRAD_TEST_OOM_AT_STEP"
 # ENV_TEST_FAULTS_ALLOWED=1 is set too, so a stray variable can never hang a real job.
 ENV_TEST_FAULT: Final = "TETRAD_TEST_FAULT"
 ENV_TEST_FAULTS_ALLOWED: Final = "TETRAD_TEST_FAULTS_ALLOWED"
+# torchrun's own setting (--shutdown-timeout): how long it waits for its workers after SIGTERM.
+ENV_TORCHRUN_SHUTDOWN_TIMEOUT: Final = "PET_SHUTDOWN_TIMEOUT"
 
 # Labels, annotations and the scheduling gate of the objects Tetrad creates.
 LABEL_JOB: Final = "tetrad.dev/job-name"

@@ -14,7 +14,7 @@ import signal
 import sys
 
 from tetrad.node import exits
-from tetrad.node.environment import NodeEnv
+from tetrad.node.environment import NodeEnv, WorkerEnv
 from tetrad.node.process import die_with_parent
 from tetrad.node.supervisor import supervise
 from tetrad.node.worker import Entry, run_worker
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return supervise(command, NodeEnv.read())
     if verb == "worker":
         entry, workdir = worker_entry(args)
-        code = run_worker(entry, NodeEnv.read(), workdir)
+        code = run_worker(entry, WorkerEnv.read(), workdir)
         exits.report_exit(code)
         return code
     print("usage: tetrad-node.pyz supervise -- COMMAND... | worker ENTRY -- ARGS", file=sys.stderr)

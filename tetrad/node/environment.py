@@ -1,7 +1,9 @@
-"""What a node's launcher and workers read of their environment, read once into one object.
+"""What a node's launcher and workers read of their environment, read once into typed objects: `NodeEnv`
+(the node's supervisor) and `WorkerEnv` (each worker process: the trainer, a user's script).
 
 tetrad.render.env writes these variables (the pods' and `tetrad run`'s); torchrun adds the per-worker
-ones (RANK, LOCAL_RANK, GROUP_RANK, ...), read by `Worker`.
+ones (RANK, LOCAL_RANK, WORLD_SIZE, PET_SHUTDOWN_TIMEOUT, ...). Nothing else in tetrad.node or the
+trainer reads os.environ for them.
 """
 
 from __future__ import annotations
@@ -15,17 +17,25 @@ from pathlib import Path
 
 from tetrad.api.contract import (
     ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_REQUEST_FILE,
     ENV_COLLECTIVE_TIMEOUT,
+    ENV_CONFIG,
     ENV_CONTRACT,
     ENV_CPUS,
     ENV_EXIT_DIR,
     ENV_GPUS,
+    ENV_JSONL,
     ENV_MESH,
+    ENV_METRICS_PORT,
     ENV_NODE_NAME,
     ENV_PREFLIGHT,
     ENV_RDZV_TIMEOUT,
     ENV_RESTART,
     ENV_TERMINATION_LOG,
+    ENV_TEST_FAULT,
+    ENV_TEST_FAULTS_ALLOWED,
+    ENV_TEST_OOM_AT_STEP,
+    ENV_TORCHRUN_SHUTDOWN_TIMEOUT,
     TERMINATION_LOG,
 )
 
@@ -85,11 +95,62 @@ class NodeEnv:
             checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
             mesh=parse_mesh(env.get(ENV_MESH, "")),
             contract=_int(env.get(ENV_CONTRACT)),
-            exit_dir=Path(env[ENV_EXIT_DIR]) if env.get(ENV_EXIT_DIR) else None,
+            exit_dir=_path(env.get(ENV_EXIT_DIR)),
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
             termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists()
                                                    else None),
         )
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """One worker process's environment: torchrun's per-worker variables, its node's, and the trainer's
+    own settings. Read once per process (`read`) and handed to what needs it."""
+
+    node: NodeEnv
+    rank: int  # RANK; 0 outside torchrun
+    local_rank: int  # LOCAL_RANK: the device index on the node
+    world_size: int  # WORLD_SIZE
+    local_world_size: int  # LOCAL_WORLD_SIZE: the workers on this node
+    config: Path | None  # ENV_CONFIG: the resolved trainer config
+    jsonl: Path | None  # ENV_JSONL: where rank 0 appends its JSON lines (`tetrad run`)
+    metrics_port: int | None  # ENV_METRICS_PORT: rank r serves Prometheus on this port + local_rank
+    checkpoint_request_file: Path | None  # ENV_CHECKPOINT_REQUEST_FILE (checkpoint-now)
+    shutdown_timeout_s: float | None  # torchrun's wait for its workers after SIGTERM; None: not known
+    test_fault: str | None  # ENV_TEST_FAULT, as given (tetrad_trainer.faults parses it)
+    test_faults_allowed: bool  # ENV_TEST_FAULTS_ALLOWED=1: test faults act
+    test_oom_at_step: int | None  # ENV_TEST_OOM_AT_STEP (tests only)
+
+    @property
+    def restart(self) -> int:
+        return self.node.restart
+
+    @property
+    def exit_dir(self) -> Path | None:
+        return self.node.exit_dir
+
+    @classmethod
+    def read(cls, env: Mapping[str, str] = os.environ) -> WorkerEnv:
+        shutdown = env.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
+        return cls(
+            node=NodeEnv.read(env),
+            rank=_int(env.get("RANK")) or 0,
+            local_rank=_int(env.get("LOCAL_RANK")) or 0,
+            world_size=_int(env.get("WORLD_SIZE")) or 1,
+            local_world_size=_int(env.get("LOCAL_WORLD_SIZE")) or 1,
+            config=_path(env.get(ENV_CONFIG)),
+            jsonl=_path(env.get(ENV_JSONL)),
+            metrics_port=_int(env.get(ENV_METRICS_PORT)),
+            checkpoint_request_file=_path(env.get(ENV_CHECKPOINT_REQUEST_FILE)),
+            shutdown_timeout_s=float(shutdown) if shutdown.replace(".", "", 1).isdigit() else None,
+            test_fault=env.get(ENV_TEST_FAULT) or None,
+            test_faults_allowed=env.get(ENV_TEST_FAULTS_ALLOWED) == "1",
+            test_oom_at_step=_int(env.get(ENV_TEST_OOM_AT_STEP)),
+        )
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 def _int(value: str | None) -> int | None:

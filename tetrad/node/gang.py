@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 from tetrad.api.slow_nodes import slow_nodes
 from tetrad.api.termination import NodeFailure
-from tetrad.node.environment import NodeEnv, PreflightSettings
+from tetrad.node.environment import PreflightSettings, WorkerEnv
 
 WARMUP, ITERATIONS = 1, 3
 STORE_PREFIX = "tetrad/preflight"
@@ -109,15 +108,15 @@ def forget_peak_memory(cuda: bool, local_rank: int) -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def gang_check(settings: PreflightSettings, env: NodeEnv) -> GangReport:
+def gang_check(settings: PreflightSettings, worker: WorkerEnv) -> GangReport:
     """The gang's all-reduce on every worker (collective over the whole gang). Raises PreflightFailed
     when it does not complete within the bound."""
     import torch
     import torch.distributed as dist
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank, local_world = (int(os.environ.get("LOCAL_RANK", "0")),
-                               int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    env = worker.node
+    rank, world, local_rank, local_world = (worker.rank, worker.world_size, worker.local_rank,
+                                            worker.local_world_size)
     timeout = timedelta(seconds=settings.timeout_seconds)
     cuda = env.gpus > 0 and torch.cuda.is_available()
     if cuda:
@@ -169,19 +168,20 @@ def _slowest_per_node(figures: list[NodeFigures]) -> list[NodeFigures]:
     return [by_node[r] for r in sorted(by_node)]
 
 
-def leave_figures(report: GangReport, exit_dir: Path | None) -> None:
+def leave_figures(report: GangReport, worker: WorkerEnv) -> None:
     """The figures this rank exports, for the entry point's metrics (nothing without an exit directory)."""
-    if exit_dir is None:
+    if worker.exit_dir is None:
         return
-    path = exit_dir / FIGURES_FILE.format(rank=os.environ.get("RANK", "0"))
+    path = worker.exit_dir / FIGURES_FILE.format(rank=worker.rank)
     tmp = path.with_name("." + path.name)
     tmp.write_text(json.dumps([asdict(n) for n in report.nodes]))
     tmp.replace(path)
 
 
-def read_figures(exit_dir: Path | None) -> list[NodeFigures] | None:
+def read_figures(worker: WorkerEnv) -> list[NodeFigures] | None:
     """What `leave_figures` left for this rank; None when the gate did not run."""
-    path = exit_dir / FIGURES_FILE.format(rank=os.environ.get("RANK", "0")) if exit_dir is not None else None
+    exit_dir = worker.exit_dir
+    path = exit_dir / FIGURES_FILE.format(rank=worker.rank) if exit_dir is not None else None
     if path is None or not path.exists():
         return None
     return [NodeFigures(**n) for n in json.loads(path.read_text())]

@@ -35,7 +35,7 @@ from tetrad.api.contract import (
 )
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import collective, exits, gang
-from tetrad.node.environment import NodeEnv
+from tetrad.node.environment import WorkerEnv
 from tetrad.node.process import die_with_parent, exit_code, run_forwarding
 
 TRAINER_MODULE = "tetrad_trainer.train"
@@ -102,7 +102,7 @@ def _leave_interpreter() -> None:
     sys.path[:] = [p for p in sys.path if not inside(p)]
 
 
-def run_in_process(entry: Entry) -> int:
+def run_in_process(entry: Entry, env: WorkerEnv) -> int:
     """Run a Python entry point in this process as `python FILE ARGS` or `python -m MODULE ARGS` would."""
     target = entry.path if entry.path is not None else entry.module
     assert target is not None
@@ -121,22 +121,22 @@ def run_in_process(entry: Entry) -> int:
         print(e.code, file=sys.stderr, flush=True)
         return 1
     except BaseException as e:  # noqa: BLE001 - whatever the entry point raised ends the worker, with its cause
-        return ended_by(e)
+        return ended_by(e, env)
 
 
-def ended_by(error: BaseException) -> int:
+def ended_by(error: BaseException, env: WorkerEnv) -> int:
     """The exit code of a worker whose entry point raised `error`, with the cause left for the supervisor."""
     if type(error).__name__ == "OutOfMemoryError" and type(error).__module__.startswith("torch"):
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        message = (f"rank {os.environ.get('RANK', '?')} ran out of device memory: {first}; lower the batch or"
+        message = (f"rank {env.rank} ran out of device memory: {first}; lower the batch or"
                    " the sequence per device, or shard more")
         print(f"[tetrad] {message}", file=sys.stderr, flush=True)
         exits.leave(TerminationMessage(reason=REASON_OUT_OF_MEMORY, message=message))
         return EXIT_OOM
     traceback.print_exception(type(error), error, error.__traceback__)
     if collective.is_timeout(error):
-        rank = int(os.environ.get("RANK", "0"))
-        timeout = NodeEnv.read().collective_timeout_s or 0
+        rank = env.rank
+        timeout = env.node.collective_timeout_s or 0
         try:
             report = collective.report(error, rank, timeout)
         except Exception as e:  # noqa: BLE001 - the process group may be gone: say what is known
@@ -152,7 +152,7 @@ def run_command(entry: Entry) -> int:
     return exit_code(run_forwarding([*entry.command, *entry.args]))
 
 
-def run_worker(entry: Entry, env: NodeEnv, workdir: str | None = None) -> int:
+def run_worker(entry: Entry, worker: WorkerEnv, workdir: str | None = None) -> int:
     die_with_parent(signal.SIGKILL)  # torchrun gone: nobody waits for this worker any more
     _leave_interpreter()
     if workdir is not None:
@@ -161,15 +161,16 @@ def run_worker(entry: Entry, env: NodeEnv, workdir: str | None = None) -> int:
         print(f"[tetrad] {why}", file=sys.stderr, flush=True)
         exits.leave(TerminationMessage(reason=REASON_ENTRY_POINT, message=why))
         return EXIT_CONFIG_ERROR
+    env = worker.node
     if env.collective_timeout_s is not None:
         collective.configure(env.collective_timeout_s)
     if env.preflight is not None:
         try:
-            gang.leave_figures(gang.gang_check(env.preflight, env), env.exit_dir)
+            gang.leave_figures(gang.gang_check(env.preflight, worker), worker)
         except gang.PreflightFailed as e:
             print(f"[tetrad] preflight failed on the gang: {e}", file=sys.stderr, flush=True)
             exits.leave(TerminationMessage(preflight=tuple(e.failures)))
             return EXIT_PREFLIGHT
     if entry.command:
         return run_command(entry)
-    return run_in_process(entry)
+    return run_in_process(entry, worker)

@@ -28,6 +28,7 @@ from tetrad.api.contract import (
     ENV_PREFLIGHT,
     ENV_RDZV_TIMEOUT,
     ENV_RESTART,
+    ENV_TORCHRUN_SHUTDOWN_TIMEOUT,
 )
 from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
 from tetrad.node.environment import format_mesh
@@ -70,7 +71,7 @@ def job_env(cfg: ResolvedConfig, *, master_addr: str, master_port: int, config_p
                                          "slowNodeFraction": p.slow_node_fraction})
     if shutdown_timeout is not None:
         # How long torchrun lets workers save a checkpoint after SIGTERM before it SIGKILLs them.
-        env["PET_SHUTDOWN_TIMEOUT"] = str(shutdown_timeout)
+        env[ENV_TORCHRUN_SHUTDOWN_TIMEOUT] = str(shutdown_timeout)
     return env
 
 

@@ -11,10 +11,7 @@ status.checkpoint.requestCommitted.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-from tetrad.api.contract import ENV_CHECKPOINT_REQUEST_FILE
 
 MAX_TOKEN_CHARS = 256  # a token is an id, not data (the gauge's label carries it)
 
@@ -22,9 +19,8 @@ MAX_TOKEN_CHARS = 256  # a token is an id, not data (the gauge's label carries i
 class CheckpointRequests:
     """Rank 0's reader of checkpoint-now tokens; on other ranks, or without the file, it never asks."""
 
-    def __init__(self, rank: int, path: str | None = None):
-        path = path if path is not None else os.environ.get(ENV_CHECKPOINT_REQUEST_FILE)
-        self.path = Path(path) if path and rank == 0 else None
+    def __init__(self, rank: int, path: Path | None):
+        self.path = path if rank == 0 else None
         self.seen = ""  # a new pod's file starts empty: the operator annotates only after it runs
 
     def poll(self) -> str | None:

@@ -14,13 +14,13 @@ variable (TETRAD_* is reserved), so a real job never runs with a fault.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import time
 from dataclasses import dataclass
 
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED
+from tetrad.node.environment import WorkerEnv
 from tetrad_trainer.config import ConfigError
 
 HANG = re.compile(r"(hang|fail)-rank:(\d+):step:(\d+)")
@@ -38,12 +38,12 @@ class Fail:
     step: int
 
 
-def configured() -> Hang | Fail | None:
+def configured(env: WorkerEnv | None = None) -> Hang | Fail | None:
     """The fault $TETRAD_TEST_FAULT asks for, when tests allow faults; None otherwise."""
-    spec = os.environ.get(ENV_TEST_FAULT)
-    if not spec:
+    env = env or WorkerEnv.read()
+    if not (spec := env.test_fault):
         return None
-    if os.environ.get(ENV_TEST_FAULTS_ALLOWED) != "1":
+    if not env.test_faults_allowed:
         print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with "
               f"{ENV_TEST_FAULTS_ALLOWED}=1", file=sys.stderr, flush=True)
         return None

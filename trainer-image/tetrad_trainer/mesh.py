@@ -10,7 +10,6 @@ The flattened views are the groups the trainer reduces over:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tetrad.api.resolved import MESH_DIMS, Layout
 from tetrad.node import collective
+from tetrad.node.environment import WorkerEnv
 from tetrad_trainer.config import ConfigError
 
 
@@ -26,11 +26,12 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed(collective_timeout_s: int | None = None) -> torch.device:
-    """Join the process group torchrun describes in the environment; return this rank's device.
-    With `collective_timeout_s`, every process group gets it as its collective timeout
-    (tetrad_trainer.collective); without, torch's defaults apply."""
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+def init_distributed(collective_timeout_s: int | None = None, local_rank: int | None = None) -> torch.device:
+    """Join the process group torchrun describes in the environment; return this rank's device (GPU
+    `local_rank`, by default the environment's). With `collective_timeout_s`, every process group gets it
+    as its collective timeout (tetrad_trainer.collective); without, torch's defaults apply."""
+    if local_rank is None:
+        local_rank = WorkerEnv.read().local_rank
     timeout = collective.configure(collective_timeout_s) if collective_timeout_s is not None else None
     if device_type() == "cuda":
         if local_rank >= torch.cuda.device_count():

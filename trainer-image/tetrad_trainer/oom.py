@@ -50,8 +50,7 @@ def out_of_memory_message(cfg: ResolvedConfig, device: torch.device, step: int, 
     )
 
 
-def inject_oom_for_tests(step: int) -> None:
-    """Raise torch.OutOfMemoryError at step $TETRAD_TEST_OOM_AT_STEP (unset in real runs: does nothing)."""
-    at = os.environ.get(ENV_TEST_OOM_AT_STEP)
-    if at is not None and int(at) == step:
+def inject_oom_for_tests(at: int | None, step: int) -> None:
+    """Raise torch.OutOfMemoryError at step `at` ($TETRAD_TEST_OOM_AT_STEP; None in real runs: never)."""
+    if at == step:
         raise torch.OutOfMemoryError(f"injected by {ENV_TEST_OOM_AT_STEP}={at} (test fault hook)")

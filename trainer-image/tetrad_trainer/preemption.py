@@ -16,7 +16,6 @@ duration says the save cannot finish in the time left, and returns 75. The runti
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from types import FrameType
@@ -26,9 +25,7 @@ import torch.distributed as dist
 
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import exits
-
-# torchrun's own setting (--shutdown-timeout): how long it waits for the workers after SIGTERM.
-ENV_TORCHRUN_SHUTDOWN_TIMEOUT = "PET_SHUTDOWN_TIMEOUT"
+from tetrad.node.environment import WorkerEnv
 
 
 class Preemption:
@@ -40,13 +37,12 @@ class Preemption:
     terminationGracePeriodSeconds) less the time since the signal.
     """
 
-    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,)):
+    def __init__(self, signals: tuple[signal.Signals, ...] = (signal.SIGTERM,), env: WorkerEnv | None = None):
         self.received: signal.Signals | None = None
         self.received_at: float | None = None
         self.remaining_s: float | None = None  # agreed by the last `requested()`; None: no deadline known
         self.checkpoint_asked = False  # agreed by the last `requested()`: some rank was asked to save now
-        timeout = os.environ.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
-        self.grace_s = float(timeout) if timeout.replace(".", "", 1).isdigit() else None
+        self.grace_s = (env or WorkerEnv.read()).shutdown_timeout_s
         self._pg: dist.ProcessGroup | None = None
         for sig in signals:
             signal.signal(sig, self._handle)
@@ -87,11 +83,12 @@ class Preemption:
         return bool(flag.item())
 
 
-def leave_final_state(figures: str, stopped: tuple[int | None, float | None] | None = None) -> None:
+def leave_final_state(rank: int, figures: str,
+                      stopped: tuple[int | None, float | None] | None = None) -> None:
     """Rank 0 finishing: its last figures (exposition text) for the node's termination message, where the
     operator reads them into the job's status. Stopping on SIGTERM, `stopped` adds the last committed
     step and its Unix commit time (when this process committed it): what a suspend saved."""
-    if os.environ.get("RANK", "0") != "0":
+    if rank != 0:
         return
     step, committed_at = stopped if stopped is not None else (None, None)
     exits.leave(TerminationMessage(stopped=stopped is not None, checkpoint_step=step,

@@ -29,11 +29,9 @@ the launcher exits 77 with its message, whether or not the script uses this libr
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -42,9 +40,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from tetrad.api.contract import (
     CONTRACT_VERSION,
-    ENV_CONFIG,
-    ENV_JSONL,
-    ENV_METRICS_PORT,
     EXIT_CONFIG_ERROR,
     EXIT_PREEMPTED,
     REASON_CONTRACT,
@@ -52,7 +47,7 @@ from tetrad.api.contract import (
 from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import exits, gang
-from tetrad.node.environment import NodeEnv
+from tetrad.node.environment import NodeEnv, WorkerEnv
 from tetrad_trainer.checkpoint_request import CheckpointRequests
 from tetrad_trainer.metrics import (
     RankMetrics,
@@ -89,40 +84,38 @@ def check_contract(env: NodeEnv) -> None:
             f"the tetrad version of the operator in the image (spec.image)")
 
 
-def _device() -> torch.device:
+def _device(env: WorkerEnv) -> torch.device:
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
         return device
     return torch.device("cpu")
 
 
-def _config() -> ResolvedConfig | None:
-    path = os.environ.get(ENV_CONFIG)
-    return ResolvedConfig.load(path) if path and Path(path).is_file() else None
+def _config(env: WorkerEnv) -> ResolvedConfig | None:
+    return ResolvedConfig.load(env.config) if env.config is not None and env.config.is_file() else None
 
 
 class Run:
     """This rank's part of the job: see the module's docstring."""
 
-    def __init__(self, env: NodeEnv, device: torch.device, preemption: Preemption):
+    def __init__(self, env: WorkerEnv, device: torch.device, preemption: Preemption):
         self.env, self.device, self.preemption = env, device, preemption
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.checkpoint_dir = env.checkpoint_dir
+        self.local_rank = env.local_rank
+        self.checkpoint_dir = env.node.checkpoint_dir
         self.restart = env.restart
-        cfg = _config()
+        cfg = _config(env)
         self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops if cfg else None,
                                     cfg.gpu_type if cfg else None)
         self._said_peak = False
-        port = os.environ.get(ENV_METRICS_PORT)
-        jsonl = os.environ.get(ENV_JSONL)
-        self.metrics = RankMetrics(port=int(port) + self.local_rank if port else None, rank=self.rank,
+        port = env.metrics_port
+        self.metrics = RankMetrics(port=port + self.local_rank if port is not None else None, rank=self.rank,
                                    labels={"job": cfg.job_name if cfg else "", "rank": str(self.rank)},
-                                   jsonl=Path(jsonl) if jsonl else None)
-        if (figures := gang.read_figures(env.exit_dir)) is not None:
+                                   jsonl=env.jsonl)
+        if (figures := gang.read_figures(env)) is not None:
             self.metrics.preflight(figures)
-        self.requests = CheckpointRequests(self.rank)
+        self.requests = CheckpointRequests(self.rank, env.checkpoint_request_file)
         self._mesh: DeviceMesh | None = None
         self._last: tuple[int, float] | None = None  # (step, time) of the last report
         self._started: float | None = None
@@ -133,7 +126,7 @@ class Run:
         """The job's mesh: every dim of TETRAD_MESH, outermost first, named as Tetrad's trainer names them
         (a dim of degree 1 too); the world as one dp_shard dim outside Tetrad."""
         if self._mesh is None:
-            dims = self.env.mesh or (("dp_shard", self.world_size),)
+            dims = self.env.node.mesh or (("dp_shard", self.world_size),)
             names, shape = tuple(d for d, _ in dims), tuple(n for _, n in dims)
             assert set(names) <= set(MESH_DIMS), names
             self._mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
@@ -181,13 +174,13 @@ class Run:
     def exit_preempted(self) -> NoReturn:
         """Stop after SIGTERM: leave the last figures and checkpoint for the job's status, exit 75."""
         step, at = self._saved if self._saved is not None else (None, None)
-        leave_final_state(self.metrics.final_figures(), stopped=(step, at))
+        leave_final_state(self.rank, self.metrics.final_figures(), stopped=(step, at))
         self.metrics.close()
         sys.exit(EXIT_PREEMPTED)
 
     def close(self) -> None:
         """Training is over: leave the last figures for the job's status."""
-        leave_final_state(self.metrics.final_figures())
+        leave_final_state(self.rank, self.metrics.final_figures())
         self.metrics.close()
 
 
@@ -200,15 +193,15 @@ def _number(value: float | torch.Tensor | None) -> float:
 def init() -> Run:
     """Join the job: the process group (unless the script made it), SIGTERM recorded for `poll`, this
     rank's metrics endpoint. Exits 78 naming the cause when the pod speaks another contract."""
-    preemption = Preemption()  # first: a SIGTERM during start-up is kept, not fatal
-    env = NodeEnv.read()
+    env = WorkerEnv.read()
+    preemption = Preemption(env=env)  # first: a SIGTERM during start-up is kept, not fatal
     try:
-        check_contract(env)
+        check_contract(env.node)
     except ContractMismatch as e:
         print(f"[tetrad] {e}", file=sys.stderr, flush=True)
         exits.leave(TerminationMessage(reason=REASON_CONTRACT, message=str(e)))
         sys.exit(EXIT_CONFIG_ERROR)
-    device = _device()
+    device = _device(env)
     if not dist.is_initialized():
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo")
     preemption.connect()

@@ -39,7 +39,6 @@ from torch.distributed.tensor.parallel import loss_parallel
 from tetrad.api.contract import (
     ENV_CONFIG,
     ENV_JSONL,
-    ENV_METRICS_PORT,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
@@ -51,7 +50,7 @@ from tetrad.api.resolved import ResolvedConfig
 from tetrad.api.spec import Precision
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import collective, exits, gang
-from tetrad.node.environment import NodeEnv
+from tetrad.node.environment import WorkerEnv
 from tetrad.node.host import slow_bf16_warning
 from tetrad.node.process import die_with_parent
 from tetrad_trainer import faults
@@ -82,7 +81,7 @@ SAVE_TIME_SLACK_S = 1.0
 
 
 def log(msg: str) -> None:
-    print(f"[tetrad rank {os.environ.get('RANK', '0')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[tetrad rank {WorkerEnv.read().rank}] {msg}", file=sys.stderr, flush=True)
 
 
 class Preempted(Exception):
@@ -95,9 +94,11 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 class Trainer:
     def __init__(self, cfg: ResolvedConfig, device: torch.device, jsonl: Path | None,
-                 preemption: Preemption | None = None, source: TokenSource | None = None):
+                 preemption: Preemption | None = None, source: TokenSource | None = None,
+                 env: WorkerEnv | None = None):
         self.cfg, self.device = cfg, device
-        self.preemption = preemption or Preemption()
+        self.env = env = env or WorkerEnv.read()
+        self.preemption = preemption or Preemption(env=env)
         self.preemption.connect()
         self.mesh = build_mesh(cfg.layout, device)
         self.model = parallelize(cfg, self.mesh, device)
@@ -110,20 +111,19 @@ class Trainer:
         self.checkpointer = Checkpointer(
             cfg, model_parts=self.model.parts, optimizers=[self.optimizer],
             data_loader=self.loader, dp_rank=dp_rank, logger=log,
-            on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at))
+            on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at), restart=env.restart)
         self.cp_rank = self.mesh.local_rank("cp")
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
-        self.fault = faults.configured()  # tests only
+        self.fault = faults.configured(env)  # tests only
         self.startup_s: float | None = None  # process start to the end of this run's first step
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
         rank = dist.get_rank()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        base_port = int(os.environ.get(ENV_METRICS_PORT, cfg.metrics.port))
-        self.metrics = RankMetrics(port=base_port + local_rank, rank=rank, jsonl=jsonl,
+        base_port = env.metrics_port if env.metrics_port is not None else cfg.metrics.port
+        self.metrics = RankMetrics(port=base_port + env.local_rank, rank=rank, jsonl=jsonl,
                                labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
-        self.checkpoint_requests = CheckpointRequests(rank)
+        self.checkpoint_requests = CheckpointRequests(rank, env.checkpoint_request_file)
         self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
         self.said_peak = False
         if rank == 0:
@@ -266,7 +266,7 @@ class Trainer:
         self.step += 1
         try:
             faults.inject(self.fault, dist.get_rank(), self.step)
-            inject_oom_for_tests(self.step)
+            inject_oom_for_tests(self.env.test_oom_at_step, self.step)
             loss, grad_norm, lr = self.train_step()
         except torch.OutOfMemoryError as e:
             raise DeviceOutOfMemory(out_of_memory_message(self.cfg, self.device, self.step, e)) from e
@@ -330,13 +330,14 @@ class Trainer:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    env = WorkerEnv.read()
     p = argparse.ArgumentParser(prog="python -m tetrad_trainer.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=os.environ.get(ENV_CONFIG),
+    p.add_argument("--config", default=env.config,
                    help=f"resolved config JSON (default ${ENV_CONFIG})")
     p.add_argument("--steps", type=int, default=None,
                    help="train this many steps instead of training.steps (the LR schedule follows)")
-    p.add_argument("--jsonl", type=Path, default=os.environ.get(ENV_JSONL),
+    p.add_argument("--jsonl", type=Path, default=env.jsonl,
                    help=f"also append rank 0's JSON lines here (default ${ENV_JSONL})")
     p.add_argument("--save-full-parameters", type=Path, default=None, metavar="PATH",
                    help="after training, save the gathered parameters to PATH (torch.save of a dict)")
@@ -354,7 +355,8 @@ def log_rank0(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    preemption = Preemption()  # first: a SIGTERM during start-up is kept, not fatal
+    env = WorkerEnv.read()
+    preemption = Preemption(env=env)  # first: a SIGTERM during start-up is kept, not fatal
     try:
         if not args.config:
             raise ConfigError(f"no config: pass --config or set ${ENV_CONFIG}")
@@ -367,13 +369,13 @@ def run(args: argparse.Namespace) -> int:
         if cfg.checkpoint.enabled and (problem := writable_problem(cfg.checkpoint.path)):
             raise ConfigError(problem)
         # Every rank reads and checks the data files (a JSONL file's every line) before joining the group.
-        source = build_source(cfg, note=log if os.environ.get("RANK", "0") == "0" else lambda _: None)
-        device = init_distributed(cfg.collective_timeout_seconds)
+        source = build_source(cfg, note=log if env.rank == 0 else lambda _: None)
+        device = init_distributed(cfg.collective_timeout_seconds, env.local_rank)
     except ConfigError as e:
         return config_error(e)
     try:
-        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, source=source)
-        if (figures := gang.read_figures(NodeEnv.read().exit_dir)) is not None:
+        trainer = Trainer(cfg, device, jsonl=args.jsonl, preemption=preemption, source=source, env=env)
+        if (figures := gang.read_figures(env)) is not None:
             # the gate's, run by the launcher
             trainer.metrics.preflight(figures)
         try:
@@ -383,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             trainer.checkpointer.close()  # the last save committed (or failed) before the figures are left
             trainer.metrics.close()
-        leave_final_state(trainer.metrics.final_figures())
+        leave_final_state(env.rank, trainer.metrics.final_figures())
     except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
         return config_error(e)
     except ConversionError as e:  # the Hugging Face directory's weights (init_from_hf)
@@ -394,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as e:
         log(str(e))
         step, committed = trainer.committed_step(), trainer.metrics.committed
-        leave_final_state(trainer.metrics.final_figures(),
+        leave_final_state(env.rank, trainer.metrics.final_figures(),
                           stopped=(step, committed[1] if committed is not None and committed[0] == step
                                    else None))
         return EXIT_PREEMPTED

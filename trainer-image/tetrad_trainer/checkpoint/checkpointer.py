@@ -34,8 +34,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from tetrad.api.contract import ENV_RESTART
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
+from tetrad.node.environment import WorkerEnv
 from tetrad_trainer.checkpoint import state as rank_state
 from tetrad_trainer.checkpoint.state import ResumableLoader
 from tetrad_trainer.checkpoint.store import (
@@ -156,6 +156,7 @@ class Checkpointer:
         dp_rank: int = 0,
         logger: Callable[[str], None] | None = None,
         on_commit: Callable[[int, float], None] | None = None,
+        restart: int | None = None,
     ):
         self.pairs = rank_state.pair_parts(model_parts, optimizers)
         self.config = config
@@ -164,7 +165,7 @@ class Checkpointer:
         self.dir = CheckpointDir(config.checkpoint.path, job=config.job_name)
         self.data_loader = data_loader
         self.dp_rank, self.dp = dp_rank, config.layout.dp
-        self.restart = int(os.environ.get(ENV_RESTART, "0"))
+        self.restart = restart if restart is not None else WorkerEnv.read().restart
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world = dist.get_world_size() if self.distributed else 1
