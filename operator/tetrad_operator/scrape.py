@@ -1,5 +1,6 @@
-"""Read live training figures from rank 0's Prometheus endpoint into status.training, and its
-checkpoint figures into status.checkpoint.
+"""Read live training figures from rank 0's Prometheus endpoint into status.training, its checkpoint
+figures into status.checkpoint, the preflight gate's into status.preflight and the slowest ranks into
+status.stragglers.
 
 The contract's SCRAPED tables name the status field each gauge fills; its key and type are the
 model's (tetrad_operator.status.field). A sample that is not finite (a gauge not set yet: NaN) is
@@ -22,6 +23,9 @@ from prometheus_client.samples import Sample
 from tetrad.api.contract import (
     LABEL_REQUEST_TOKEN,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
+    METRIC_RANK_LAG,
+    METRIC_RANK_OWN,
+    METRIC_RANK_OWN_MEDIAN,
     SCRAPED,
     SCRAPED_CHECKPOINT,
     SCRAPED_REQUEST,
@@ -34,12 +38,15 @@ from tetrad.api.spec import (
     ParallelTrainingJobStatus,
     PreflightNode,
     PreflightStatus,
+    StragglerRank,
+    StragglersStatus,
     TrainingStatus,
 )
 from tetrad_operator import status
 from tetrad_operator.observed import format_time
 
-Figures = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
+# (training, checkpoint, the checkpoint-now request committed, preflight, stragglers), as `fetch` reads them
+Figures = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
 
 
 def parse(text: str, fields: Mapping[str, str] = SCRAPED) -> dict[str, Any]:
@@ -89,6 +96,29 @@ def preflight(samples: list[Sample]) -> dict[str, Any]:
     return status.wire(PreflightStatus(bus_bandwidth_g_bps=median, nodes=listed))
 
 
+def stragglers(samples: list[Sample]) -> dict[str, Any]:
+    """status.stragglers from rank 0's straggler gauges (the slowest ranks, labelled rank and node, largest
+    lag first, and the median rank's own time); empty until rank 0 first gathered them."""
+    lag: dict[int, tuple[str, float]] = {}
+    own: dict[int, float] = {}
+    median: float | None = None
+    for sample in samples:
+        rank = sample.labels.get("rank", "")
+        if not math.isfinite(sample.value):
+            continue
+        if sample.name == METRIC_RANK_OWN_MEDIAN:
+            median = sample.value
+        elif sample.name == METRIC_RANK_LAG and rank.isdigit():
+            lag[int(rank)] = (sample.labels.get("node", ""), sample.value)
+        elif sample.name == METRIC_RANK_OWN and rank.isdigit():
+            own[int(rank)] = sample.value
+    if not lag:
+        return {}
+    ranks = [StragglerRank(rank=r, node=node, lag=value, own_seconds=own.get(r))
+             for r, (node, value) in sorted(lag.items(), key=lambda kv: (-kv[1][1], kv[0]))]
+    return status.wire(StragglersStatus(median_own_seconds=median, ranks=ranks))
+
+
 def _pick(samples: list[Sample], fields: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     chosen_rank0: set[str] = set()
@@ -130,12 +160,15 @@ def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
                  now: datetime) -> dict[str, Any]:
     """The merge patch of status that writes what a scrape of incarnation `restart` read (`fetch`)
     into status.training, .checkpoint and .preflight, stamped `now`: a field not read stays."""
-    training, saved, request, measured = figures
+    training, saved, request, measured, slowest = figures
     read = TrainingStatus.model_validate(training)
     read.updated = format_time(now)
     scraped = ParallelTrainingJobStatus(training=read)  # the objects set are the patch's
     if measured:  # the preflight gate's bandwidth, of this incarnation
         scraped.preflight = status.merged(PreflightStatus(restart=restart, updated=read.updated), measured)
+    if slowest:  # this incarnation's slowest ranks, at the step rank 0 last logged
+        scraped.stragglers = status.merged(StragglersStatus(restart=restart, step=read.step,
+                                                            updated=read.updated), slowest)
     committed = CheckpointStatus.model_validate(checkpoint(saved, checkpoint_path, restart))
     if request:
         committed.request_committed = CheckpointRequestStatus.model_validate(request)
@@ -145,8 +178,7 @@ def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
 
 
 async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> Figures | None:
-    """(training figures, checkpoint figures, the checkpoint-now request committed, the preflight
-    gate's figures), or None when the endpoint cannot be read in time (never raises)."""
+    """The Figures read, or None when the endpoint cannot be read in time (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
@@ -154,6 +186,6 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: f
                 return None
             samples = _samples(await rsp.text())
             return (_pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT), request_committed(samples),
-                    preflight(samples))
+                    preflight(samples), stragglers(samples))
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 
 from tetrad.api.spec import ParallelTrainingJobStatus
 
-SCRAPER_OWNED: Final = ("training", "checkpoint", "preflight")  # fields of ParallelTrainingJobStatus
+# fields of ParallelTrainingJobStatus
+SCRAPER_OWNED: Final = ("training", "checkpoint", "preflight", "stragglers")
 _SCRAPER_KEYS: Final = frozenset(ParallelTrainingJobStatus.model_fields[f].alias or f for f in SCRAPER_OWNED)
 _KEYS: Final = frozenset(f.alias or name for name, f in ParallelTrainingJobStatus.model_fields.items())
 

@@ -113,6 +113,17 @@ def test_summary_shows_the_preflight_bandwidth_the_slow_and_the_failed_nodes():
             and "Failed nodes" not in text.split("Preflight")[0])
 
 
+def test_summary_names_the_slowest_ranks_and_marks_those_at_the_jobs_threshold():
+    status = RUNNING | {"stragglers": {"restart": 1, "step": 30, "medianOwnSeconds": 1.0, "ranks": [
+        {"rank": 5, "node": "b", "lag": 0.38, "ownSeconds": 1.6}, {"rank": 0, "node": "a", "lag": 0.0}]}}
+    text = format_summary(summarize(stored(status), NOW))
+    assert ("Slowest ranks: rank 5 on b 38% (slow), rank 0 on a 0% of each step waited for (step 30, "
+            "restart 1)\n") in text
+    relaxed = format_summary(summarize(stored(status, metrics={"slowRankLag": 0.5}), NOW))
+    assert "rank 5 on b 38%, rank 0" in relaxed, "below the job's own threshold: not marked slow"
+    assert "Slowest ranks" not in format_summary(summarize(stored(RUNNING), NOW))
+
+
 def test_eta_uses_the_presets_sequence_length():
     s = summarize(stored(RUNNING, training={"steps": 100, "globalBatch": 16}), NOW)
     assert s["stepSeconds"] == 16 * 256 / 512 and s["etaSeconds"] == 70 * 8.0  # debug: seqLen 256

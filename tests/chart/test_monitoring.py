@@ -41,7 +41,7 @@ def operator_series() -> set[str]:
 
 
 def trainer_series() -> set[str]:
-    return {*contract.TRAINER_GAUGES, contract.METRIC_INFO}
+    return {*contract.TRAINER_GAUGES, *contract.STRAGGLER_GAUGES, contract.METRIC_INFO}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -103,7 +103,8 @@ def test_every_query_names_only_exported_metrics():
 def test_the_dashboard_shows_what_a_person_watches():
     used = set().union(*(metric_names(e) for _, e in queries(dashboard())))
     trainer = {contract.METRIC_TOKENS_PER_SECOND, contract.METRIC_MFU, contract.METRIC_LOSS,
-               contract.METRIC_STEP_TIME, contract.METRIC_PEAK_MEMORY, contract.METRIC_STEP}
+               contract.METRIC_STEP_TIME, contract.METRIC_PEAK_MEMORY, contract.METRIC_STEP,
+               contract.METRIC_SLOWEST_RANK_LAG, contract.METRIC_RANK_LAG}
     assert trainer <= used
     m = operator_metrics()
     families = {name: metric.describe()[0] for name, metric in (

@@ -149,6 +149,13 @@ METRIC_INFO: Final = "tetrad_info"
 # others their own.
 METRIC_PREFLIGHT_BUS_BANDWIDTH: Final = "tetrad_preflight_bus_bandwidth_bytes_per_second"
 METRIC_PREFLIGHT_SECONDS: Final = "tetrad_preflight_seconds"
+# Stragglers (tetrad.api.stragglers), rank 0 only: the slowest ranks, labelled rank and node, and the
+# median rank's own time; the largest lag also goes in the JSON line and its own gauge (StepRecord).
+METRIC_SLOWEST_RANK: Final = "tetrad_slowest_rank"
+METRIC_SLOWEST_RANK_LAG: Final = "tetrad_slowest_rank_lag"
+METRIC_RANK_LAG: Final = "tetrad_rank_lag"
+METRIC_RANK_OWN: Final = "tetrad_rank_own_seconds"
+METRIC_RANK_OWN_MEDIAN: Final = "tetrad_rank_own_median_seconds"
 
 TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_STEP: "Last completed optimizer step.",
@@ -173,6 +180,14 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_REQUEST_STEP: "Step of the checkpoint that served the last checkpoint-now request (label token); "
                          "exported once that checkpoint committed.",
     METRIC_REQUEST_TIME: "Unix time at which that checkpoint committed (label token).",
+    METRIC_SLOWEST_RANK: "Rank 0: the rank with the largest own time per step (-1: not gathered).",
+    METRIC_SLOWEST_RANK_LAG: "Rank 0: that rank's lag, the share of every step the gang waits for it.",
+}
+STRAGGLER_GAUGES: Final[dict[str, str]] = {
+    METRIC_RANK_LAG: "Rank 0: the lag of each of the slowest ranks (labels rank, node).",
+    METRIC_RANK_OWN: "Rank 0: the own time per step (compute and data wait, not waits for peers) of each of "
+                     "the slowest ranks (labels rank, node).",
+    METRIC_RANK_OWN_MEDIAN: "Rank 0: the median rank's own time per step.",
 }
 PREFLIGHT_GAUGES: Final[dict[str, str]] = {
     METRIC_PREFLIGHT_BUS_BANDWIDTH: "Bus bandwidth of the preflight all-reduce across the whole gang, as the "

@@ -371,6 +371,10 @@ class Metrics(CamelModel):
                               description="Log a JSON line and update metrics every this many steps.")
     peak_tflops: float | None = Field(None, gt=0, description="Peak TFLOPS per device for MFU; defaults to "
                                       "the GPU's datasheet bf16 peak, or a measured matmul peak on CPU.")
+    slow_rank_lag: float = Field(0.2, ge=0, le=1, description=(
+        "Name a rank slow (status.stragglers, condition SlowRank) when its own time per step (its compute "
+        "and its wait for data, not its waits for peers) exceeds its peers' median by this fraction of the "
+        "step; 0 turns the condition off (the figures are still exported)."))
 
 
 class Resources(CamelModel):
@@ -713,6 +717,23 @@ class PreflightStatus(CamelModel):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
+class StragglerRank(CamelModel):
+    rank: int = Field(description="The global rank.")
+    node: str = Field(description="The Kubernetes node (or host) it runs on.")
+    lag: float = Field(description="Its own time per step over the median rank's, as a fraction of the step: "
+                       "the share of every step the gang waits for it.")
+    own_seconds: float | None = Field(None, description="Its own time per step: compute (the CPU time of its "
+                                      "main thread on CPUs) and the wait for its next batch.")
+
+
+class StragglersStatus(CamelModel):
+    restart: int | None = Field(None, description="The incarnation these figures are from.")
+    step: int | None = Field(None, description="The step at which rank 0 gathered them.")
+    median_own_seconds: float | None = Field(None, description="The median rank's own time per step.")
+    ranks: list[StragglerRank] = Field(default_factory=list, description="The slowest ranks, slowest first.")
+    updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
+
+
 class ParallelTrainingJobStatus(CamelModel):
     phase: Phase | None = Field(None, strict=False, description="Pending, GangWaiting, Running, Restarting, "
                                 "Succeeded, Failed or Suspended.")
@@ -734,6 +755,8 @@ class ParallelTrainingJobStatus(CamelModel):
                                                 "0's metrics endpoint.")
     preflight: PreflightStatus | None = Field(None, description="The preflight gate's measured all-reduce "
                                               "bus bandwidth per node, read from rank 0's metrics endpoint.")
+    stragglers: StragglersStatus | None = Field(None, description="The slowest ranks of the current "
+                                                "incarnation, read from rank 0's metrics endpoint.")
     failed_nodes: list[FailedNode] = Field(default_factory=list, description="Nodes that failed the "
                                            "preflight gate, with the reason; the excluded ones count against "
                                            "spec.preflight.maxExcludedNodes.")

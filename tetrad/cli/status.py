@@ -18,7 +18,8 @@ from tetrad.api.manifest import shorten
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
 from tetrad.api.problems import counted
 from tetrad.api.slow_nodes import slow_nodes
-from tetrad.api.spec import Preflight, Script, Training
+from tetrad.api.spec import Metrics, Preflight, Script, Training
+from tetrad.api.stragglers import is_slow
 
 GiB = 2**30
 REQUEST_TIMEOUT_S = 30.0  # the default bound of the one request `tetrad status` makes
@@ -117,6 +118,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         out["checkpoint"] = _checkpoint(_dict(status.get("checkpoint")), now)
     if (preflight := _preflight(spec, status)) is not None:
         out["preflight"] = preflight
+    if (stragglers := _stragglers(spec, status)) is not None:
+        out["stragglers"] = stragglers
     tokens_per_step = (global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int)
                        else None)
     if tokens_per_step and tokens_per_second:
@@ -170,6 +173,29 @@ def _preflight(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] |
     slow = slow_nodes(nodes, Preflight().slow_node_fraction if fraction is None else fraction)
     return {"busBandwidthGBps": _number(measured.get("busBandwidthGBps")), "restart": measured.get("restart"),
             "nodes": nodes, "slowNodes": {node: nodes[node] for node in slow}, "failedNodes": failed}
+
+
+def _stragglers(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+    """status.stragglers: the slowest ranks (those at or above spec.metrics.slowRankLag marked slow);
+    None before rank 0 first gathered them."""
+    measured = _dict(status.get("stragglers"))
+    ranks = [{"rank": r["rank"], "node": str(r.get("node") or "?"), "lag": lag}
+             for r in _list(measured.get("ranks"))
+             if isinstance(r, dict) and isinstance(r.get("rank"), int)
+             and (lag := _number(r.get("lag"))) is not None]
+    if not ranks:
+        return None
+    threshold = _number(_get(spec, "metrics", "slowRankLag"))
+    threshold = Metrics().slow_rank_lag if threshold is None else threshold
+    return {"step": measured.get("step"), "restart": measured.get("restart"),
+            "ranks": [{**r, "slow": is_slow(r["lag"], threshold)} for r in ranks]}
+
+
+def _stragglers_line(s: dict[str, Any]) -> str:
+    """`rank 5 on node-b 38% of each step (slow), rank 0 on node-a 0% (step 40, restart 0)`."""
+    ranks = ", ".join(f"rank {r['rank']} on {r['node']} {r['lag']:.0%}{' (slow)' if r['slow'] else ''}"
+                      for r in s["ranks"])
+    return f"{ranks} of each step waited for (step {s['step']}, restart {s['restart']})"
 
 
 def _preflight_lines(p: dict[str, Any]) -> list[tuple[str, str]]:
@@ -237,6 +263,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Checkpoint", _checkpoint_line(s["checkpoint"])))
     if s.get("preflight") is not None:
         rows += _preflight_lines(s["preflight"])
+    if s.get("stragglers") is not None:
+        rows.append(("Slowest ranks", _stragglers_line(s["stragglers"])))
     disruptions = (f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)"
                    if s["disruptions"] else "")
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))

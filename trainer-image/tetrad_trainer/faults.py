@@ -6,6 +6,7 @@ $TETRAD_TEST_FAULT names one fault:
                        collective until the collective timeout)
   fail-rank:R:step:S   rank R fails at the start of step S with a config error (exit 78) while its
                        peers wait in their next collective
+  slow-rank:R:ms:M     rank R computes M ms longer in every step (a busy loop: a slower device)
 
 It is read here and nowhere else, and it acts only when $TETRAD_TEST_FAULTS_ALLOWED=1 is set as
 well; without that, the trainer logs that it ignores it. A pod's template cannot set either
@@ -23,7 +24,7 @@ from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED
 from tetrad.node.environment import WorkerEnv
 from tetrad_trainer.config import ConfigError
 
-HANG = re.compile(r"(hang|fail)-rank:(\d+):step:(\d+)")
+FAULT = re.compile(r"(hang|fail)-rank:(\d+):step:(\d+)|slow-rank:(\d+):ms:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,16 @@ class Fail:
     step: int
 
 
-def configured(env: WorkerEnv | None = None) -> Hang | Fail | None:
+@dataclass(frozen=True)
+class Slow:
+    rank: int
+    ms: int
+
+
+Fault = Hang | Fail | Slow
+
+
+def configured(env: WorkerEnv | None = None) -> Fault | None:
     """The fault $TETRAD_TEST_FAULT asks for, when tests allow faults; None otherwise."""
     env = env or WorkerEnv.read()
     if not (spec := env.test_fault):
@@ -47,16 +57,26 @@ def configured(env: WorkerEnv | None = None) -> Hang | Fail | None:
         print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with "
               f"{ENV_TEST_FAULTS_ALLOWED}=1", file=sys.stderr, flush=True)
         return None
-    if not (m := HANG.fullmatch(spec)):
-        raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP or"
-                          " fail-rank:RANK:step:STEP")
+    if not (m := FAULT.fullmatch(spec)):
+        raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP,"
+                          " fail-rank:RANK:step:STEP or slow-rank:RANK:ms:MS")
+    if m[4] is not None:
+        return Slow(rank=int(m[4]), ms=int(m[5]))
     return (Hang if m[1] == "hang" else Fail)(rank=int(m[2]), step=int(m[3]))
 
 
-def inject(fault: Hang | Fail | None, rank: int, step: int) -> None:
+def slow_down(fault: Fault | None, rank: int) -> None:
+    """Busy for the slow fault's milliseconds when it is this rank's (inside the step's compute)."""
+    if isinstance(fault, Slow) and fault.rank == rank:
+        end = time.thread_time() + fault.ms / 1000
+        while time.thread_time() < end:
+            pass
+
+
+def inject(fault: Fault | None, rank: int, step: int) -> None:
     """Block forever when `fault` is this rank's hang at this step (signals are still handled, only SIGKILL
     ends it); raise ConfigError when it is this rank's failure."""
-    if fault is None or (fault.rank, fault.step) != (rank, step):
+    if not isinstance(fault, Hang | Fail) or (fault.rank, fault.step) != (rank, step):
         return
     if isinstance(fault, Fail):
         raise ConfigError(f"{ENV_TEST_FAULT}: failing at the start of step {step} (test fault)")

@@ -36,6 +36,7 @@ from tetrad.api.contract import (
     PREFLIGHT_GAUGES,
     TRAINER_GAUGES,
 )
+from tetrad.api.stragglers import Straggler
 from tetrad.node.gang import NodeFigures
 
 
@@ -134,6 +135,8 @@ class StepRecord:
     peak_memory_bytes: int
     peak_memory_reserved_bytes: int
     startup_s: float = 0.0  # process start to the end of this run's first step
+    slowest_rank: int = -1  # rank 0: the rank with the largest own time (tetrad.api.stragglers); -1: none
+    slowest_rank_lag: float = 0.0  # its lag
 
 
 # StepRecord field -> the gauge that carries it.
@@ -150,6 +153,8 @@ GAUGE_OF_FIELD = {
     "peak_memory_bytes": c.METRIC_PEAK_MEMORY,
     "peak_memory_reserved_bytes": c.METRIC_PEAK_MEMORY_RESERVED,
     "startup_s": c.METRIC_STARTUP,
+    "slowest_rank": c.METRIC_SLOWEST_RANK,
+    "slowest_rank_lag": c.METRIC_SLOWEST_RANK_LAG,
 }
 
 
@@ -192,6 +197,7 @@ class RankMetrics:
         info = Gauge(METRIC_INFO, "Constant 1, labelled with the job and this rank's place.", list(labels),
                      registry=self.registry)
         (info.labels(**labels) if labels else info).set(1)
+        self._stragglers: dict[str, Gauge] | None = None
         self._server = None
         self.port = self._serve(port) if port is not None else None
         self.jsonl: IO[str] | None = jsonl.open("a", buffering=1) if jsonl is not None and rank == 0 else None
@@ -240,6 +246,21 @@ class RankMetrics:
             labels = {"node": n.node, "node_rank": str(n.node_rank)}
             gauges[METRIC_PREFLIGHT_BUS_BANDWIDTH].labels(**labels).set(n.bus_bandwidth_bytes_per_second)
             gauges[METRIC_PREFLIGHT_SECONDS].labels(**labels).set(n.seconds)
+
+    def stragglers(self, median_s: float, slowest: Sequence[Straggler]) -> None:
+        """Rank 0: the slowest ranks (tetrad.api.stragglers.slowest), replacing the last ones."""
+        if self._stragglers is None:
+            self._stragglers = {name: Gauge(name, c.STRAGGLER_GAUGES[name],
+                                            ["rank", "node"] if name != c.METRIC_RANK_OWN_MEDIAN else [],
+                                            registry=self.registry)
+                                for name in c.STRAGGLER_GAUGES}
+        lag, own = self._stragglers[c.METRIC_RANK_LAG], self._stragglers[c.METRIC_RANK_OWN]
+        lag.clear()
+        own.clear()
+        for s in slowest:
+            lag.labels(str(s.rank), s.node).set(s.lag)
+            own.labels(str(s.rank), s.node).set(s.own_s)
+        self._stragglers[c.METRIC_RANK_OWN_MEDIAN].set(median_s)
 
     def final_figures(self) -> str:
         """The gauges the operator scrapes into the job's status, as exposition text without help lines

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from tetrad.api import stragglers
 from tetrad.api.contract import (
     ENV_CONFIG,
     ENV_JSONL,
@@ -72,6 +73,7 @@ from tetrad_trainer.metrics import (
 from tetrad_trainer.models.loader import checked_definition, definition_of
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
 from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
+from tetrad_trainer.own_time import OwnTime
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, leave_final_state
 
@@ -113,6 +115,7 @@ class Trainer:
             data_loader=self.loader, dp_rank=dp_rank, logger=log,
             on_commit=lambda step, at: self.metrics.checkpoint_committed(step, at), restart=env.restart)
         self.cp_rank = self.mesh.local_rank("cp")
+        self.own_time = OwnTime(device, env.node.node_name, stage=self.mesh.local_rank("pp"))
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
         self.fault = faults.configured(env)  # tests only
@@ -168,7 +171,14 @@ class Trainer:
         return torch.stack([plain(x.detach()) for x in losses]).sum()
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        inputs, labels = self.loader.next_batch()
+        with self.own_time.data():
+            inputs, labels = self.loader.next_batch()
+        with self.own_time.compute():
+            faults.slow_down(self.fault, dist.get_rank())
+            return self.compute_step(inputs, labels)
+
+    def compute_step(self, inputs: torch.Tensor,
+                     labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         cp = self.cfg.layout.cp
         inputs = shard_sequence(inputs, 1, cp, self.cp_rank).to(self.device)
         labels = shard_sequence(labels, 1, cp, self.cp_rank).to(self.device)
@@ -311,16 +321,28 @@ class Trainer:
         world = dist.get_world_size()
         tflops = self.flops_per_token * tokens_per_second / world / 1e12
         peak, reserved = peak_memory_bytes(self.device)
+        slowest_rank, slowest_lag = self.report_stragglers(step_time)
         self.metrics.log(StepRecord(
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
             tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
             tflops=tflops, mfu=self.mfu_peak.mfu(tflops),
             peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved, startup_s=self.startup_s or 0.0,
+            slowest_rank=slowest_rank, slowest_rank_lag=slowest_lag,
         ))
         self.last_log, self.steps_since_log = time.perf_counter(), 0
         if self.mfu_peak.said is not None and not self.said_peak:
             log_rank0(f"warning: {self.mfu_peak.said}")
             self.said_peak = True
+
+    def report_stragglers(self, step_time: float) -> tuple[int, float]:
+        """Every rank's own time since the last log, gathered at rank 0, which exports the slowest ranks;
+        (the slowest rank, its lag) on rank 0, (-1, 0) elsewhere. Collective."""
+        times = self.own_time.gather(self.steps_since_log)
+        if times is None:
+            return -1, 0.0
+        median, slowest = stragglers.slowest(times, step_time)
+        self.metrics.stragglers(median, slowest)
+        return (slowest[0].rank, slowest[0].lag) if slowest else (-1, 0.0)
 
     def save_full_parameters(self, path: Path) -> None:
         """Write every parameter, gathered whole, to path (rank 0); for tests and debugging."""

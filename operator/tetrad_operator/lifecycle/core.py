@@ -14,7 +14,7 @@ from tetrad.render import gangs, render
 from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, closing, figures, policy, preflight, release
+from tetrad_operator.lifecycle import checkpoint, closing, figures, policy, preflight, release, stragglers
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
@@ -186,6 +186,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     # 6. Running once every pod runs (or already succeeded); GangWaiting before.
     if all(p.phase in ("Running", "Succeeded") for p in pods):
         preflight.report_slow(m, restart, spec.preflight.slow_node_fraction)  # the SlowNodes condition
+        stragglers.report(m, restart, spec.metrics.slow_rank_lag)  # the SlowRank condition
         if m.phase != Phase.RUNNING:
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
         elif (pods[0].phase == "Running"
