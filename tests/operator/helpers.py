@@ -168,6 +168,13 @@ def finish_all(api: Api, ns: str, job: str, exit_code: int = 0) -> None:
         terminate(api, ns, p["metadata"]["name"], exit_code)
 
 
+def events_when_succeeded(api: Api, ns: str, job: str, reason: str) -> list[dict[str, Any]]:
+    """Every pod succeeds; once the job has, its Events of `reason`."""
+    finish_all(api, ns, job, 0)
+    wait_phase(api, ns, job, "Succeeded")
+    return [e for e in api.events(ns, job) if e["reason"] == reason]
+
+
 def takes_pods(node: NodeState) -> bool:
     """Ready, and no longer carrying the node lifecycle controller's `node.kubernetes.io/not-ready`
     taint, which outlives Readiness for a moment: until then neither the scheduler nor a gang's fit

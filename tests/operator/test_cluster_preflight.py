@@ -13,7 +13,18 @@ from tetrad.api import contract
 from tetrad.api.termination import NodeFailure, TerminationMessage
 
 from .conftest import free_port, operator_in_thread
-from .helpers import Api, condition, fake_node, finish_all, now, ptj, wait_for, wait_phase, wait_running
+from .helpers import (
+    Api,
+    condition,
+    events_when_succeeded,
+    fake_node,
+    finish_all,
+    now,
+    ptj,
+    wait_for,
+    wait_phase,
+    wait_running,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -103,9 +114,7 @@ def test_the_measured_bandwidth_reaches_status_and_a_slow_node_is_reported(api, 
             assert st["phase"] == "Running", "reported, not acted on"
             wait_for(lambda: [e for e in api.events(ns, "bw") if e["reason"] == "SlowNodes"],
                      what="the event")
-            finish_all(api, ns, "bw", 0)
-            wait_phase(api, ns, "bw", "Succeeded")
-            events = [e for e in api.events(ns, "bw") if e["reason"] == "SlowNodes"]
+            events = events_when_succeeded(api, ns, "bw", "SlowNodes")
             assert len(events) == 1 and events[0]["type"] == "Warning" and "9 GB/s" in events[0]["message"]
     finally:
         server.shutdown()

@@ -10,7 +10,7 @@ from tetrad_trainer.metrics import RankMetrics, StepRecord
 from tetrad.api.stragglers import RankTime, slowest
 
 from .conftest import free_port, operator_in_thread
-from .helpers import condition, condition_true, finish_all, ptj, wait_for, wait_phase, wait_running
+from .helpers import condition, condition_true, events_when_succeeded, ptj, wait_for, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -50,9 +50,7 @@ def test_a_slow_rank_is_named_in_status_with_a_condition_and_an_event(api, opera
             st = wait_for(lambda: (lambda s: s if s["stragglers"]["step"] == 9 and not condition_true(
                 s, "SlowRank") else None)(api.status(ns, "lag")), what="the SlowRank condition turned False")
             assert condition(st, "SlowRank")["reason"] == "NoSlowRank" and st["stragglers"]["step"] == 9
-            finish_all(api, ns, "lag", 0)
-            wait_phase(api, ns, "lag", "Succeeded")
-            events = [e for e in api.events(ns, "lag") if e["reason"] == "SlowRank"]
+            events = events_when_succeeded(api, ns, "lag", "SlowRank")
             assert len(events) == 1 and events[0]["type"] == "Warning" and "38%" in events[0]["message"]
     finally:
         metrics.close()
