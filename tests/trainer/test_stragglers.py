@@ -65,3 +65,20 @@ def test_the_rank_a_fault_slows_is_named_with_its_lag_and_a_healthy_run_names_no
     assert all(r["slowest_rank"] == 1 and r["slowest_rank_lag"] >= 0.2 for r in named), named
     # rank 1's 400 ms are most of each step: the gang waits for it, and the step shows it
     assert all(r["step_time_s"] >= 0.4 for r in named), named
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_script_on_the_runtime_library_gets_the_slow_rank_named_too(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library measures a rank's CPU time between its polls, and gathers at rank 0 in poll."""
+    from tests.trainer.test_scripts import EXAMPLES, rows, script_job
+
+    monkeypatch.setenv(ENV_TEST_FAULT, "slow-rank:1:ms:300")
+    monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
+    job = script_job("rt-slow", {"path": str(EXAMPLES / "runtime" / "train.py"), "args": ["--steps", "6"]})
+    assert run_local(job, workdir=tmp_path / "w") == 0
+    named = [r for r in rows(tmp_path / "w") if "step" in r][2:]  # a report names the last poll's gather
+    assert len(named) == 4, named
+    assert all(r["slowest_rank"] == 1 and r["slowest_rank_lag"] >= 0.2 for r in named), named

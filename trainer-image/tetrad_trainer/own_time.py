@@ -31,6 +31,7 @@ class OwnTime:
         # Our own gloo group: a CPU gather that never interleaves with the training collectives.
         self._pg = dist.new_group(backend="gloo") if self.distributed else None
         self._places: list[tuple[str, int]] | None = None  # (node, stage) of every rank, gathered once
+        self._lap: float | None = None  # thread_time() where the running lap started
 
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
@@ -50,6 +51,16 @@ class OwnTime:
             yield
         finally:
             self.seconds += time.thread_time() - start
+
+    def lap(self) -> None:
+        """For a script whose steps are not seen from inside (tetrad_trainer.runtime): count, on a CPU, the
+        main thread's CPU time since `start_lap`."""
+        if self.cpu and self._lap is not None:
+            self.seconds += time.thread_time() - self._lap
+        self._lap = None
+
+    def start_lap(self) -> None:
+        self._lap = time.thread_time()
 
     def gather(self, steps: int) -> list[RankTime] | None:
         """Every rank's own time per step over the last `steps` steps, on rank 0 (None elsewhere)."""

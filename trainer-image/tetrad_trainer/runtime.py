@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from tetrad.api import stragglers
 from tetrad.api.contract import (
     CONTRACT_VERSION,
     EXIT_CONFIG_ERROR,
@@ -48,6 +49,7 @@ from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import exits, gang
 from tetrad.node.environment import NodeEnv, WorkerEnv
+from tetrad_trainer import faults
 from tetrad_trainer.checkpoint_request import CheckpointRequests
 from tetrad_trainer.metrics import (
     RankMetrics,
@@ -56,6 +58,7 @@ from tetrad_trainer.metrics import (
     peak_tflops,
     seconds_since_process_start,
 )
+from tetrad_trainer.own_time import OwnTime
 from tetrad_trainer.preemption import Preemption, leave_final_state
 
 # The contract versions (tetrad.api.contract.CONTRACT_VERSION) this library speaks.
@@ -116,6 +119,13 @@ class Run:
         if (figures := gang.read_figures(env)) is not None:
             self.metrics.preflight(figures)
         self.requests = CheckpointRequests(self.rank, env.checkpoint_request_file)
+        # Stragglers: each rank's CPU time between polls, gathered at rank 0 every log interval.
+        self.own_time = OwnTime(device, env.node.node_name, stage=_pipeline_stage(env, self.rank))
+        self.fault = faults.configured(env)  # tests only
+        self._gather_every = cfg.metrics.log_interval if cfg else 1
+        self._polls = 0
+        self._step_time = math.nan
+        self._slowest: tuple[int, float] = (-1, 0.0)
         self._mesh: DeviceMesh | None = None
         self._last: tuple[int, float] | None = None  # (step, time) of the last report
         self._started: float | None = None
@@ -144,6 +154,7 @@ class Run:
         steps = step - self._last[0] if self._last is not None and step > self._last[0] else 1
         step_time = (now - self._last[1]) / steps if self._last is not None else math.nan
         self._last = (step, now)
+        self._step_time = step_time
         per_second = tokens / step_time if tokens and step_time > 0 else math.nan
         tflops = (flops_per_token or math.nan) * per_second / self.world_size / 1e12
         peak, reserved = peak_memory_bytes(self.device)
@@ -152,19 +163,35 @@ class Run:
             step_time_s=step_time, tokens_per_second=per_second,
             tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
             mfu=self.mfu_peak.mfu(tflops), peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
-            startup_s=self._started))
+            startup_s=self._started, slowest_rank=self._slowest[0], slowest_rank_lag=self._slowest[1]))
         if self.mfu_peak.said is not None and not self._said_peak:
             print(f"[tetrad] warning: {self.mfu_peak.said}", file=sys.stderr, flush=True)
             self._said_peak = True
 
     def poll(self) -> Action:
-        """Whether to save and whether to stop, agreed by every rank (one small all-reduce). Collective."""
+        """Whether to save and whether to stop, agreed by every rank (one small all-reduce; every log
+        interval also a gather of the ranks' own time at rank 0). Collective."""
+        faults.slow_down(self.fault, self.rank)
+        self.own_time.lap()
+        self._polls += 1
+        if self._polls % self._gather_every == 0:
+            self._gather_stragglers()
         token = self.requests.poll()
         stop = self.preemption.requested(checkpoint_asked=token is not None)
         if token is not None and self._last is not None:
             self.metrics.checkpoint_requested(token, self._last[0])
+        self.own_time.start_lap()
         return Action(save=stop or self.preemption.checkpoint_asked, stop=stop,
                       seconds_left=self.preemption.remaining_s)
+
+    def _gather_stragglers(self) -> None:
+        """Rank 0 exports the slowest ranks (its next report names the slowest). Collective."""
+        times = self.own_time.gather(self._gather_every)
+        if times is None or not math.isfinite(self._step_time):
+            return
+        median, slowest = stragglers.slowest(times, self._step_time)
+        self.metrics.stragglers(median, slowest)
+        self._slowest = (slowest[0].rank, slowest[0].lag) if slowest else (-1, 0.0)
 
     def saved(self, step: int) -> None:
         """The script committed its checkpoint of `step` (call it on every rank once the save is complete)."""
@@ -182,6 +209,13 @@ class Run:
         """Training is over: leave the last figures for the job's status."""
         leave_final_state(self.rank, self.metrics.final_figures())
         self.metrics.close()
+
+
+def _pipeline_stage(env: WorkerEnv, rank: int) -> int:
+    """This rank's pipeline stage: pp is the mesh's outermost dim (TETRAD_MESH); 0 without one."""
+    degrees = dict(env.node.mesh)
+    pp, world = degrees.get("pp", 1), env.world_size
+    return rank // (world // pp) if pp > 1 and world % pp == 0 else 0
 
 
 def _number(value: float | torch.Tensor | None) -> float:
