@@ -369,6 +369,32 @@ def requests_text(requests: dict[str, int]) -> str:
     return " ".join(f"{verb} {n}" for verb, n in requests.items() if verb != "WATCH")
 
 
+def start_operator(cluster: Cluster, port: int,
+                   log_name: str = "bench-operator.log") -> subprocess.Popen[bytes]:
+    """The operator as its own process (`python -m tetrad_operator -A`, default settings), serving its
+    metrics on `port`; returns once they answer. Its log goes to .cache/LOG_NAME."""
+    (REPO / ".cache").mkdir(exist_ok=True)
+    log = open(REPO / ".cache" / log_name, "wb")  # noqa: SIM115
+    # On a starved machine kwok can be late renewing a thousand node leases; a node that flaps
+    # NotReady must not restart the gang being measured (restarts are reported).
+    # kwok pods have made-up IPs: rank 0's metrics are read from loopback, never from them.
+    env = {"TETRAD_OPERATOR_NODE_LOST_SECONDS": "600", **os.environ,
+           "KUBECONFIG": str(cluster.kubeconfig), "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}
+    op = subprocess.Popen([sys.executable, "-m", "tetrad_operator", "-A", "--standalone",
+                           "--metrics-port", str(port)],
+                          env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            operator_metric(port, "tetrad_operator_jobs")
+            return op
+        except OSError:
+            if time.monotonic() > deadline or op.poll() is not None:
+                op.kill()
+                raise RuntimeError(f"the operator did not start; see .cache/{log_name}") from None
+            time.sleep(0.5)
+
+
 def result_key(size: int, system: str) -> str:
     return f"job_{size}" if system == "builtin" else f"job_{size}_{system}"
 
@@ -419,25 +445,7 @@ def main() -> int:
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
         api = Api(cluster.kubeconfig)
         port = free_port()
-        (REPO / ".cache").mkdir(exist_ok=True)
-        log = open(REPO / ".cache" / "bench-operator.log", "wb")  # noqa: SIM115
-        # On a starved machine kwok can be late renewing a thousand node leases; a node that flaps
-        # NotReady must not restart the gang being measured (restarts are reported below).
-        # kwok pods have made-up IPs: rank 0's metrics are read from loopback, never from them.
-        env = {"TETRAD_OPERATOR_NODE_LOST_SECONDS": "600", **os.environ,
-               "KUBECONFIG": str(cluster.kubeconfig), "TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}
-        op = subprocess.Popen([sys.executable, "-m", "tetrad_operator", "-A", "--standalone",
-                               "--metrics-port", str(port)],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                operator_metric(port, "tetrad_operator_jobs")
-                break
-            except OSError:
-                if time.monotonic() > deadline or op.poll() is not None:
-                    raise RuntimeError("the operator did not start; see .cache/bench-operator.log") from None
-                time.sleep(0.5)
+        op = start_operator(cluster, port)
         for gang in gangs:
             start_gang_scheduler(api, gang, nodes)
 

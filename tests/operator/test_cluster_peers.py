@@ -81,3 +81,35 @@ def test_jobset_runs_pods_with_tetrads_content(operator_cluster, api, namespace)
         assert env(p, "PET_NODE_RANK") == "1" and len(c["ports"]) == 8  # Tetrad's rank-1 pod of a 4-node job
         assert {v["name"] for v in p["spec"]["volumes"]} >= {v["name"] for v in content["spec"]["volumes"]}
     assert with_pod(PEERS["kubeflow-trainer"].body, content)("t", 2) == PEERS["kubeflow-trainer"].body("t", 2)
+
+
+def test_the_recovery_benchmark_times_a_whole_gang_restart_of_tetrad_and_of_jobset(operator_cluster, api,
+                                                                                   operator, namespace):
+    """bench/recovery.py's timeline on real controllers: one failed pod, then every phase in order up to
+    a new gang all Running (Tetrad's restart 1; JobSet's recreated Jobs)."""
+    from bench.recovery import JOBSET_INDEX, PHASES, fail_one, restartable
+    from tetrad.api.contract import LABEL_RANK
+
+    from .helpers import JOBS, ptj, wait_running
+
+    api.create_job(namespace, ptj("r", nodes=WORKERS, cpu="100m", runPolicy={"backoffSeconds": 0}))
+    wait_running(api, namespace, "r", WORKERS)
+    tetrad = fail_one(api, namespace, WORKERS, LABEL_RANK)
+    assert [tetrad[k] for k in PHASES] == sorted(tetrad[k] for k in PHASES) and tetrad["running"] < 60
+    assert api.status(namespace, "r")["restarts"] == 1
+    api.delete(f"{JOBS}/namespaces/{namespace}/paralleltrainingjobs/r")
+    wait_for(lambda: not api.list(f"/api/v1/namespaces/{namespace}/pods"), what="the job's pods gone")
+
+    peer = PEERS["jobset"]
+    up = cluster_script("peer", peer.name, name=operator_cluster.name, timeout=1800)
+    assert up.returncode == 0, up.stderr[-4000:]
+    api.create(peer.jobs(namespace), restartable(peer, "j", WORKERS, SMALL))
+    def all_running() -> bool:
+        pods = api.list(f"/api/v1/namespaces/{namespace}/pods")
+        return len(pods) == WORKERS and all(p["status"].get("phase") == "Running" for p in pods)
+
+    wait_for(all_running, timeout=120, what="the JobSet's pods Running")
+    jobset = fail_one(api, namespace, WORKERS, JOBSET_INDEX)
+    assert [jobset[k] for k in PHASES] == sorted(jobset[k] for k in PHASES) and jobset["running"] < 60
+    restarts = (api.get(f"{peer.jobs(namespace)}/j") or {}).get("status", {}).get("restarts")
+    assert restarts == 1, restarts
