@@ -19,7 +19,7 @@ policy a user chooses, not the restart's mechanics, and JobSet has none. JobSet'
 bench/peers.py writes, with failurePolicy.maxRestarts 3 (it recreates every child Job). What follows
 Running on a real node (the container's start, the rendezvous, the checkpoint load, the first step) is
 the trainer's part of a recovery and is not measured here. Each system's controller CPU and the
-apiserver's requests are counted from the failure until all is Running again.
+apiserver's requests are counted over the whole run: the first gang's start and the recovery.
 """
 
 from __future__ import annotations
