@@ -77,7 +77,8 @@ def test_a_script_on_the_runtime_library_gets_the_slow_rank_named_too(tmp_path: 
 
     monkeypatch.setenv(ENV_TEST_FAULT, "slow-rank:1:ms:300")
     monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
-    job = script_job("rt-slow", {"path": str(EXAMPLES / "runtime" / "train.py"), "args": ["--steps", "6"]})
+    job = script_job("rt-slow", {"path": str(EXAMPLES / "runtime" / "train.py"), "args": ["--steps", "6"]},
+                     checkpoint={"path": str(tmp_path / "ckpt")})  # where the script saves (and resumes)
     assert run_local(job, workdir=tmp_path / "w") == 0
     named = [r for r in rows(tmp_path / "w") if "step" in r][2:]  # a report names the last poll's gather
     assert len(named) == 4, named
