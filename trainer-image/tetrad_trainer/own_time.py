@@ -10,13 +10,16 @@ rank); there only the data wait is compared for now.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
 
+from tetrad.api import stragglers
 from tetrad.api.stragglers import RankTime
+from tetrad_trainer.metrics import RankMetrics
 
 
 class OwnTime:
@@ -78,3 +81,13 @@ class OwnTime:
         if every is None:
             return None
         return [RankTime(r, node, every[r].item(), stage) for r, (node, stage) in enumerate(self._places)]
+
+    def report(self, steps: int, step_s: float, metrics: RankMetrics) -> tuple[int, float] | None:
+        """`gather`, then rank 0 exports the slowest ranks to `metrics`: (the slowest rank, its lag) on rank
+        0, None elsewhere or while the step time is not known. Collective."""
+        times = self.gather(steps)
+        if times is None or not math.isfinite(step_s):
+            return None
+        median, slowest = stragglers.slowest(times, step_s)
+        metrics.stragglers(median, slowest)
+        return (slowest[0].rank, slowest[0].lag) if slowest else (-1, 0.0)

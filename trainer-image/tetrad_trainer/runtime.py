@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from tetrad.api import stragglers
 from tetrad.api.contract import (
     CONTRACT_VERSION,
     EXIT_CONFIG_ERROR,
@@ -175,7 +174,8 @@ class Run:
         self.own_time.lap()
         self._polls += 1
         if self._polls % self._gather_every == 0:
-            self._gather_stragglers()
+            slowest = self.own_time.report(self._gather_every, self._step_time, self.metrics)
+            self._slowest = slowest or self._slowest  # the next report names it
         token = self.requests.poll()
         stop = self.preemption.requested(checkpoint_asked=token is not None)
         if token is not None and self._last is not None:
@@ -184,14 +184,6 @@ class Run:
         return Action(save=stop or self.preemption.checkpoint_asked, stop=stop,
                       seconds_left=self.preemption.remaining_s)
 
-    def _gather_stragglers(self) -> None:
-        """Rank 0 exports the slowest ranks (its next report names the slowest). Collective."""
-        times = self.own_time.gather(self._gather_every)
-        if times is None or not math.isfinite(self._step_time):
-            return
-        median, slowest = stragglers.slowest(times, self._step_time)
-        self.metrics.stragglers(median, slowest)
-        self._slowest = (slowest[0].rank, slowest[0].lag) if slowest else (-1, 0.0)
 
     def saved(self, step: int) -> None:
         """The script committed its checkpoint of `step` (call it on every rank once the save is complete)."""

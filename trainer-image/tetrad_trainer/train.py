@@ -36,7 +36,6 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from tetrad.api import stragglers
 from tetrad.api.contract import (
     ENV_CONFIG,
     ENV_JSONL,
@@ -321,7 +320,8 @@ class Trainer:
         world = dist.get_world_size()
         tflops = self.flops_per_token * tokens_per_second / world / 1e12
         peak, reserved = peak_memory_bytes(self.device)
-        slowest_rank, slowest_lag = self.report_stragglers(step_time)
+        slowest = self.own_time.report(self.steps_since_log, step_time, self.metrics)
+        slowest_rank, slowest_lag = slowest or (-1, 0.0)
         self.metrics.log(StepRecord(
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
             tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
@@ -333,16 +333,6 @@ class Trainer:
         if self.mfu_peak.said is not None and not self.said_peak:
             log_rank0(f"warning: {self.mfu_peak.said}")
             self.said_peak = True
-
-    def report_stragglers(self, step_time: float) -> tuple[int, float]:
-        """Every rank's own time since the last log, gathered at rank 0, which exports the slowest ranks;
-        (the slowest rank, its lag) on rank 0, (-1, 0) elsewhere. Collective."""
-        times = self.own_time.gather(self.steps_since_log)
-        if times is None:
-            return -1, 0.0
-        median, slowest = stragglers.slowest(times, step_time)
-        self.metrics.stragglers(median, slowest)
-        return (slowest[0].rank, slowest[0].lag) if slowest else (-1, 0.0)
 
     def save_full_parameters(self, path: Path) -> None:
         """Write every parameter, gathered whole, to path (rank 0); for tests and debugging."""
