@@ -96,6 +96,10 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     assert (tmp_path / "work" / "torchelastic" / "node-0").is_dir()
     assert not list(Path(tempfile.gettempdir()).glob("torchelastic_*/smoke-*"))
     assert rows[0]["startup_s"] > 0 and all(r["startup_s"] == rows[0]["startup_s"] for r in rows)
+    # the account for the goodput: training from the end of step 1 on, no checkpoint saved
+    trained = [r["train_s"] for r in rows]
+    assert trained == sorted(trained) and trained[-1] > 0
+    assert max(r["checkpoint_stall_s"] for r in rows) < 0.01
     # the flight recorder is sized through the variable this torch reads, without its warning
     for node in (0, 1):
         assert "is deprecated" not in (tmp_path / "work" / f"node-{node}.log").read_text()

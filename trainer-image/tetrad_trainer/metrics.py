@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import resource
 import sys
 import time
@@ -38,6 +37,7 @@ from tetrad.api.contract import (
 )
 from tetrad.api.stragglers import Straggler
 from tetrad.node.gang import NodeFigures
+from tetrad_trainer.time_spent import TimeSpent
 
 
 def gpu_peak_tflops(name: str) -> float | None:
@@ -135,6 +135,8 @@ class StepRecord:
     peak_memory_bytes: int
     peak_memory_reserved_bytes: int
     startup_s: float = 0.0  # process start to the end of this run's first step
+    train_s: float = 0.0  # the end of the first step to this record, checkpoint stalls excluded
+    checkpoint_stall_s: float = 0.0  # blocked on checkpoint saves since the end of the first step
     slowest_rank: int = -1  # rank 0: the rank with the largest own time (tetrad.api.stragglers); -1: none
     slowest_rank_lag: float = 0.0  # its lag
 
@@ -153,22 +155,11 @@ GAUGE_OF_FIELD = {
     "peak_memory_bytes": c.METRIC_PEAK_MEMORY,
     "peak_memory_reserved_bytes": c.METRIC_PEAK_MEMORY_RESERVED,
     "startup_s": c.METRIC_STARTUP,
+    "train_s": c.METRIC_TRAIN_SECONDS,
+    "checkpoint_stall_s": c.METRIC_CHECKPOINT_STALL,
     "slowest_rank": c.METRIC_SLOWEST_RANK,
     "slowest_rank_lag": c.METRIC_SLOWEST_RANK_LAG,
 }
-
-
-def seconds_since_process_start() -> float:
-    """Wall time since this process started (Linux /proc; elsewhere since this module was imported)."""
-    try:
-        started = (int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-                   / os.sysconf("SC_CLK_TCK"))
-        return float(Path("/proc/uptime").read_text().split()[0]) - started
-    except (OSError, ValueError, IndexError):
-        return time.time() - _IMPORTED_AT
-
-
-_IMPORTED_AT = time.time()
 
 
 class RankMetrics:
@@ -262,11 +253,13 @@ class RankMetrics:
             own.labels(str(s.rank), s.node).set(s.own_s)
         self._stragglers[c.METRIC_RANK_OWN_MEDIAN].set(median_s)
 
-    def final_figures(self) -> str:
-        """The gauges the operator scrapes into the job's status, as exposition text without help lines
-        (short enough for a termination message)."""
-        text = generate_latest(
-            self.registry.restricted_registry([*c.SCRAPED, *c.SCRAPED_CHECKPOINT])).decode()
+    def final_figures(self, time_spent: TimeSpent) -> str:
+        """The gauges the operator scrapes into the job's status, with the time account as of now, as
+        exposition text without help lines (short enough for a termination message)."""
+        for key, value in time_spent.record().items():
+            self.gauges[key].set(value)
+        text = generate_latest(self.registry.restricted_registry(
+            [*c.SCRAPED, *c.SCRAPED_CHECKPOINT, *c.SCRAPED_TRAINER_TIME])).decode()
         return "".join(line + "\n" for line in text.splitlines() if not line.startswith("# HELP"))
 
     def resumed(self, step: int) -> None:

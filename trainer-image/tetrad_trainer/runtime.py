@@ -55,10 +55,10 @@ from tetrad_trainer.metrics import (
     StepRecord,
     peak_memory_bytes,
     peak_tflops,
-    seconds_since_process_start,
 )
 from tetrad_trainer.own_time import OwnTime
 from tetrad_trainer.preemption import Preemption, leave_final_state
+from tetrad_trainer.time_spent import TimeSpent
 
 # The contract versions (tetrad.api.contract.CONTRACT_VERSION) this library speaks.
 SPOKEN_CONTRACTS = range(1, CONTRACT_VERSION + 1)
@@ -127,7 +127,9 @@ class Run:
         self._slowest: tuple[int, float] = (-1, 0.0)
         self._mesh: DeviceMesh | None = None
         self._last: tuple[int, float] | None = None  # (step, time) of the last report
-        self._started: float | None = None
+        # start-up, training and checkpoint stalls: a save is the time from the last report or poll to saved()
+        self.time_spent = TimeSpent()
+        self._idle_since = time.perf_counter()
         self._saved: tuple[int, float] | None = None
 
     @property
@@ -148,8 +150,7 @@ class Run:
         job trained in one step (global batch x sequence); `loss`: the global loss, as rank 0 shows it."""
         now = time.perf_counter()
         self.metrics.step_completed()
-        if self._started is None:
-            self._started = seconds_since_process_start()
+        self.time_spent.step_completed()
         steps = step - self._last[0] if self._last is not None and step > self._last[0] else 1
         step_time = (now - self._last[1]) / steps if self._last is not None else math.nan
         self._last = (step, now)
@@ -162,10 +163,11 @@ class Run:
             step_time_s=step_time, tokens_per_second=per_second,
             tokens_per_second_per_device=per_second / self.world_size, tflops=tflops,
             mfu=self.mfu_peak.mfu(tflops), peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved,
-            startup_s=self._started, slowest_rank=self._slowest[0], slowest_rank_lag=self._slowest[1]))
+            **self.time_spent.record(), slowest_rank=self._slowest[0], slowest_rank_lag=self._slowest[1]))
         if self.mfu_peak.said is not None and not self._said_peak:
             print(f"[tetrad] warning: {self.mfu_peak.said}", file=sys.stderr, flush=True)
             self._said_peak = True
+        self._idle_since = time.perf_counter()
 
     def poll(self) -> Action:
         """Whether to save and whether to stop, agreed by every rank (one small all-reduce; every log
@@ -181,25 +183,29 @@ class Run:
         if token is not None and self._last is not None:
             self.metrics.checkpoint_requested(token, self._last[0])
         self.own_time.start_lap()
+        self._idle_since = time.perf_counter()
         return Action(save=stop or self.preemption.checkpoint_asked, stop=stop,
                       seconds_left=self.preemption.remaining_s)
 
 
     def saved(self, step: int) -> None:
-        """The script committed its checkpoint of `step` (call it on every rank once the save is complete)."""
+        """The script committed its checkpoint of `step` (call it on every rank once the save is complete).
+        The time since the last report or poll counts as the save's stall in the job's goodput."""
+        self.time_spent.stalled(time.perf_counter() - self._idle_since)
+        self._idle_since = time.perf_counter()
         self._saved = (step, time.time())
         self.metrics.checkpoint_committed(*self._saved)
 
     def exit_preempted(self) -> NoReturn:
         """Stop after SIGTERM: leave the last figures and checkpoint for the job's status, exit 75."""
         step, at = self._saved if self._saved is not None else (None, None)
-        leave_final_state(self.rank, self.metrics.final_figures(), stopped=(step, at))
+        leave_final_state(self.rank, self.metrics.final_figures(self.time_spent), stopped=(step, at))
         self.metrics.close()
         sys.exit(EXIT_PREEMPTED)
 
     def close(self) -> None:
         """Training is over: leave the last figures for the job's status."""
-        leave_final_state(self.rank, self.metrics.final_figures())
+        leave_final_state(self.rank, self.metrics.final_figures(self.time_spent))
         self.metrics.close()
 
 

@@ -67,7 +67,6 @@ from tetrad_trainer.metrics import (
     StepRecord,
     peak_memory_bytes,
     peak_tflops,
-    seconds_since_process_start,
 )
 from tetrad_trainer.models.loader import checked_definition, definition_of
 from tetrad_trainer.oom import DeviceOutOfMemory, inject_oom_for_tests, out_of_memory_message
@@ -75,6 +74,7 @@ from tetrad_trainer.optim import build_optimizer, clip_and_step, lr_at, set_lr
 from tetrad_trainer.own_time import OwnTime
 from tetrad_trainer.parallelize import full_parameters, parallelize
 from tetrad_trainer.preemption import Preemption, leave_final_state
+from tetrad_trainer.time_spent import TimeSpent
 
 # A save is attempted after SIGTERM only if the last one, scaled by this, fits in the time left.
 SAVE_TIME_MARGIN = 1.25
@@ -118,7 +118,7 @@ class Trainer:
         self.pp_group = self.mesh["pp"].get_group() if cfg.layout.pp > 1 else None
         self.step = 0
         self.fault = faults.configured(env)  # tests only
-        self.startup_s: float | None = None  # process start to the end of this run's first step
+        self.time_spent = TimeSpent()  # start-up, training and checkpoint stalls, for the job's goodput
         self.last_log, self.steps_since_log = time.perf_counter(), 0
 
         rank = dist.get_rank()
@@ -281,13 +281,13 @@ class Trainer:
             raise DeviceOutOfMemory(out_of_memory_message(self.cfg, self.device, self.step, e)) from e
         self.metrics.step_completed()
         self.steps_since_log += 1
-        if self.startup_s is None:
-            self.startup_s = seconds_since_process_start()
-            log_rank0(f"first step after {self.startup_s:.1f} s "
+        if self.time_spent.step_completed():
+            log_rank0(f"first step after {self.time_spent.startup_s:.1f} s "
                       f"(process start to the end of step {self.step})")
         last = self.step == self.cfg.training.steps
         if self.checkpointer.due(self.step) or last:
-            self.checkpointer.save(self.step)
+            with self.time_spent.checkpoint_stall():
+                self.checkpointer.save(self.step)
         token = self.checkpoint_requests.poll()
         stopping = self.preemption.requested(checkpoint_asked=token is not None)
         if self.step % self.cfg.metrics.log_interval == 0 or last or stopping:
@@ -308,7 +308,8 @@ class Trainer:
         if token is not None:
             self.metrics.checkpoint_requested(token, self.step)
             log_rank0(f"checkpoint-now {token!r}: saving step {self.step}")
-        self.checkpointer.save(self.step)  # nothing new when this step's save is under way already
+        with self.time_spent.checkpoint_stall():
+            self.checkpointer.save(self.step)  # nothing new when this step's save is under way already
 
     def log_step(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
         """Metrics over the steps since the last log: Prometheus on every rank, a JSON line from rank 0."""
@@ -326,7 +327,7 @@ class Trainer:
             step=self.step, loss=global_loss, grad_norm=grad_norm.item(), lr=lr, step_time_s=step_time,
             tokens_per_second=tokens_per_second, tokens_per_second_per_device=tokens_per_second / world,
             tflops=tflops, mfu=self.mfu_peak.mfu(tflops),
-            peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved, startup_s=self.startup_s or 0.0,
+            peak_memory_bytes=peak, peak_memory_reserved_bytes=reserved, **self.time_spent.record(),
             slowest_rank=slowest_rank, slowest_rank_lag=slowest_lag,
         ))
         self.last_log, self.steps_since_log = time.perf_counter(), 0
@@ -395,9 +396,10 @@ def run(args: argparse.Namespace) -> int:
             if args.save_full_parameters is not None:
                 trainer.save_full_parameters(args.save_full_parameters)
         finally:
-            trainer.checkpointer.close()  # the last save committed (or failed) before the figures are left
+            with trainer.time_spent.checkpoint_stall():  # the last save committed (or failed) before
+                trainer.checkpointer.close()  # the figures are left
             trainer.metrics.close()
-        leave_final_state(env.rank, trainer.metrics.final_figures())
+        leave_final_state(env.rank, trainer.metrics.final_figures(trainer.time_spent))
     except (ConfigError, CheckpointMismatch, NoGoodCheckpoint) as e:
         return config_error(e)
     except ConversionError as e:  # the Hugging Face directory's weights (init_from_hf)
@@ -408,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
     except Preempted as e:
         log(str(e))
         step, committed = trainer.committed_step(), trainer.metrics.committed
-        leave_final_state(env.rank, trainer.metrics.final_figures(),
+        leave_final_state(env.rank, trainer.metrics.final_figures(trainer.time_spent),
                           stopped=(step, committed[1] if committed is not None and committed[0] == step
                                    else None))
         return EXIT_PREEMPTED
