@@ -26,7 +26,7 @@ import aiohttp
 
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
-from tetrad.api.spec import Checkpoint, ParallelTrainingJobStatus, Phase
+from tetrad.api.spec import Checkpoint, GoodputStatus, ParallelTrainingJobStatus, Phase
 from tetrad.render import gangs, names
 from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
@@ -108,6 +108,7 @@ class JobLoop:
     clock: Clock = SYSTEM_CLOCK
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     phase: str = ""
+    goodput: GoodputStatus | None = None  # as the last pass wrote it
     pods: PodView = field(default_factory=PodView)
     scraping: Scraping = field(default_factory=Scraping)
     # the spec of one (metadata.uid, metadata.generation), parsed and resolved once
@@ -195,7 +196,8 @@ class Controller:
         self.settings = settings
         self.clock = clock
         self.jobs: dict[Key, JobLoop] = {}
-        self.metrics = OperatorMetrics(lambda: self.phases)
+        self.metrics = OperatorMetrics(lambda: self.phases,
+                                       lambda: {k: j.goodput for k, j in list(self.jobs.items())})
         kube.on_error = self.metrics.api_error
         self.limit = asyncio.Semaphore(settings.api_concurrency)
         # Every unfinished pod and the operator's own (theirs grouped by job), from `start`; every node.
@@ -398,7 +400,7 @@ class Controller:
         if not await self._write_status(loop, job_path, body, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
         self._count(status.read(body.get("status")), decision.status)
-        loop.phase = decision.status.phase or ""
+        loop.phase, loop.goodput = decision.status.phase or "", decision.status.goodput
         self.on_decision(loop, decision)
         # The events go beside the actions: a new job's pods need not wait for its Created event.
         await asyncio.gather(*(self._post_event(body, e.type, e.reason, e.message) for e in decision.events),

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from tetrad.api.spec import Phase
+from tetrad.api.spec import GoodputStatus, Phase
 
 
 class _JobsByPhase(Collector):
@@ -29,11 +29,40 @@ class _JobsByPhase(Collector):
         yield g
 
 
+class _JobsGoodput(Collector):
+    """Each job's status.goodput, as its loop last wrote it (a job's series go with its loop). The job's
+    labels are not `namespace` and `job`, which Prometheus gives the operator's own target."""
+
+    def __init__(self, goodput: Callable[[], Mapping[tuple[str, str], GoodputStatus | None]]):
+        self.goodput = goodput
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        share = GaugeMetricFamily(GOODPUT, "The share of the job's wall time spent on steps that counted "
+                                  "(status.goodput.fraction).", labels=["job_namespace", "tetrad_job"])
+        spent = GaugeMetricFamily(GOODPUT_SECONDS, "The job's wall time by kind: productive and each kind of "
+                                  "lost time (status.goodput.seconds).",
+                                  labels=["job_namespace", "tetrad_job", "kind"])
+        for (namespace, job), g in sorted(self.goodput().items()):
+            if g is None or g.fraction is None:
+                continue
+            share.add_metric([namespace, job], g.fraction)
+            for kind, seconds in g.seconds.model_dump().items():
+                spent.add_metric([namespace, job, kind], seconds)
+        yield share
+        yield spent
+
+
+GOODPUT = "tetrad_job_goodput"
+GOODPUT_SECONDS = "tetrad_job_wall_seconds"
+
+
 class OperatorMetrics:
-    def __init__(self, phases: Callable[[], Mapping[Any, str]]):
+    def __init__(self, phases: Callable[[], Mapping[Any, str]],
+                 goodput: Callable[[], Mapping[tuple[str, str], GoodputStatus | None]] = dict):
         self.registry = CollectorRegistry()
         r = self.registry
         r.register(_JobsByPhase(phases))
+        r.register(_JobsGoodput(goodput))
         self.jobs_created = Counter("tetrad_operator_jobs_created", "Jobs seen for the first time.",
                                     registry=r)
         self.jobs_succeeded = Counter("tetrad_operator_jobs_succeeded", "Jobs that succeeded.", registry=r)

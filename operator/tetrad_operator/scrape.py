@@ -1,6 +1,6 @@
 """Read live training figures from rank 0's Prometheus endpoint into status.training, its checkpoint
-figures into status.checkpoint, the preflight gate's into status.preflight and the slowest ranks into
-status.stragglers.
+figures into status.checkpoint, the preflight gate's into status.preflight, the slowest ranks into
+status.stragglers and its account of its time into status.trainerTime.
 
 The contract's SCRAPED tables name the status field each gauge fills; its key and type are the
 model's (tetrad_operator.status.field). A sample that is not finite (a gauge not set yet: NaN) is
@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,12 +23,14 @@ from prometheus_client.samples import Sample
 from tetrad.api.contract import (
     LABEL_REQUEST_TOKEN,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
+    METRIC_PREFLIGHT_SECONDS,
     METRIC_RANK_LAG,
     METRIC_RANK_OWN,
     METRIC_RANK_OWN_MEDIAN,
     SCRAPED,
     SCRAPED_CHECKPOINT,
     SCRAPED_REQUEST,
+    SCRAPED_TRAINER_TIME,
     SCRAPED_UNSET_AT_ZERO,
     step_path,
 )
@@ -40,13 +42,22 @@ from tetrad.api.spec import (
     PreflightStatus,
     StragglerRank,
     StragglersStatus,
+    TrainerTimeStatus,
     TrainingStatus,
 )
 from tetrad_operator import status
 from tetrad_operator.observed import format_time
 
-# (training, checkpoint, the checkpoint-now request committed, preflight, stragglers), as `fetch` reads them
-Figures = tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]
+
+class Figures(NamedTuple):
+    """What `fetch` reads: each status object's fields, camelCase; empty where nothing was read."""
+
+    training: dict[str, Any]
+    checkpoint: dict[str, Any]
+    request: dict[str, Any]  # the checkpoint-now request committed
+    preflight: dict[str, Any]
+    stragglers: dict[str, Any]
+    trainer_time: dict[str, Any]
 
 
 def parse(text: str, fields: Mapping[str, str] = SCRAPED) -> dict[str, Any]:
@@ -119,6 +130,16 @@ def stragglers(samples: list[Sample]) -> dict[str, Any]:
     return status.wire(StragglersStatus(median_own_seconds=median, ranks=ranks))
 
 
+def trainer_time(samples: list[Sample]) -> dict[str, Any]:
+    """status.trainerTime's figures: rank 0's time account (SCRAPED_TRAINER_TIME) and the preflight
+    gate's wall time on its slowest node."""
+    out = _pick(samples, SCRAPED_TRAINER_TIME)
+    gate = [s.value for s in samples if s.name == METRIC_PREFLIGHT_SECONDS and math.isfinite(s.value)]
+    if gate:
+        out[status.field("trainer_time.preflight_seconds").key] = max(gate)
+    return out
+
+
 def _pick(samples: list[Sample], fields: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     chosen_rank0: set[str] = set()
@@ -159,8 +180,9 @@ def checkpoint(figures: Mapping[str, Any], checkpoint_path: str | None, restart:
 def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
                  now: datetime) -> dict[str, Any]:
     """The merge patch of status that writes what a scrape of incarnation `restart` read (`fetch`)
-    into status.training, .checkpoint and .preflight, stamped `now`: a field not read stays."""
-    training, saved, request, measured, slowest = figures
+    into status.training, .checkpoint, .preflight and .stragglers, stamped `now`: a field not read
+    stays; and status.trainerTime, which it replaces whole."""
+    training, saved, request, measured, slowest, account = figures
     read = TrainingStatus.model_validate(training)
     read.updated = format_time(now)
     scraped = ParallelTrainingJobStatus(training=read)  # the objects set are the patch's
@@ -174,7 +196,8 @@ def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
         committed.request_committed = CheckpointRequestStatus.model_validate(request)
     if status.wire(committed):
         scraped.checkpoint = committed
-    return status.wire(scraped)
+    time_spent = status.merged(TrainerTimeStatus(restart=restart, updated=read.updated), account)
+    return status.wire(scraped) | {status.field("trainer_time").key: status.whole(time_spent)}
 
 
 async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> Figures | None:
@@ -185,7 +208,8 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: f
             if rsp.status != 200:
                 return None
             samples = _samples(await rsp.text())
-            return (_pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT), request_committed(samples),
-                    preflight(samples), stragglers(samples))
+            return Figures(_pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT),
+                           request_committed(samples), preflight(samples), stragglers(samples),
+                           trainer_time(samples))
     except (TimeoutError, aiohttp.ClientError, ValueError, UnicodeDecodeError):
         return None

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from tetrad.api.spec import ParallelTrainingJobStatus
 
 # fields of ParallelTrainingJobStatus
-SCRAPER_OWNED: Final = ("training", "checkpoint", "preflight", "stragglers")
+SCRAPER_OWNED: Final = ("training", "checkpoint", "preflight", "stragglers", "trainer_time")
 _SCRAPER_KEYS: Final = frozenset(ParallelTrainingJobStatus.model_fields[f].alias or f for f in SCRAPER_OWNED)
 _KEYS: Final = frozenset(f.alias or name for name, f in ParallelTrainingJobStatus.model_fields.items())
 
@@ -79,6 +79,11 @@ def wire(model: BaseModel) -> dict[str, Any]:
     """The status, or one of its objects, as stored: the fields set (read, or assigned since),
     camelCase, none of them null."""
     return model.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
+
+
+def whole(model: BaseModel) -> dict[str, Any]:
+    """A status object as a merge patch that replaces the stored one: every field, null where unset."""
+    return {(f.alias or name): None for name, f in type(model).model_fields.items()} | wire(model)
 
 
 def merged(model: M, fields: Mapping[str, Any]) -> M:

@@ -73,7 +73,7 @@ def test_crd_metadata():
     assert [col["name"] for col in columns if not col.get("priority")] == [
         "Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Last-Ckpt", "Age"]
     assert [col["name"] for col in columns if col.get("priority") == 1] == [  # -o wide
-        "Step", "Steps", "Loss", "MFU"]
+        "Step", "Steps", "Loss", "MFU", "Goodput"]
 
 
 def test_printer_columns_name_schema_fields():

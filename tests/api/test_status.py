@@ -124,6 +124,19 @@ def test_summary_names_the_slowest_ranks_and_marks_those_at_the_jobs_threshold()
     assert "Slowest ranks" not in format_summary(summarize(stored(RUNNING), NOW))
 
 
+def test_summary_says_how_much_of_the_wall_time_trained_and_where_the_rest_went():
+    seconds = {"productive": 5400.0, "queued": 300.0, "startup": 120.0, "preflight": 0.0, "restarts": 900.0,
+               "recomputed": 480.0, "checkpoint": 0.0, "suspended": 0.0}
+    status = RUNNING | {"goodput": {"fraction": 0.7627, "wallSeconds": 7200.0, "seconds": seconds}}
+    s = summarize(stored(status), NOW)
+    assert s["goodput"]["lostSeconds"] == {"restarts": 900.0, "recomputed": 480.0, "queued": 300.0,
+                                           "startup": 120.0}  # largest first, none of zero
+    assert ("Goodput:      76.3% of 2h00m trained; lost: restarts 15m00s, recomputed 8m00s, queued 5m00s, "
+            "startup 2m00s\n") in format_summary(s)
+    assert "Goodput" not in format_summary(summarize(stored(RUNNING), NOW))
+    assert "Goodput" not in format_summary(summarize(stored(RUNNING | {"goodput": {"wallSeconds": 0}}), NOW))
+
+
 def test_eta_uses_the_presets_sequence_length():
     s = summarize(stored(RUNNING, training={"steps": 100, "globalBatch": 16}), NOW)
     assert s["stepSeconds"] == 16 * 256 / 512 and s["etaSeconds"] == 70 * 8.0  # debug: seqLen 256

@@ -51,6 +51,7 @@ JOB_TIMEOUT = 1200.0
 STEPS = 48
 STALL_TIMEOUT = 30  # seconds without a rank-0 step (steps take about 2 s here)
 RESYNC = OperatorSettings().resync_seconds  # the chart's operator runs with the defaults
+SCRAPE = OperatorSettings().scrape_interval_seconds
 # The interrupted job's fixture: four incarnations on two real nodes and the local reference run, about
 # 10 minutes alone on two cores, longer beside make test's other lane.
 RESUME_TIMEOUT = pytest.mark.timeout(1800)
@@ -602,3 +603,43 @@ def test_the_job_resumed_across_four_incarnations_to_the_uninterrupted_loss(
     by_step = {s["step"]: s["loss"] for r in range(4) for s in json_lines(run.logs[r])}
     assert sorted(by_step) == list(range(1, STEPS + 1))
     assert [by_step[s] for s in range(1, STEPS + 1)] == pytest.approx(run.local, rel=1e-6)
+
+
+@RESUME_TIMEOUT
+def test_goodput_accounts_for_the_wall_time_across_the_faults(interrupted_run: InterruptedRun,
+                                                              installed: RealCluster, resume_ns: str) -> None:
+    """status.goodput against rank 0's own logs and the job's times. Tolerance: the operator splits an
+    incarnation cut short by its last scrape of rank 0's account, which lags rank 0's last log by at
+    most one scrape interval (SCRAPE) plus a step; the last incarnation's account is exact (its
+    termination message)."""
+    run = interrupted_run
+    g = run.status["goodput"]
+    seconds = g["seconds"]
+    assert sum(seconds.values()) == pytest.approx(g["wallSeconds"], abs=1.0)
+    assert g["fraction"] == pytest.approx(seconds["productive"] / g["wallSeconds"], abs=1e-3)
+    assert g["asOf"] == run.status["completionTime"]
+    started, ended = (datetime.strptime(run.status[k], "%Y-%m-%dT%H:%M:%SZ") for k in ("startTime",
+                                                                                     "completionTime"))
+    active = (ended - started).total_seconds()
+    assert active <= g["wallSeconds"] <= active + 10  # from creation, a moment before the first pass
+    rows = [json_lines(run.logs[r]) for r in range(4)]
+    final = rows[3][-1]
+    step_s = max(r["step_time_s"] for incarnation in rows for r in incarnation)
+    # Training: no more than rank 0's steps, and at least the last incarnation's whole training
+    trained = sum(incarnation[-1]["train_s"] for incarnation in rows)
+    counted = seconds["productive"] + seconds["recomputed"]
+    assert final["train_s"] - 1 <= counted <= trained + 3 * (SCRAPE + step_s) + 30, (seconds, trained)
+    # The steps the faults cut after the last checkpoint, trained again: what separates each cut
+    # incarnation's last logged step from where the next one resumed, give or take a scrape interval's
+    resumed = [incarnation[0]["step"] - 1 for incarnation in rows]
+    lost = sum(rows[r][-1]["step"] - resumed[r + 1] for r in range(3))
+    assert 0 <= seconds["recomputed"] <= lost * step_s + 3 * (SCRAPE + step_s), (seconds, lost)
+    # Checkpoint stalls: rank 0's, the last incarnation's final save included
+    stalls = sum(incarnation[-1]["checkpoint_stall_s"] for incarnation in rows)
+    assert final["checkpoint_stall_s"] - 0.1 <= seconds["checkpoint"] <= stalls + 10, (seconds, stalls)
+    assert seconds["startup"] + seconds["preflight"] >= rows[3][0]["startup_s"] - 5
+    # The frozen gang's time from its last step to the operator's restart is lost to the restart
+    assert seconds["restarts"] >= STALL_TIMEOUT - SCRAPE - step_s, seconds
+    assert seconds["suspended"] == 0 and 0 < g["fraction"] < 1
+    header, row = installed.kubectl("get", "ptj", "resume", "-n", resume_ns, "-o", "wide").splitlines()
+    assert float(table_row(header, row)["GOODPUT"]) == pytest.approx(g["fraction"]), (header, row)

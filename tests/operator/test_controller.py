@@ -91,11 +91,15 @@ def test_every_scraped_gauge_fills_a_field_of_the_status_model():
 
 
 def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
-    read = ({"step": 3, "tokensPerSecond": 5.0}, {"step": 2, "resumedFrom": 0},
-            {"token": "t1", "step": 2, "time": "2030-01-01T00:00:00Z"},
-            {"busBandwidthGBps": 10.0, "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]},
-            {"medianOwnSeconds": 1.0, "ranks": [{"rank": 1, "node": "n1", "lag": 0.3, "ownSeconds": 1.3}]})
+    read = scrape.Figures(
+        {"step": 3, "tokensPerSecond": 5.0}, {"step": 2, "resumedFrom": 0},
+        {"token": "t1", "step": 2, "time": "2030-01-01T00:00:00Z"},
+        {"busBandwidthGBps": 10.0, "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]},
+        {"medianOwnSeconds": 1.0, "ranks": [{"rank": 1, "node": "n1", "lag": 0.3, "ownSeconds": 1.3}]},
+        {"step": 3, "startupSeconds": 4.0, "trainSeconds": 2.5})
     patch = scrape.status_patch(read, "/ckpt", 1, T0)
+    # status.trainerTime is replaced whole: a field this incarnation has not set is removed
+    unset = {"preflightSeconds": None, "checkpointStallSeconds": None}
     assert patch == {
         "training": {"step": 3, "tokensPerSecond": 5.0, "updated": "2030-01-01T00:00:00Z"},
         "checkpoint": {"step": 2, "path": "/ckpt/step-00000002", "resumedFrom": 0, "resumedAtRestart": 1,
@@ -103,9 +107,13 @@ def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
         "preflight": {"restart": 1, "busBandwidthGBps": 10.0, "updated": "2030-01-01T00:00:00Z",
                       "nodes": [{"node": "n0", "nodeRank": 0, "busBandwidthGBps": 10.0}]},
         "stragglers": {"restart": 1, "step": 3, "medianOwnSeconds": 1.0, "updated": "2030-01-01T00:00:00Z",
-                       "ranks": [{"rank": 1, "node": "n1", "lag": 0.3, "ownSeconds": 1.3}]}}
-    assert scrape.status_patch(({}, {}, {}, {}, {}), "/ckpt", 1, T0) == {
-        "training": {"updated": "2030-01-01T00:00:00Z"}}
+                       "ranks": [{"rank": 1, "node": "n1", "lag": 0.3, "ownSeconds": 1.3}]},
+        "trainerTime": {"restart": 1, "step": 3, "startupSeconds": 4.0, "trainSeconds": 2.5, **unset,
+                        "updated": "2030-01-01T00:00:00Z"}}
+    assert scrape.status_patch(scrape.Figures({}, {}, {}, {}, {}, {}), "/ckpt", 1, T0) == {
+        "training": {"updated": "2030-01-01T00:00:00Z"},
+        "trainerTime": {"restart": 1, "updated": "2030-01-01T00:00:00Z", "step": None, "startupSeconds": None,
+                        "trainSeconds": None, **unset}}
     kube = MemoryKube()
     kube.put(JOB, {"apiVersion": contract.API_VERSION, "kind": contract.KIND, "metadata": {"name": "j"},
                    "status": {"phase": "Running", "training": {"loss": 6.5}}})

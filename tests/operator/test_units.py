@@ -193,7 +193,7 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
         server.shutdown()
         server.server_close()
         silent.close()
-    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}, {}) and closed is None and hung is None
+    assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}, {}, {}) and closed is None and hung is None
 
 
 def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():

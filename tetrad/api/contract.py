@@ -138,6 +138,8 @@ METRIC_PEAK_MEMORY: Final = "tetrad_peak_memory_bytes"
 METRIC_PEAK_MEMORY_RESERVED: Final = "tetrad_peak_memory_reserved_bytes"
 METRIC_STARTUP: Final = "tetrad_startup_seconds"
 METRIC_LAST_STEP_TIME: Final = "tetrad_last_step_timestamp_seconds"
+METRIC_TRAIN_SECONDS: Final = "tetrad_train_seconds"
+METRIC_CHECKPOINT_STALL: Final = "tetrad_checkpoint_stall_seconds"
 METRIC_CHECKPOINT_STEP: Final = "tetrad_checkpoint_step"
 METRIC_CHECKPOINT_TIME: Final = "tetrad_checkpoint_timestamp_seconds"
 METRIC_RESUMED_FROM: Final = "tetrad_resumed_from_step"
@@ -173,6 +175,10 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
                     "checkpoint load).",
     METRIC_LAST_STEP_TIME: "Unix time at which the last optimizer step completed, set on every step: the "
                            "heartbeat the operator's stall detection reads.",
+    METRIC_TRAIN_SECONDS: "Seconds from the end of this process's first step to its last log, checkpoint "
+                          "stalls excluded.",
+    METRIC_CHECKPOINT_STALL: "Seconds this process's training loop blocked on checkpoint saves after its "
+                             "first step.",
     METRIC_CHECKPOINT_STEP: "Step of the last checkpoint this process committed; NaN until its first commit.",
     METRIC_CHECKPOINT_TIME: "Unix time at which that checkpoint was committed; NaN until then.",
     METRIC_RESUMED_FROM: "Step this process resumed from (0: no checkpoint, a fresh start); NaN until it "
@@ -215,6 +221,14 @@ SCRAPED_CHECKPOINT: Final[dict[str, str]] = {
     METRIC_CHECKPOINT_STEP: "checkpoint.step",
     METRIC_CHECKPOINT_TIME: "checkpoint.time",
     METRIC_RESUMED_FROM: "checkpoint.resumed_from",
+}
+# ... and into status.trainerTime, written whole at each scrape (a field not read is removed), with the
+# slowest node's METRIC_PREFLIGHT_SECONDS as its preflightSeconds.
+SCRAPED_TRAINER_TIME: Final[dict[str, str]] = {
+    METRIC_STEP: "trainer_time.step",
+    METRIC_STARTUP: "trainer_time.startup_seconds",
+    METRIC_TRAIN_SECONDS: "trainer_time.train_seconds",
+    METRIC_CHECKPOINT_STALL: "trainer_time.checkpoint_stall_seconds",
 }
 # 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
 SCRAPED_UNSET_AT_ZERO: Final = frozenset({METRIC_LAST_STEP_TIME, METRIC_STEP_TIME, METRIC_STARTUP,

@@ -423,6 +423,8 @@ PRINTER_COLUMNS = [
      "description": "Last training loss"},
     {"name": "MFU", "type": "number", "jsonPath": ".status.training.mfu", "priority": 1,
      "description": "Model FLOPs utilization, 0..1"},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput.fraction", "priority": 1,
+     "description": "Share of the wall time spent on steps that counted, 0..1"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

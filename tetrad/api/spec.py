@@ -734,6 +734,52 @@ class StragglersStatus(CamelModel):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
+class TrainerTimeStatus(CamelModel):
+    restart: int | None = Field(None, description="The incarnation these figures are from.")
+    step: int | None = Field(None, description="The step rank 0 last logged.")
+    startup_seconds: float | None = Field(None, description="Rank 0's process start to the end of its "
+                                          "first step (the preflight gate included).")
+    preflight_seconds: float | None = Field(None, description="The preflight gate's wall time, on its "
+                                            "slowest node.")
+    train_seconds: float | None = Field(None, description="Rank 0's time from the end of its first step to "
+                                        "its last log, checkpoint stalls excluded.")
+    checkpoint_stall_seconds: float | None = Field(None, description="Rank 0's time blocked on checkpoint "
+                                                   "saves since its first step.")
+    updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
+
+
+class GoodputSeconds(CamelModel):
+    productive: float = Field(0.0, description="Steps that counted.")
+    queued: float = Field(0.0, description="Pending and GangWaiting: the queue or the scheduler held the "
+                          "gang (after a restart too).")
+    startup: float = Field(0.0, description="From all pods running to the end of the first step (image, "
+                           "rendezvous, model build, checkpoint load, compile), the preflight aside.")
+    preflight: float = Field(0.0, description="The preflight gate.")
+    restarts: float = Field(0.0, description="From a failed incarnation's last logged step to its "
+                            "replacement's pods: detection, teardown and backoff.")
+    recomputed: float = Field(0.0, description="Steps after the last checkpoint of an incarnation that "
+                              "ended early, which the next one trained again.")
+    checkpoint: float = Field(0.0, description="The training loop blocked on checkpoint saves.")
+    suspended: float = Field(0.0, description="Suspended.")
+
+
+class GoodputStatus(CamelModel):
+    fraction: float | None = Field(None, description="The share of the wall time spent on steps that "
+                                   "counted, 0..1, as of asOf.")
+    wall_seconds: float = Field(0.0, description="From the job's creation to asOf (to its end once it "
+                                "ended).")
+    seconds: GoodputSeconds = Field(default_factory=GoodputSeconds, description="Where the wall time went, "
+                                    "as of asOf; the kinds add up to wallSeconds.")
+    as_of: str | None = Field(None, description="The time these figures describe (RFC 3339); refreshed with "
+                              "every phase change and at most once a minute between them.")
+    since: str | None = Field(None, description="The ledger: when the current phase began.")
+    settled: GoodputSeconds = Field(default_factory=GoodputSeconds, description="The ledger: the time "
+                                    "before `since`, except the current incarnation's time running.")
+    restart: int = Field(0, description="The ledger: the current incarnation.")
+    running_seconds: float = Field(0.0, description="The ledger: the current incarnation's time running "
+                                   "before `since`.")
+
+
 class ParallelTrainingJobStatus(CamelModel):
     phase: Phase | None = Field(None, strict=False, description="Pending, GangWaiting, Running, Restarting, "
                                 "Succeeded, Failed or Suspended.")
@@ -757,6 +803,10 @@ class ParallelTrainingJobStatus(CamelModel):
                                               "bus bandwidth per node, read from rank 0's metrics endpoint.")
     stragglers: StragglersStatus | None = Field(None, description="The slowest ranks of the current "
                                                 "incarnation, read from rank 0's metrics endpoint.")
+    trainer_time: TrainerTimeStatus | None = Field(None, description="Rank 0's account of the current "
+                                                   "incarnation's time, read from its metrics endpoint.")
+    goodput: GoodputStatus | None = Field(None, description="How much of the job's wall time trained, and "
+                                          "where the rest went.")
     failed_nodes: list[FailedNode] = Field(default_factory=list, description="Nodes that failed the "
                                            "preflight gate, with the reason; the excluded ones count against "
                                            "spec.preflight.maxExcludedNodes.")

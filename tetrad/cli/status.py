@@ -120,6 +120,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         out["preflight"] = preflight
     if (stragglers := _stragglers(spec, status)) is not None:
         out["stragglers"] = stragglers
+    if (goodput := _goodput(status)) is not None:
+        out["goodput"] = goodput
     tokens_per_step = (global_batch * seq_len if isinstance(global_batch, int) and isinstance(seq_len, int)
                        else None)
     if tokens_per_step and tokens_per_second:
@@ -189,6 +191,27 @@ def _stragglers(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any] 
     threshold = Metrics().slow_rank_lag if threshold is None else threshold
     return {"step": measured.get("step"), "restart": measured.get("restart"),
             "ranks": [{**r, "slow": is_slow(r["lag"], threshold)} for r in ranks]}
+
+
+def _goodput(status: dict[str, Any]) -> dict[str, Any] | None:
+    """status.goodput: the share of the wall time that trained and the time lost, by kind, largest
+    first; None before the operator first accounted for it."""
+    measured = _dict(status.get("goodput"))
+    fraction, wall = _number(measured.get("fraction")), _number(measured.get("wallSeconds"))
+    if fraction is None or wall is None:
+        return None
+    seconds = {kind: v for kind, value in _dict(measured.get("seconds")).items()
+               if kind != "productive" and (v := _number(value))}
+    return {"fraction": fraction, "wallSeconds": wall,
+            "lostSeconds": dict(sorted(seconds.items(), key=lambda kv: -kv[1]))}
+
+
+def _goodput_line(g: dict[str, Any]) -> str:
+    """`78.3% of 2h03m trained; lost: restarts 12m00s, startup 8m00s`."""
+    line = f"{g['fraction']:.1%} of {duration(g['wallSeconds'])} trained"
+    if g["lostSeconds"]:
+        line += "; lost: " + ", ".join(f"{kind} {duration(v)}" for kind, v in g["lostSeconds"].items())
+    return line
 
 
 def _stragglers_line(s: dict[str, Any]) -> str:
@@ -265,6 +288,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rows += _preflight_lines(s["preflight"])
     if s.get("stragglers") is not None:
         rows.append(("Slowest ranks", _stragglers_line(s["stragglers"])))
+    if s.get("goodput") is not None:
+        rows.append(("Goodput", _goodput_line(s["goodput"])))
     disruptions = (f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)"
                    if s["disruptions"] else "")
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))

@@ -17,6 +17,7 @@ condition of the same type; exactly the current phase's condition is True.
 - release.py: the built-in gang's gates, release and timeout;
 - checkpoint.py: a suspend that lets the trainer save first, and checkpoint-now requests;
 - figures.py: the last figures rank 0 left in its termination message, into the status;
+- goodput.py: status.goodput, the ledger of the job's wall time, settled at each phase change;
 - core.py: `decide`, the phases in order.
 """
 

@@ -126,6 +126,8 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     # 1. Any failure in the current gang: fail the job, or restart the whole gang.
     failures = policy.failures(m, current, spec.nodes, expect_deleting)
     if failures:
+        # what rank 0 left if it already stopped (a preemption's save): the goodput's last account
+        figures.record_left(m, job, current.get(0))
         preflight.record(m, [n for f in failures for n in f.nodes], restart, spec.preflight)
         policy.on_failure(m, failures, list(current.values()), restart, run_policy)
         return

@@ -13,8 +13,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from tetrad.api.spec import CheckpointStatus, CleanPodPolicy, Condition, Phase, RunPolicy, TrainingStatus
+from tetrad.api.spec import (
+    CheckpointStatus,
+    CleanPodPolicy,
+    Condition,
+    GoodputStatus,
+    Phase,
+    RunPolicy,
+    TrainingStatus,
+)
 from tetrad_operator import status
+from tetrad_operator.lifecycle import goodput
 from tetrad_operator.lifecycle.actions import Decision, DeleteJob, DeletePod, Event
 from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
 
@@ -70,17 +79,31 @@ class JobPass:
             self.status.observed_generation = self.meta["generation"]
         self.training = (self.read.training or TrainingStatus()).model_copy(deep=True)
         self.checkpoint = (self.read.checkpoint or CheckpointStatus()).model_copy(deep=True)
+        self.trainer_time = self.read.trainer_time.model_copy(deep=True) if self.read.trainer_time else None
         self.pods = list(pods)
         self.nodes = nodes
         self.now = now
+        self.script = bool((body.get("spec") or {}).get("script"))  # the job runs a script of its own
+        if self.status.goodput is None:
+            created = parse_time(self.meta.get("creationTimestamp")) or now
+            self.status.goodput = goodput.opened(created, self.status.restarts)
         self.settings = settings
         self.decision = Decision(status=self.status)
 
+    @property
+    def ledger(self) -> GoodputStatus:
+        assert self.status.goodput is not None  # opened in __init__
+        return self.status.goodput
+
     def decided(self) -> Decision:
-        """The Decision, with what this pass learned of status.training and status.checkpoint."""
+        """The Decision, with status.goodput as of now and what this pass learned of status.training,
+        status.checkpoint and status.trainerTime."""
+        goodput.refresh(self.ledger, self.read.goodput, self.phase, self.now, self.status.restarts,
+                        self.trainer_time, self.checkpoint, self.script)
         for key, before, after in (("training", self.read.training, self.training),
-                                   ("checkpoint", self.read.checkpoint, self.checkpoint)):
-            if changed := status.changes(before, after):
+                                   ("checkpoint", self.read.checkpoint, self.checkpoint),
+                                   ("trainerTime", self.read.trainer_time, self.trainer_time)):
+            if after is not None and (changed := status.changes(before, after)):
                 self.decision.merged[key] = changed
         return self.decision
 
@@ -94,6 +117,9 @@ class JobPass:
         current = self.condition(phase)
         if previous != phase or current is None or current.reason != reason:
             self.decision.events.append(Event("Warning" if warning else "Normal", reason, message))
+        if previous != phase:
+            goodput.settle(self.ledger, previous, self.now, goodput.ending(phase), self.trainer_time,
+                           self.checkpoint, self.script)
         if previous and previous != phase:
             set_condition(conds, previous.value, "False", reason, message, self.now)
         set_condition(conds, phase.value, "True", reason, message, self.now)
