@@ -8,7 +8,7 @@ The status is the model (tetrad_operator.status reads it and writes it back).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -128,6 +128,22 @@ class JobPass:
 
     def set_condition(self, type_: str, value: ConditionStatus, reason: str, message: str) -> None:
         set_condition(self.status.conditions, type_, value, reason, message, self.now)
+
+    def warn(self, type_: str, message: str, news: Callable[[str], bool] | None = None) -> None:
+        """A warning condition (its reason is its type) True with `message`, and a Warning Event when it
+        turns True or when `news(the last message)` says this one tells something new (default: it
+        differs)."""
+        before = self.condition(type_)
+        if (before is None or before.status != "True"
+                or (news(before.message) if news is not None else before.message != message)):
+            self.decision.events.append(Event("Warning", type_, message))
+        self.set_condition(type_, "True", type_, message)
+
+    def unwarn(self, type_: str, reason: str, message: str) -> None:
+        """A warning condition that was True turns False."""
+        before = self.condition(type_)
+        if before is not None and before.status == "True":
+            self.set_condition(type_, "False", reason, message)
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.status.conditions if c.type == type_), None)

@@ -93,15 +93,11 @@ def report_slow(m: JobPass, restart: int, fraction: float) -> None:
     for n in measured.nodes:
         bandwidth[n.node] = min(n.bus_bandwidth_g_bps, bandwidth.get(n.node, n.bus_bandwidth_g_bps))
     slow = slow_nodes(bandwidth, fraction)
-    before = m.condition(SLOW_NODES)
     if slow:
         median = statistics.median(bandwidth.values())
-        message = (f"node{'s' if len(slow) > 1 else ''} {', '.join(slow)} measured a preflight all-reduce "
-                   f"bus bandwidth below spec.preflight.slowNodeFraction={fraction:g} of the gang's median "
-                   f"({median:.3g} GB/s): "
-                   + ", ".join(f"{node} {bandwidth[node]:.3g} GB/s" for node in slow))
-        if before is None or before.status != "True" or before.message != message:
-            m.decision.events.append(Event("Warning", SLOW_NODES, message))
-        m.set_condition(SLOW_NODES, "True", SLOW_NODES, message)
-    elif before is not None and before.status == "True":
-        m.set_condition(SLOW_NODES, "False", "NoSlowNodes", f"restart {restart}: no node below the fraction")
+        m.warn(SLOW_NODES, f"node{'s' if len(slow) > 1 else ''} {', '.join(slow)} measured a preflight "
+                           f"all-reduce bus bandwidth below spec.preflight.slowNodeFraction={fraction:g} of "
+                           f"the gang's median ({median:.3g} GB/s): "
+                           + ", ".join(f"{node} {bandwidth[node]:.3g} GB/s" for node in slow))
+    else:
+        m.unwarn(SLOW_NODES, "NoSlowNodes", f"restart {restart}: no node below the fraction")

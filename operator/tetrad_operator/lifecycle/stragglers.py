@@ -7,7 +7,6 @@ Warning Event (again when it names other ranks); the condition turns False once 
 from __future__ import annotations
 
 from tetrad.api.stragglers import is_slow
-from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
 
 SLOW_RANK = "SlowRank"  # the condition
@@ -18,17 +17,14 @@ def report(m: JobPass, restart: int, threshold: float) -> None:
     if measured is None or measured.restart != restart:
         return  # not gathered in this incarnation yet
     slow = [r for r in measured.ranks if is_slow(r.lag, threshold)]
-    before = m.condition(SLOW_RANK)
     if slow:
         who = ", ".join(f"rank {r.rank} on {r.node}" for r in slow)
         them = "it" if len(slow) == 1 else "them"
         lags = ", ".join(f"{r.lag:.0%}" for r in slow)
-        message = (f"{who}: the gang waits for {them} {lags} of every step (at step {measured.step}), at or "
-                   f"above spec.metrics.slowRankLag={threshold:g}")
-        if before is None or before.status != "True" or not (before.message or "").startswith(f"{who}:"):
-            m.decision.events.append(Event("Warning", SLOW_RANK, message))
-        m.set_condition(SLOW_RANK, "True", SLOW_RANK, message)
-    elif before is not None and before.status == "True":
-        m.set_condition(SLOW_RANK, "False", "NoSlowRank",
-                        f"restart {restart}, step {measured.step}: no rank's lag reaches {threshold:g}")
+        m.warn(SLOW_RANK, f"{who}: the gang waits for {them} {lags} of every step (at step {measured.step}), "
+                          f"at or above spec.metrics.slowRankLag={threshold:g}",
+               news=lambda told: not told.startswith(f"{who}:"))  # other ranks; not a new step or lag
+    else:
+        m.unwarn(SLOW_RANK, "NoSlowRank",
+                 f"restart {restart}, step {measured.step}: no rank's lag reaches {threshold:g}")
 
