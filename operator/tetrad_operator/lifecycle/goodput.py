@@ -95,9 +95,9 @@ def refresh(ledger: GoodputStatus, stored: GoodputStatus | None, phase: Phase | 
         shown = _sum(ledger.settled, GoodputSeconds(**{_KIND_OF_PHASE[phase]: spent}))
     else:
         shown = _sum(ledger.settled)
-    ledger.seconds = GoodputSeconds(**{k: round(v, 1) for k, v in shown.model_dump().items()})
+    ledger.seconds = GoodputSeconds(**{k: round(v, 2) for k, v in shown.model_dump().items()})
     wall = sum(shown.model_dump().values())
-    ledger.wall_seconds = round(wall, 1)
+    ledger.wall_seconds = round(wall, 2)
     ledger.fraction = round(shown.productive / wall, 4) if wall > 0 else None
     ledger.as_of = format_time(as_of)
 
