@@ -57,9 +57,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -395,6 +396,39 @@ def start_operator(cluster: Cluster, port: int,
             time.sleep(0.5)
 
 
+@dataclass
+class BenchCluster:
+    """A kwok cluster of fake 8-GPU nodes with Tetrad's CRDs and the operator (`bench_cluster`)."""
+
+    cluster: Cluster
+    api: Api
+    port: int  # the operator's metrics
+    op: subprocess.Popen[bytes]
+
+
+@contextmanager
+def bench_cluster(nodes: int, keep: bool, log_name: str = "bench-operator.log") -> Iterator[BenchCluster]:
+    """The cluster up with `nodes` nodes, the CRDs established and the operator started; afterwards the
+    operator stopped and, unless `keep`, the cluster too."""
+    t = time.monotonic()
+    cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
+    print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
+    op = None
+    try:
+        for crd in CRDS[:2]:
+            cluster.kubectl("apply", "--server-side", "-f", str(crd))
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        port = free_port()
+        op = start_operator(cluster, port, log_name)
+        yield BenchCluster(cluster, Api(cluster.kubeconfig), port, op)
+    finally:
+        if op is not None:
+            op.terminate()
+            op.wait(30)
+        if not keep:
+            stop_cluster(CLUSTER)
+
+
 def result_key(size: int, system: str) -> str:
     return f"job_{size}" if system == "builtin" else f"job_{size}_{system}"
 
@@ -429,23 +463,14 @@ def main() -> int:
         p.error(f"--peers: unknown {sorted(unknown)}; choose from {','.join(PEERS)}")
     nodes = a.nodes or max([*sizes, 4 * a.concurrent])
 
-    t = time.monotonic()
-    cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
-    print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
     results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "unavailable": {},
                                "peer_pods": a.peer_pods}
     if peers and a.peer_pods == "tetrad":
         print("the peers' pods carry Tetrad's pod content (a TrainJob's come from its runtime: unchanged)",
               flush=True)
-    op = None
     peer_pids: dict[str, list[int]] = {}
-    try:
-        for crd in CRDS[:2]:
-            cluster.kubectl("apply", "--server-side", "-f", str(crd))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        api = Api(cluster.kubeconfig)
-        port = free_port()
-        op = start_operator(cluster, port)
+    with bench_cluster(nodes, a.keep) as bench:
+        cluster, api, port, op = bench.cluster, bench.api, bench.port, bench.op
         for gang in gangs:
             start_gang_scheduler(api, gang, nodes)
 
@@ -524,12 +549,6 @@ def main() -> int:
                       f"control plane {r['control_plane_cpu_seconds']:.1f}s", flush=True)
         results["concurrent_rounds"] = rounds
         results.update({f"operator_{k}": v for k, v in rss_kib(op.pid).items()})
-    finally:
-        if op is not None:
-            op.terminate()
-            op.wait(30)
-        if not a.keep:
-            stop_cluster(CLUSTER)
     print_tables(results, sizes, gangs + [peer.name for peer in peers if peer.name in peer_pids],
                  a.concurrent)
     if a.json:

@@ -37,20 +37,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.operator_bench import (  # noqa: E402
-    CLUSTER,
+    bench_cluster,
     job,
     measured,
     namespace,
     one_job,
     peer_job,
     requests_text,
-    start_operator,
     start_peer,
     timeline,
 )
 from bench.peers import PEERS, Peer  # noqa: E402
-from tests.cluster_fixtures import start_cluster, stop_cluster  # noqa: E402
-from tests.operator.conftest import CRDS, free_port  # noqa: E402
 from tests.operator.helpers import JOBS, Api, terminate  # noqa: E402
 
 PHASES = ("detected", "torn_down", "created", "bound", "running")
@@ -137,17 +134,9 @@ def main() -> int:
     if unknown := set(names) - {"jobset"}:
         p.error(f"--peers: {sorted(unknown)}: only jobset restarts a whole gang the way Tetrad does")
     nodes = max(sizes)
-    t = time.monotonic()
-    cluster = start_cluster(CLUSTER, {"TETRAD_NODES": str(nodes), "TETRAD_GPUS_PER_NODE": "8"})
-    print(f"cluster with {nodes} nodes up in {time.monotonic() - t:.0f}s", flush=True)
     results: dict[str, Any] = {"nodes": nodes, "cpus": os.cpu_count(), "runs": {}}
-    op = None
-    try:
-        for crd in CRDS[:2]:
-            cluster.kubectl("apply", "--server-side", "-f", str(crd))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
-        api = Api(cluster.kubeconfig)
-        op = start_operator(cluster, free_port(), "bench-recovery.log")
+    with bench_cluster(nodes, a.keep, "bench-recovery.log") as bench:
+        cluster, api, op = bench.cluster, bench.api, bench.op
         systems: list[tuple[str, list[int], Any]] = [
             ("Tetrad", [op.pid], lambda ns, size: tetrad_recovery(api, ns, size))]
         for name in names:
@@ -166,12 +155,6 @@ def main() -> int:
                     phases = ", ".join(f"{k} {r[k]:.1f}s" for k in PHASES)
                     print(f"{size} pods, {system}, round {i + 1}: {phases}; CPU {r['cpu_seconds']:.1f}s; "
                           f"requests {requests_text(r['requests'])}", flush=True)
-    finally:
-        if op is not None:
-            op.terminate()
-            op.wait(30)
-        if not a.keep:
-            stop_cluster(CLUSTER)
     print_table(results["runs"])
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
