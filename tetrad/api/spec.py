@@ -375,6 +375,11 @@ class Metrics(CamelModel):
         "Name a rank slow (status.stragglers, condition SlowRank) when its own time per step (its compute "
         "and its wait for data, not its waits for peers) exceeds its peers' median by this fraction of the "
         "step; 0 turns the condition off (the figures are still exported)."))
+    exclude_slow_nodes_after_seconds: int | None = Field(None, ge=1, description=(
+        "Exclude a node whose rank stays slow (at or above slowRankLag) this long at the gang's next "
+        "restart, like a node that failed the preflight gate: named in status.failedNodes, avoided while "
+        "spec.preflight.excludeFailedNodes allows it, within spec.preflight.maxExcludedNodes. A slow node "
+        "does not itself restart the gang. Unset: slow nodes are named, never excluded."))
 
 
 class Resources(CamelModel):
@@ -694,7 +699,8 @@ class CheckpointStatus(CamelModel):
 
 class FailedNode(CamelModel):
     node: str = Field(description="The Kubernetes node (or, outside Kubernetes, the host) that failed.")
-    reason: str = Field(description="Which check failed and why, as the trainer said it.")
+    reason: str = Field(description="Which check failed and why, as the trainer said it; or how long its "
+                        "rank stayed slow.")
     restart: int = Field(description="The restart (incarnation) in which it failed.")
     excluded: bool = Field(description="Whether later incarnations avoid the node (a required node "
                            "anti-affinity).")
@@ -724,6 +730,12 @@ class StragglerRank(CamelModel):
                        "the share of every step the gang waits for it.")
     own_seconds: float | None = Field(None, description="Its own time per step: compute (the CPU time of its "
                                       "main thread on CPUs) and the wait for its next batch.")
+
+
+class SlowRankNode(CamelModel):
+    node: str = Field(description="The node.")
+    since: str = Field(description="When a rank on it was first named slow, without a break since "
+                       "(RFC 3339).")
 
 
 class StragglersStatus(CamelModel):
@@ -808,8 +820,12 @@ class ParallelTrainingJobStatus(CamelModel):
     goodput: GoodputStatus | None = Field(None, description="How much of the job's wall time trained, and "
                                           "where the rest went.")
     failed_nodes: list[FailedNode] = Field(default_factory=list, description="Nodes that failed the "
-                                           "preflight gate, with the reason; the excluded ones count against "
-                                           "spec.preflight.maxExcludedNodes.")
+                                           "preflight gate or stayed slow (spec.metrics."
+                                           "excludeSlowNodesAfterSeconds), with the reason; the excluded "
+                                           "ones count against spec.preflight.maxExcludedNodes.")
+    slow_rank_nodes: list[SlowRankNode] = Field(default_factory=list, description="The nodes of the ranks "
+                                                "condition SlowRank names now, and since when each has "
+                                                "been named.")
 
 
 class ParallelTrainingJob(BaseModel):

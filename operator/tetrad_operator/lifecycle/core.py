@@ -129,6 +129,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         # what rank 0 left if it already stopped (a preemption's save): the goodput's last account
         figures.record_left(m, job, current.get(0))
         preflight.record(m, [n for f in failures for n in f.nodes], restart, spec.preflight)
+        stragglers.exclude_sustained(m, restart, spec)
         policy.on_failure(m, failures, list(current.values()), restart, run_policy)
         return
 

@@ -52,9 +52,10 @@ def excluded(status: ParallelTrainingJobStatus) -> list[str]:
     return sorted({f.node for f in status.failed_nodes if f.excluded})
 
 
-def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflight) -> None:
+def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflight,
+           cause: str = "failed the preflight gate") -> None:
     """Name the failed nodes of incarnation `restart` in status.failedNodes; exclude those the
-    budget allows."""
+    budget allows. `cause`: what they did, for the Events (a slow node's, lifecycle/stragglers.py)."""
     failed = list(m.status.failed_nodes)
     avoided = set(excluded(m.status))
     for node, reason in nodes:
@@ -66,7 +67,7 @@ def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflig
         if exclude and node not in avoided:
             avoided.add(node)
             m.decision.events.append(Event("Warning", "NodeExcluded",
-                                           f"node {node} failed the preflight gate "
+                                           f"node {node} {cause} "
                                            f"({reason}); the next pods avoid it ({len(avoided)} of "
                                            f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} "
                                            f"excluded)"))
@@ -75,7 +76,7 @@ def record(m: JobPass, nodes: list[tuple[str, str]], restart: int, spec: Preflig
                    "spec.preflight.excludeFailedNodes is false" if not spec.exclude_failed_nodes else
                    f"spec.preflight.maxExcludedNodes={spec.max_excluded_nodes} nodes are excluded already")
             m.decision.events.append(Event("Warning", "NodeNotExcluded",
-                                           f"node {node} failed the preflight gate "
+                                           f"node {node} {cause} "
                                            f"({reason}); not excluded: {why}"))
         failed.append(FailedNode(node=node, reason=reason, restart=restart, excluded=exclude))
     kept = [f for f in failed if f.excluded]
