@@ -264,6 +264,10 @@ class GangAdmitter:
             fits: set[Key] = set()
             try:  # a round that fails answers no: those gangs are created gated, and wait
                 bound, in_flight, waiting = self._snapshot()
+                # A new incarnation asks once its job's loop has seen, by a LIST, every pod of the last
+                # one gone: where the watch still shows one, it lags, and its room is the new gang's.
+                newer = {(r.namespace, r.name): r.restart for r, _ in asks.values()}
+                bound = [p for p in bound if p.restart >= newer.get((p.namespace, p.job or ""), 0)]
                 plan = packing.plan_admission(self.nodes(), bound, in_flight,
                                               [*waiting, *(r for r, _ in asks.values())])
                 fits = {a.request.key for a in plan if id(a.request) in asking}

@@ -326,6 +326,29 @@ def test_a_gang_being_created_that_the_watch_shows_in_part_is_counted_once():
     assert not ask(admitter, third)[0]
 
 
+def test_a_new_incarnation_takes_the_room_of_its_last_one_that_the_watch_still_shows():
+    """At a restart the job's loop creates the new gang once a LIST shows the last one gone; the watch
+    may still show its pods bound a moment longer. They do not hold the new gang's room; another job's
+    pods, or a pod of the same job's current incarnation, do."""
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    admitter = admitter_on(ns)
+    lagging = [member(pod(f"j-r0-{i}", cpu="6", node=n, phase="Running"), "j", restart=0)
+               for i, n in enumerate("ab")]
+    admitter.informers = [Watch(*lagging)]  # type: ignore[list-item]
+    restart = packing.GangRequest("ns", "j", T0, 1, tuple(
+        member(pod(f"j-r1-{i}", cpu="6"), "j", restart=1) for i in range(2)))
+    assert ask(admitter, restart) == [True]
+    admitter.unreserve(("ns", "j"))
+    other = packing.GangRequest("ns", "k", T0, 1, tuple(
+        member(pod(f"k-r1-{i}", cpu="6"), "k", restart=1) for i in range(2)))
+    fresh = admitter_on(ns)
+    fresh.informers = [Watch(*lagging)]  # type: ignore[list-item]
+    assert ask(fresh, other) == [False], "job j's pods are not job k's to take"
+    same = admitter_on(ns)
+    same.informers = [Watch(*(dataclasses.replace(p, restart=1) for p in lagging))]  # type: ignore[list-item]
+    assert ask(same, restart) == [False], "pods of the asking incarnation itself hold their room"
+
+
 def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_gang_waits():
     admitter = admitter_on(nodes(node_body("a", cpu="8")))
     admitter.request(request("waiting", [member(pod("w0", cpu="6"), "waiting", gated=True)]))
