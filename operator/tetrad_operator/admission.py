@@ -265,9 +265,15 @@ class GangAdmitter:
             try:  # a round that fails answers no: those gangs are created gated, and wait
                 bound, in_flight, waiting = self._snapshot()
                 # A new incarnation asks once its job's loop has seen, by a LIST, every pod of the last
-                # one gone: where the watch still shows one, it lags, and its room is the new gang's.
+                # one gone: where the watch still shows one, or this admitter still remembers the last
+                # one released, that is lag, and its room is the new gang's.
                 newer = {(r.namespace, r.name): r.restart for r, _ in asks.values()}
-                bound = [p for p in bound if p.restart >= newer.get((p.namespace, p.job or ""), 0)]
+
+                def superseded(p: PodState) -> bool:
+                    return p.restart < newer.get((p.namespace, p.job or ""), 0)
+
+                bound = [p for p in bound if not superseded(p)]
+                in_flight = [g for g in in_flight if not all(superseded(p) for p in g)]
                 plan = packing.plan_admission(self.nodes(), bound, in_flight,
                                               [*waiting, *(r for r, _ in asks.values())])
                 fits = {a.request.key for a in plan if id(a.request) in asking}

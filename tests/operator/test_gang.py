@@ -349,6 +349,22 @@ def test_a_new_incarnation_takes_the_room_of_its_last_one_that_the_watch_still_s
     assert ask(same, restart) == [False], "pods of the asking incarnation itself hold their room"
 
 
+def test_a_new_incarnation_takes_the_room_of_its_last_one_this_admitter_still_remembers_released():
+    """The last incarnation was created released and failed before the watch showed it (or before any
+    round looked): its memory of that release must not hold the restart's room."""
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    admitter = admitter_on(ns)
+    first = packing.GangRequest("ns", "j", T0, 0, tuple(
+        member(pod(f"j-r0-{i}", cpu="6"), "j", restart=0) for i in range(2)))
+    assert ask(admitter, first) == [True]
+    admitter.unreserve(("ns", "j"))  # created; the watch never showed it, and now it is gone
+    restart = packing.GangRequest("ns", "j", T0, 1, tuple(
+        member(pod(f"j-r1-{i}", cpu="6"), "j", restart=1) for i in range(2)))
+    assert ask(admitter, restart) == [True]
+    other = packing.GangRequest("ns", "k", T0, 0, (member(pod("k-0", cpu="6"), "k"),))
+    assert ask(admitter, other) == [False], "the restart's gang holds its room"
+
+
 def test_the_admission_runs_again_when_a_pod_is_released_bound_or_gone_while_a_gang_waits():
     admitter = admitter_on(nodes(node_body("a", cpu="8")))
     admitter.request(request("waiting", [member(pod("w0", cpu="6"), "waiting", gated=True)]))
