@@ -73,7 +73,9 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     status = {"phase": "Running", "mesh": "pp1.dpr1.dps8.cp1.tp2", "worldSize": 16, "restarts": 1,
               "disruptions": 1, "startTime": "2026-01-01T00:00:00Z",
               "training": {"step": 400, "loss": 2.5, "tokensPerSecond": 65536.0, "mfu": 0.42,
-                           "peakMemoryBytes": 40 * 2**30, "updated": "2026-01-01T01:00:00Z"}}
+                           "peakMemoryBytes": 40 * 2**30, "updated": "2026-01-01T01:00:00Z"},
+              "goodput": {"fraction": 0.8312, "wallSeconds": 3600.0,
+                          "seconds": {"productive": 2992.32, "restarts": 607.68}}}
     cluster.kubectl("patch", "ptj", "watched", "-n", namespace, "--subresource=status", "--type=merge",
                     "-p", json.dumps({"status": status}))
 
@@ -86,6 +88,7 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     assert shown["Progress"] == "step 400 / 1000 (40.0%), ETA 20m00s"
     assert (shown["Tokens/s"], shown["MFU"], shown["Loss"]) == ("65,536", "42.0%", "2.5000")
     assert shown["Restarts"] == "1 (1 of them disruptions, not counted against maxRestarts)"
+    assert shown["Goodput"].startswith("83.1% of 1h00m trained; lost: restarts 10m0"), shown["Goodput"]
 
     r = tetrad_status(cluster, "watched", "-n", namespace, "-o", "json")
     assert r.returncode == 0, r.stderr
@@ -100,4 +103,4 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
     assert table_row(wide[0], wide[1]) | {"AGE": ""} == {
         "NAME": "watched", "PHASE": "Running", "NODES": "2", "MESH": "pp1.dpr1.dps8.cp1.tp2", "RESTARTS": "1",
         "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400", "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42",
-        "AGE": ""}
+        "GOODPUT": "0.8312", "AGE": ""}
