@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from tetrad.api import restart_policy
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
 from tetrad_operator.lifecycle import preflight, release
@@ -191,17 +192,16 @@ def fatal(policy: RunPolicy, f: Failure) -> tuple[str, str] | None:
                           "and spec.script's entry point (docs/bring-your-own.md)")
     if f.infrastructure or code is None or code == EXIT_PREEMPTED:
         return None
-    if code in policy.permanent_exit_codes:
+    why = restart_policy.refusal(code, retryable=policy.retryable_exit_codes,
+                                 permanent=policy.permanent_exit_codes)
+    if why == restart_policy.PERMANENT:
         if f.pod is not None and f.pod.said.reason and f.pod.said.message:
             # the node named the cause: the detail says it
             return f.pod.said.reason, f"{f.detail}; exit code {code} is not retryable"
         if code in EXPLAINED_EXITS:
-            reason, why = EXPLAINED_EXITS[code]
-            return reason, f"{f.detail}: {why}"
-        return "PermanentExitCode", f"{f.detail}; exit code {code} is not retryable"
-    if policy.retryable_exit_codes and code not in policy.retryable_exit_codes:
-        return "NonRetryableExitCode", f"{f.detail}; exit code {code} is not retryable"
-    return None
+            reason, explained = EXPLAINED_EXITS[code]
+            return reason, f"{f.detail}: {explained}"
+    return (why, f"{f.detail}; exit code {code} is not retryable") if why is not None else None
 
 
 def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], restart: int,
