@@ -302,7 +302,8 @@ def test_the_summary_counts_nodes_and_readable_parameters():
 
     console = Console(record=True, width=200)
     records = Records(Path("/nonexistent/metrics.jsonl"))
-    console.print(_summary(config(), [], 1.0, records, Path("/w"), "step 0 (checkpointing is off)", None))
+    console.print(_summary(config(), [], 1.0, records, Path("/w"), "step 0 (checkpointing is off)", None,
+                           []))
     text = console.export_text()
     assert "(1 node x 1 process)" in text and "debug, 4.2M parameters" in text
     assert "│ start     │ step 0 (checkpointing is off)" in text

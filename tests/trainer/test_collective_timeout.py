@@ -67,8 +67,9 @@ def test_a_hung_rank_makes_its_peers_time_out_name_it_and_exit_79(tmp_path: Path
     timeout = 20
     monkeypatch.setenv(ENV_TEST_FAULT, "hang-rank:1:step:3")
     monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
+    # maxRestarts 0: a collective timeout restarts the gang in place otherwise, and the fault hangs again
     job = make_job("hang", nodes=2, nprocPerNode=2, parallelism={"dpShard": 4},
-                   runPolicy={"collectiveTimeoutSeconds": timeout})
+                   runPolicy={"collectiveTimeoutSeconds": timeout, "maxRestarts": 0})
     work = tmp_path / "work"
     start = time.monotonic()
     code = run_local(job, steps=None, jsonl=tmp_path / "metrics.jsonl", workdir=work)

@@ -20,6 +20,10 @@ SHORT_NAME: Final = "ptj"
 # Environment of a node (pod or local agent), set by the renderer, read by the trainer.
 ENV_CONFIG: Final = "TETRAD_CONFIG"  # path of the resolved trainer config (JSON)
 ENV_RESTART: Final = "TETRAD_RESTART"  # the operator's restart count of this gang
+# Restarts in place (tetrad.node.rounds) as JSON: {"address": node 0's coordinator host:port, "left": restarts
+# left in the budget, "retryable": [...], "permanent": [...]} (spec.runPolicy's exit codes); unset: off.
+ENV_ROUNDS: Final = "TETRAD_ROUNDS"
+ENV_ROUND: Final = "TETRAD_ROUND"  # the round of restarts in place this worker runs in (0: the first)
 ENV_METRICS_PORT: Final = "TETRAD_METRICS_PORT"  # rank r serves Prometheus on this port + LOCAL_RANK
 ENV_JOB: Final = "TETRAD_JOB"
 ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rendezvous peers

@@ -19,9 +19,11 @@ Stopping: SIGTERM, SIGHUP and SIGINT, and the death of the process that started 
 (its parent), stop the run as Kubernetes stops a pod: SIGTERM to each node's supervisor (which
 torchrun turns into SIGTERM to the workers: finish the step, save, exit 75), the job's
 terminationGracePeriodSeconds to finish, then SIGKILL to every process of the run. A second
-signal during that grace skips the rest of it. If a node fails, the others are stopped with a
-short grace (a gang with a dead rank cannot save). Nothing is left running, and torchrun's own
-log tree lives in WORKDIR/torchelastic, not in the temp directory.
+signal during that grace skips the rest of it. A failed worker restarts every node's workers in place,
+as one gang resuming from the last checkpoint, within runPolicy.maxRestarts and its exit-code lists
+(tetrad.node.rounds; node 0's log says each restart, and so does the terminal). A node that fails for
+good stops the others with a short grace (a gang with a dead rank cannot save). Nothing is left
+running, and torchrun's own log tree lives in WORKDIR/torchelastic, not in the temp directory.
 
 This module imports neither torch nor the trainer: the trainer runs in the agents' processes.
 """
@@ -57,7 +59,7 @@ from tetrad.api.contract import (
     METRIC_RESUMED_FROM,
 )
 from tetrad.api.problems import counted
-from tetrad.api.spec import Precision
+from tetrad.api.spec import Precision, RunPolicy
 from tetrad.api.termination import TerminationMessage
 from tetrad.launch.workdir import (
     DirectoryLock,
@@ -70,12 +72,13 @@ from tetrad.launch.workdir import (
     shown,
     write_file,
 )
+from tetrad.node import rounds
 from tetrad.node.bundle import launcher
 from tetrad.node.host import memory_bytes, slow_bf16_warning
 from tetrad.plan.estimate import GiB, count_text
 from tetrad.render import names
 from tetrad.render.command import node_command
-from tetrad.render.env import torchrun_env
+from tetrad.render.env import rounds_env, torchrun_env
 from tetrad.render.objects import shutdown_timeout
 from tetrad.resolve import resolve
 
@@ -182,25 +185,40 @@ class Agent:
 
 
 @dataclass
-class Records:
-    """Rank 0's JSON lines, read incrementally from the file it appends to."""
+class Tail:
+    """The complete lines appended to a file since the last read."""
 
     path: Path
     offset: int = 0
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
-    copy: IO[bytes] | None = None  # --jsonl: each complete line is appended there too
-    copy_failed: str | None = None
-
-    def poll(self) -> list[dict[str, Any]]:
+    def read(self) -> bytes:
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
                 data = f.read()
-        except OSError:  # not written yet, or unreadable for now: the next poll tries again
-            return []
-        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+        except OSError:  # not written yet, or unreadable for now: the next read tries again
+            return b""
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next read
         self.offset += len(complete)
+        return complete
+
+
+@dataclass
+class Records:
+    """Rank 0's JSON lines, read incrementally from the file it appends to."""
+
+    path: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    copy: IO[bytes] | None = None  # --jsonl: each complete line is appended there too
+    copy_failed: str | None = None
+    tail: Tail = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tail = Tail(self.path)
+
+    def poll(self) -> list[dict[str, Any]]:
+        complete = self.tail.read()
         self._copy(complete)
         new = [row for line in complete.splitlines() if (row := _step_row(line)) is not None]
         self.rows += new
@@ -275,10 +293,12 @@ class ResumedFrom:
 
 
 def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: Path, *, rdzv_timeout: int,
-                 shutdown_timeout: int, locks: tuple[int, ...] = ()) -> list[Agent]:
-    """One torchrun agent per node, each in its own session so it can be stopped as a group. Each inherits
-    the run's lock descriptors (`locks`): the run's directories stay locked while any node lives."""
+                 shutdown_timeout: int, policy: RunPolicy, locks: tuple[int, ...] = ()) -> list[Agent]:
+    """One node per agent (its supervisor around torchrun), each in its own session so it can be stopped as
+    a group; a failure restarts them in place within `policy`'s maxRestarts. Each inherits the run's lock
+    descriptors (`locks`): the run's directories stay locked while any node lives."""
     master_port = free_port()
+    in_place = rounds_env(policy, host=MASTER_ADDR, port=free_port(), left=policy.max_restarts)
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
     agents = []
     for node in range(cfg.nodes):
@@ -294,6 +314,7 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
             # torchrun's per-run log tree (by default a torchelastic_* directory left in /tmp).
             "PET_LOG_DIR": str(workdir / "torchelastic" / f"node-{node}"),
             ENV_TERMINATION_LOG: str(termination_path(workdir, node)),
+            **in_place,
         }
         if node == 0:
             env[ENV_JSONL] = str(jsonl)
@@ -413,7 +434,7 @@ def where_it_started(cfg: ResolvedConfig, resumed: int | None) -> str | None:
 
 
 def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, records: Records, workdir: Path,
-             started: str | None, jsonl: Path | None) -> Table:
+             started: str | None, jsonl: Path | None, restarts: list[str]) -> Table:
     table = Table(title=f"tetrad run: {cfg.job_name}", show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -443,6 +464,9 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, rec
         if isinstance(rows[0].get("startup_s"), int | float):
             table.add_row("start-up",
                           f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
+    if restarts:
+        table.add_row("restarts", f"{len(restarts)} in place: " + "; ".join(
+            r.split(": ")[0] for r in restarts))
     table.add_row("wall time", f"{wall_s:.1f} s")
     copied = "" if jsonl is None else f", appended to {jsonl}" + (
         f" until it failed: {records.copy_failed}" if records.copy_failed else "")
@@ -576,7 +600,14 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
                         transient=False)
     task = progress.add_task("starting", total=steps)
 
+    node0 = Tail(workdir / "node-0.log")  # its supervisor says when the gang restarts in place
+    restarts: list[str] = []
+
     def show(rows: list[dict[str, Any]]) -> None:
+        for line in node0.read().decode(errors="replace").splitlines():
+            if rounds.RESTARTING in line:
+                restarts.append(line.removeprefix("[tetrad] "))
+                console.print(restarts[-1], markup=False, soft_wrap=True)
         if (step := resumed.poll()) is not None and (said := where_it_started(cfg, step)) is not None:
             console.print(f"start: {said}", markup=False)
             progress.update(task, completed=min(step, steps or step), description=said.split(" (")[0])
@@ -586,7 +617,8 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
     with StopSignals() as signals, progress:
         agents = start_agents(cfg, workdir / contract.CONFIG_FILE, workdir, records.path,
                               rdzv_timeout=job.spec.rendezvous.timeout_seconds,
-                              shutdown_timeout=shutdown_timeout(job.spec), locks=locks)
+                              shutdown_timeout=shutdown_timeout(job.spec), policy=job.spec.run_policy,
+                              locks=locks)
         try:
             while not signals.poll():
                 show(records.poll())
@@ -644,7 +676,8 @@ def _run(job: ParallelTrainingJob, cfg: ResolvedConfig, console: Console, workdi
     if records.copy_failed is not None:
         console.print(f"warning: --jsonl {jsonl}: writing failed ({records.copy_failed}); every line is in"
                       f" {records.path}", markup=False, soft_wrap=True)
-    console.print(_summary(cfg, records.rows, time.monotonic() - start, records, workdir, started, jsonl))
+    console.print(_summary(cfg, records.rows, time.monotonic() - start, records, workdir, started, jsonl,
+                           restarts))
     return code
 
 

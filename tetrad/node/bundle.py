@@ -26,6 +26,8 @@ def _imported_api_modules(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
             [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        if isinstance(node, ast.ImportFrom) and node.module == "tetrad.api":  # from tetrad.api import module
+            names = [f"tetrad.api.{a.name}" for a in node.names]
         found.update(n for n in names if n.startswith("tetrad.api."))
     return found
 

@@ -31,6 +31,8 @@ from tetrad.api.contract import (
     ENV_PREFLIGHT,
     ENV_RDZV_TIMEOUT,
     ENV_RESTART,
+    ENV_ROUND,
+    ENV_ROUNDS,
     ENV_TERMINATION_LOG,
     ENV_TEST_FAULT,
     ENV_TEST_FAULTS_ALLOWED,
@@ -52,8 +54,33 @@ class PreflightSettings:
 
 
 @dataclass(frozen=True)
+class RoundSettings:
+    """Restarts in place (tetrad.node.rounds): where node 0's coordinator listens, how many restarts the
+    budget has left, and spec.runPolicy's exit-code lists (tetrad.api.restart_policy)."""
+
+    host: str
+    port: int
+    left: int
+    retryable: tuple[int, ...] = ()
+    permanent: tuple[int, ...] = ()
+
+    def encode(self) -> str:
+        return json.dumps({"address": f"{self.host}:{self.port}", "left": self.left,
+                           "retryable": list(self.retryable), "permanent": list(self.permanent)})
+
+    @classmethod
+    def parse(cls, text: str) -> RoundSettings:
+        doc = json.loads(text)
+        host, _, port = str(doc["address"]).rpartition(":")
+        return cls(host, int(port), int(doc["left"]), tuple(int(c) for c in doc.get("retryable", ())),
+                   tuple(int(c) for c in doc.get("permanent", ())))
+
+
+@dataclass(frozen=True)
 class NodeEnv:
     node_rank: int  # PET_NODE_RANK: the pod's index in the gang
+    nodes: int  # PET_NNODES: the gang's nodes
+    rdzv_id: str  # PET_RDZV_ID: this incarnation's rendezvous
     nproc: int | None  # PET_NPROC_PER_NODE
     master_addr: str | None  # PET_MASTER_ADDR: pod 0's stable DNS name (127.0.0.1 under `tetrad run`)
     rdzv_timeout_s: float
@@ -68,6 +95,8 @@ class NodeEnv:
     mesh: tuple[tuple[str, int], ...]  # (dim, degree), outermost first; empty when not given
     contract: int | None
     exit_dir: Path | None  # where the node's workers leave their reports for its supervisor
+    rounds: RoundSettings | None  # restarts in place; None: off (a failed node exits)
+    round: int  # the round of restarts in place (a worker's; 0 for the supervisor)
     termination_log: Path | None  # where the node's termination message goes; None: nowhere
 
     @classmethod
@@ -82,6 +111,8 @@ class NodeEnv:
         log = env.get(ENV_TERMINATION_LOG)
         return cls(
             node_rank=_int(env.get("PET_NODE_RANK")) or 0,
+            nodes=_int(env.get("PET_NNODES")) or 1,
+            rdzv_id=env.get("PET_RDZV_ID", ""),
             nproc=_int(env.get("PET_NPROC_PER_NODE")),
             master_addr=env.get("PET_MASTER_ADDR") or None,
             rdzv_timeout_s=float(env.get(ENV_RDZV_TIMEOUT) or DEFAULT_RDZV_TIMEOUT_S),
@@ -96,6 +127,8 @@ class NodeEnv:
             mesh=parse_mesh(env.get(ENV_MESH, "")),
             contract=_int(env.get(ENV_CONTRACT)),
             exit_dir=_path(env.get(ENV_EXIT_DIR)),
+            rounds=RoundSettings.parse(env[ENV_ROUNDS]) if env.get(ENV_ROUNDS) else None,
+            round=_int(env.get(ENV_ROUND)) or 0,
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
             termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists()
                                                    else None),

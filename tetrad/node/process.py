@@ -7,13 +7,19 @@ a node outlives the one that started it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 _PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+ABORT_POLL_S = 0.1
 
 
 def die_with_parent(sig: signal.Signals) -> None:
@@ -25,6 +31,31 @@ def die_with_parent(sig: signal.Signals) -> None:
         return
 
 
+def with_variable(name: str, value: str) -> list[int]:
+    """The processes (pids) whose environment has `name`=`value`: those started under it, and theirs."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def kill_all_with(name: str, value: str, timeout_s: float) -> list[int]:
+    """SIGKILL every process whose environment has `name`=`value` until none is left; the pids still there
+    after `timeout_s` (stuck in the kernel)."""
+    give_up = time.monotonic() + timeout_s
+    while (left := [p for p in with_variable(name, value) if p != os.getpid()]) and \
+            time.monotonic() < give_up:
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+    return left
+
+
 def exit_code(returncode: int) -> int:
     """A process's exit code as a shell reports it: -N (killed by signal N) is 128 + N."""
     return returncode if returncode >= 0 else 128 - returncode
@@ -34,6 +65,15 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
     """Run `command` as a child that dies with this process; a stop signal (SIGTERM, SIGINT, SIGHUP) is
     passed on as one SIGTERM (a second would interrupt a graceful stop, as torchrun's wait for its
     workers). Returns the child's return code (negative: killed by that signal)."""
+    code = run_abortable(command, env, None)
+    assert code is not None
+    return code
+
+
+def run_abortable(command: list[str], env: dict[str, str] | None,
+                  abort: Callable[[], bool] | None) -> int | None:
+    """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S) said to stop the child: it is
+    SIGKILLed."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
     forwarded = False
@@ -52,7 +92,14 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
     try:
         child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
         forward_once()  # a signal that came before the child existed
-        return child.wait()
+        while True:
+            try:
+                return child.wait(timeout=None if abort is None else ABORT_POLL_S)
+            except subprocess.TimeoutExpired:
+                if abort is not None and abort():
+                    child.kill()
+                    child.wait()
+                    return None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -2,7 +2,7 @@
 
 It waits for pod 0's name (a worker node, tetrad.node.rendezvous; one that never resolves exits 69 like a
 failed check), checks the node (the preflight gate, tetrad.node.checks), runs torchrun as a child with the
-stop signals forwarded, then turns what torchrun
+stop signals forwarded (again for each restart in place, tetrad.node.rounds), then turns what torchrun
 and its workers reported in the exit directory (tetrad.node.exits) into the node's exit code and the
 pod's termination message (tetrad.api.termination), which it alone writes. torchrun alone exits 1 for
 any worker failure; the node exits with the workers' own code instead: 75 when every local worker
@@ -13,14 +13,18 @@ code, torchrun's code otherwise; 77 when the kernel's OOM killer ended a worker 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from tetrad.api import restart_policy
 from tetrad.api.contract import (
     ENV_EXIT_DIR,
+    ENV_ROUND,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_OOM,
     EXIT_PREEMPTED,
@@ -28,10 +32,12 @@ from tetrad.api.contract import (
     REASON_HOST_OUT_OF_MEMORY,
 )
 from tetrad.api.termination import TerminationMessage
-from tetrad.node import checks, collective, exits, oom_killer
+from tetrad.node import checks, collective, exits, oom_killer, rounds
 from tetrad.node.environment import NodeEnv
-from tetrad.node.process import run_forwarding
+from tetrad.node.process import kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
+
+WORKERS_GONE_TIMEOUT_S = 30.0
 
 
 def write_termination_message(message: TerminationMessage, env: NodeEnv) -> None:
@@ -61,13 +67,45 @@ def before_torchrun(env: NodeEnv) -> int | None:
 
 def supervise(command: list[str], env: NodeEnv) -> int:
     """Wait for the master's name (a worker node), check the node, run `command` (torchrun ...) with
-    signals forwarded; return the node's exit code."""
+    signals forwarded, round after round while the gang restarts in place (tetrad.node.rounds); return the
+    node's exit code."""
     if (failed := before_torchrun(env)) is not None:
         return failed
+    with joined_rounds(env) as member:
+        round = 0
+        while True:
+            ended = run_round(command, env, round, member)
+            word = next_word(member, env, round, ended)
+            if word is None or word.kind != rounds.GO:
+                final, message = ended.final, ended.message
+                if final is None:  # stopped for another node's failure
+                    final = word.code if word is not None and word.code else 1
+                    message = TerminationMessage(message=stopped_for(word))
+                write_termination_message(message, env)
+                return final
+            round = word.round
+            print(f"[tetrad] {restarting(word, env)}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    final: int | None  # the node's exit code; None: stopped for an abort
+    message: TerminationMessage
+
+
+def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None) -> RoundEnd:
+    """One torchrun, and what it and its workers reported: the node's exit code and termination message.
+    An abort of the round kills it and waits until none of its workers is left."""
     kills = oom_killer.oom_kills()
+    abort = (lambda: member.aborted(round)) if member is not None else None
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         directory = Path(exit_dir)
-        code = run_forwarding(command, {**os.environ, ENV_EXIT_DIR: exit_dir})
+        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, ENV_ROUND: str(round)}, abort)
+        if code is None:
+            if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
+                print(f"[tetrad] workers {left} of round {round} are still there after SIGKILL",
+                      file=sys.stderr, flush=True)
+            return RoundEnd(None, TerminationMessage())
         codes = list(exits.reported_codes(directory).values())
         messages = exits.reported_messages(directory)
         timeouts = {rank: m.collective_timeout for rank, m in messages.items() if m.collective_timeout}
@@ -86,8 +124,62 @@ def supervise(command: list[str], env: NodeEnv) -> int:
         why = out_of_host_memory(killed, kills[1] if kills else None)
         print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
         final, message = EXIT_OOM, replace(message, reason=REASON_HOST_OUT_OF_MEMORY, message=why)
-    write_termination_message(message, env)
-    return final
+    return RoundEnd(final, message)
+
+
+@contextlib.contextmanager
+def joined_rounds(env: NodeEnv) -> Iterator[rounds.Member | None]:
+    """This node's member of the rounds (node 0 runs the coordinator too); None when they are off."""
+    settings = env.rounds
+    if settings is None:
+        yield None
+        return
+    gang = f"{env.rdzv_id}/{env.restart}"
+    coordinator = None
+    if env.node_rank == 0:
+        host = "" if env.in_pod else settings.host
+        try:
+            coordinator = rounds.Coordinator(rounds.Rounds(env.nodes, settings.left), gang, host,
+                                             settings.port)
+        except OSError as e:  # every node is on its own: a failure ends the run as without rounds
+            print(f"[tetrad] no restarts in place: port {settings.port} for them: {e}", file=sys.stderr,
+                  flush=True)
+    member = rounds.Member(env.node_rank, gang, settings.host, settings.port, env.rdzv_timeout_s)
+    try:
+        yield member
+    finally:
+        member.close()
+        if coordinator is not None:
+            coordinator.close()
+
+
+def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: RoundEnd) -> rounds.Word | None:
+    """Report how this node's round ended and hear what the gang does next: None when it finished or is on
+    its own."""
+    if member is None or ended.final == 0:
+        if member is not None:
+            member.report(rounds.Report(env.node_rank, round, 0))
+        return None
+    settings = env.rounds
+    assert settings is not None
+    in_place = ended.final is not None and restart_policy.in_place(
+        ended.final, retryable=settings.retryable, permanent=settings.permanent)
+    if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place)):
+        return None
+    return member.next_word(round)
+
+
+def restarting(word: rounds.Word, env: NodeEnv) -> str:
+    assert env.rounds is not None
+    left = env.rounds.left - word.round
+    return (f"node {word.node} exited {word.code}: {rounds.RESTARTING}, round {word.round}"
+            f" (spec.runPolicy.maxRestarts: {left} left)")
+
+
+def stopped_for(word: rounds.Word | None) -> str:
+    if word is None:
+        return "stopped for a restart in place that did not come: the coordinator on node 0 is gone"
+    return f"stopped for node {word.node}'s failure (exit {word.code}); the gang does not restart in place"
 
 
 def out_of_host_memory(killed: int, counter: Path | None) -> str:

@@ -28,10 +28,12 @@ from tetrad.api.contract import (
     ENV_PREFLIGHT,
     ENV_RDZV_TIMEOUT,
     ENV_RESTART,
+    ENV_ROUNDS,
     ENV_TORCHRUN_SHUTDOWN_TIMEOUT,
 )
 from tetrad.api.resolved import MESH_DIMS, ResolvedConfig
-from tetrad.node.environment import format_mesh
+from tetrad.api.spec import RunPolicy
+from tetrad.node.environment import RoundSettings, format_mesh
 
 
 def job_env(cfg: ResolvedConfig, *, master_addr: str, master_port: int, config_path: str, rdzv_timeout: int,
@@ -88,3 +90,11 @@ def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, maste
                       rdzv_timeout=rdzv_timeout, metrics_port=metrics_port,
                       shutdown_timeout=shutdown_timeout),
             **node_env(node_rank=node_rank, rdzv_id=rdzv_id, restart=restart)}
+
+
+def rounds_env(policy: RunPolicy, *, host: str, port: int, left: int) -> dict[str, str]:
+    """Restarts in place (tetrad.node.rounds): where node 0's coordinator listens and the restarts `left`
+    in spec.runPolicy.maxRestarts."""
+    settings = RoundSettings(host, port, left, tuple(policy.retryable_exit_codes),
+                             tuple(policy.permanent_exit_codes))
+    return {ENV_ROUNDS: settings.encode()}

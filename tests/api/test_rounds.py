@@ -1,0 +1,158 @@
+"""Restarts in place: the coordinator's decisions (tetrad.node.rounds.Rounds) and the rule they share with
+the operator (tetrad.api.restart_policy), then the same over real sockets between threads."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from tetrad.api import restart_policy
+from tetrad.api.contract import (
+    EXIT_COLLECTIVE_TIMEOUT,
+    EXIT_CONFIG_ERROR,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+)
+from tetrad.node.environment import NodeEnv, RoundSettings
+from tetrad.node.rounds import ABORT, END, GO, Coordinator, Member, Report, Rounds, Word
+
+DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
+
+
+@pytest.mark.parametrize(("code", "in_place"), [
+    (1, True), (137, True), (EXIT_COLLECTIVE_TIMEOUT, True),  # the job's processes failed: the pods are fine
+    (0, False), (EXIT_PREEMPTED, False), (EXIT_PREFLIGHT, False),  # finished, or the pods must go
+    (EXIT_CONFIG_ERROR, False), (EXIT_OOM, False),  # permanent by default
+])
+def test_which_exit_codes_restart_in_place(code: int, in_place: bool) -> None:
+    assert restart_policy.in_place(code, **DEFAULT) is in_place
+
+
+def test_the_exit_code_lists_are_one_rule_for_both_kinds_of_restart() -> None:
+    assert restart_policy.refusal(3, retryable=(), permanent=(3,)) == restart_policy.PERMANENT
+    assert restart_policy.refusal(4, retryable=(3,), permanent=()) == restart_policy.NOT_RETRYABLE
+    assert restart_policy.refusal(EXIT_PREEMPTED, retryable=(3,), permanent=(EXIT_PREEMPTED,)) is None
+    assert not restart_policy.in_place(4, retryable=(3,), permanent=())
+    assert restart_policy.in_place(3, retryable=(3,), permanent=())
+
+
+def failed(node: int, round: int = 0, code: int = 1) -> Report:
+    return Report(node, round, code, restart_policy.in_place(code, **DEFAULT))
+
+
+def gang(nodes: int = 3, left: int = 2) -> Rounds:
+    rounds = Rounds(nodes, left)
+    for node in range(nodes):
+        rounds.join(node)
+    return rounds
+
+
+def test_a_failure_aborts_the_round_and_every_nodes_report_starts_the_next() -> None:
+    rounds = gang()
+    assert rounds.report(failed(1, code=137)) == [Word(ABORT, 0, 1, 137)]
+    assert rounds.report(Report(0, 0, None)) == []  # stopped for the abort
+    # a peer's own failure (it lost its peer) is not the cause; the round goes on once all have said
+    assert rounds.report(failed(2, code=1)) == [Word(GO, 1, 1, 137)]
+    assert (rounds.round, rounds.left, rounds.reports, rounds.cause) == (1, 1, {}, None)
+    assert rounds.report(failed(0, round=0)) == []  # the old round's word comes too late to count
+
+
+def test_the_budget_ends_the_rounds_and_the_failure_is_the_nodes_to_exit_with() -> None:
+    rounds = gang(nodes=2, left=1)
+    rounds.report(failed(0))
+    assert rounds.report(Report(1, 0, None)) == [Word(GO, 1, 0, 1)]
+    assert rounds.report(failed(1, round=1, code=3)) == [Word(END, 1, 1, 3)]  # no restart left
+    assert rounds.ended and rounds.report(failed(0, round=1)) == []
+
+
+@pytest.mark.parametrize("code", [EXIT_CONFIG_ERROR, EXIT_PREEMPTED, EXIT_PREFLIGHT])
+def test_a_failure_that_does_not_restart_in_place_ends_at_once_without_an_abort(code: int) -> None:
+    # no abort: a preempted gang's peers are saving their checkpoint, they are not killed
+    assert gang().report(failed(2, code=code)) == [Word(END, 0, 2, code)]
+
+
+def test_a_node_whose_own_failure_needs_new_pods_during_an_abort_ends_the_rounds() -> None:
+    rounds = gang(nodes=2)
+    rounds.report(failed(0))
+    assert rounds.report(failed(1, code=EXIT_CONFIG_ERROR)) == [Word(END, 0, 1, EXIT_CONFIG_ERROR)]
+
+
+def test_a_finished_node_cannot_rejoin_so_a_later_failure_ends_the_rounds() -> None:
+    rounds = gang(nodes=2)
+    assert rounds.report(Report(0, 0, 0)) == []
+    assert rounds.lost(0) == []  # a finished node goes quietly
+    assert rounds.report(failed(1)) == [Word(END, 0, 1, 1)]
+    # finishing while the others abort: the cause stays the failure
+    rounds = gang(nodes=2)
+    rounds.report(failed(1))
+    assert rounds.report(Report(0, 0, 0)) == [Word(END, 0, 1, 1)]
+
+
+def test_a_gang_not_all_joined_does_not_abort() -> None:
+    rounds = Rounds(2, 1)
+    rounds.join(0)
+    assert rounds.report(failed(0)) == [Word(END, 0, 0, 1)]
+
+
+def test_a_lost_node_or_one_that_does_not_report_in_time_ends_the_rounds() -> None:
+    rounds = gang()
+    assert rounds.lost(2) == [Word(END, 0, 2, None)]
+    rounds = gang()
+    rounds.report(failed(1))
+    assert rounds.overdue() == [Word(END, 0, 1, 1)] and rounds.overdue() == []
+    assert gang().overdue() == []  # nothing was aborted
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_coordinator_and_its_members_over_tcp() -> None:
+    port = free_port()
+    coordinator = Coordinator(Rounds(2, 1), "job/0", "127.0.0.1", port)
+    members = [Member(node, "job/0", "127.0.0.1", port, connect_timeout_s=10) for node in (0, 1)]
+    stranger = Member(1, "another-job/0", "127.0.0.1", port, connect_timeout_s=10)
+    try:
+        stranger.connecting.join(10)
+        with stranger.cond:  # another gang's member is turned away
+            assert stranger.cond.wait_for(lambda: stranger.detached, timeout=10)
+        deadline = time.monotonic() + 10
+        while coordinator.rounds.joined != {0, 1} and time.monotonic() < deadline:  # both said hello
+            time.sleep(0.01)
+        assert members[1].report(Report(1, 0, 1, in_place=True))
+        with members[0].cond:
+            assert members[0].cond.wait_for(lambda: members[0].aborted(0), timeout=10)
+        assert not members[0].aborted(1)
+        assert members[0].report(Report(0, 0, None))
+        assert [m.next_word(0, timeout_s=10) for m in members] == [Word(GO, 1, 1, 1)] * 2
+        assert members[0].report(Report(0, 1, 1, in_place=True))  # no restart left
+        assert [m.next_word(1, timeout_s=10) for m in members] == [Word(END, 1, 0, 1)] * 2
+    finally:
+        for m in members:
+            m.close()
+        coordinator.close()
+
+
+def test_a_member_that_loses_the_coordinator_is_on_its_own() -> None:
+    port = free_port()
+    coordinator = Coordinator(Rounds(2, 1), "job/0", "127.0.0.1", port)
+    member = Member(1, "job/0", "127.0.0.1", port, connect_timeout_s=10)
+    with member.cond:
+        assert member.cond.wait_for(lambda: member.sock is not None, timeout=10)
+    coordinator.close()
+    assert member.next_word(0, timeout_s=10) is None  # the connection closed: no word will come
+    nobody = Member(1, "job/0", "127.0.0.1", free_port(), connect_timeout_s=0.5)
+    assert not nobody.report(Report(1, 0, 1, in_place=True))  # never connected: it exits as it would
+
+
+def test_the_settings_travel_in_one_variable() -> None:
+    settings = RoundSettings("pod-0.job", 29501, 3, (1, 2), (77, 78))
+    env = NodeEnv.read({"TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "4", "PET_RDZV_ID": "job-r0",
+                        "TETRAD_ROUND": "2"})
+    assert (env.rounds, env.nodes, env.rdzv_id, env.round) == (settings, 4, "job-r0", 2)
+    assert NodeEnv.read({}).rounds is None

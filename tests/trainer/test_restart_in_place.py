@@ -1,0 +1,96 @@
+"""Restarts in place under `tetrad run`: real supervisors, torchrun agents and trainers on this machine.
+A worker SIGKILLed mid-run restarts every node's workers as one gang, which resumes from the last
+checkpoint and computes the same losses as a run nobody disturbed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import processes_mentioning
+from tests.trainer.test_launch import make_job
+from tetrad.api import ParallelTrainingJob
+from tetrad.launch import run_local
+from tetrad.node.process import with_variable
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
+
+STEPS, KILL_AT = 16, 8  # checkpoints every 5 steps: the restart resumes at 5 and recomputes 6-8
+
+
+def losses(jsonl: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in map(json.loads, jsonl.read_text().splitlines())]
+
+
+def worker_of_rank(workdir: Path, rank: int) -> list[int]:
+    """The pids of this run's worker of `rank` (its environment names the run's config and the rank)."""
+    return [pid for pid in with_variable("TETRAD_CONFIG", str(workdir / "config.json"))
+            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+
+
+def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, killed: list[int]) -> threading.Thread:
+    """SIGKILL `rank`'s worker once rank 0 has logged `step`, as the kernel's OOM killer or a crash would."""
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
+                for pid in worker_of_rank(workdir, rank):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                return
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def job(tmp_path: Path, max_restarts: int) -> ParallelTrainingJob:
+    return make_job("in-place", checkpoint={"enabled": True, "path": str(tmp_path / "ckpt"), "interval": 5},
+                    runPolicy={"maxRestarts": max_restarts})
+
+
+def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undisturbed_run(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    undisturbed = tmp_path / "undisturbed"
+    assert run_local(job(undisturbed, 1), steps=STEPS, jsonl=undisturbed / "out.jsonl",
+                     workdir=undisturbed / "work") == 0
+    expected = dict(losses(undisturbed / "out.jsonl"))
+
+    work, jsonl, killed = tmp_path / "work", tmp_path / "out.jsonl", []
+    watcher = kill_rank_at(work, jsonl, rank=1, step=KILL_AT, killed=killed)
+    code = run_local(job(tmp_path, 1), steps=STEPS, jsonl=jsonl, workdir=work)
+    watcher.join()
+    assert code == 0, (work / "node-0.log").read_text()[-3000:]
+    assert killed, "the worker of rank 1 was never found"
+    seen = losses(jsonl)
+    steps = [s for s, _ in seen]
+    # the gang went back to the checkpoint at step 5 and trained on from there, every step once more
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[restart] == 6 and steps[restart:] == list(range(6, STEPS + 1))
+    assert steps[:restart] == list(range(1, steps[restart - 1] + 1)) and steps[restart - 1] >= KILL_AT
+    # every loss, the recomputed steps' included, is the undisturbed run's
+    for step, loss in seen:
+        assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), step
+    said = capfd.readouterr().err
+    assert "restarting the gang in place, round 1 (spec.runPolicy.maxRestarts: 0 left)" in said
+    assert "restarts" in said and "1 in place" in said  # the summary
+    for node in (0, 1):  # both supervisors took part in the one restart
+        assert "restarting the gang in place, round 1" in (work / f"node-{node}.log").read_text()
+    assert not processes_mentioning(str(work))
+
+
+def test_without_a_restart_left_a_killed_worker_fails_the_run_as_before(tmp_path: Path) -> None:
+    work, jsonl, killed = tmp_path / "work", tmp_path / "out.jsonl", []
+    watcher = kill_rank_at(work, jsonl, rank=1, step=3, killed=killed)
+    code = run_local(job(tmp_path, 0), steps=STEPS, jsonl=jsonl, workdir=work)
+    watcher.join()
+    assert killed and code not in (0, None)
+    assert max(s for s, _ in losses(jsonl)) < STEPS
+    assert "restarting the gang in place" not in (work / "node-0.log").read_text()
+    assert not processes_mentioning(str(work))
