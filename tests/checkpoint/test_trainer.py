@@ -117,6 +117,29 @@ def test_reshard(tmp_path_factory, tmp_path, before, after):
     assert_continues(b, a, tol=1e-5)
 
 
+def test_shrinking_the_data_parallel_degree_and_growing_it_back_continues_the_same_run(tmp_path_factory,
+                                                                                       tmp_path):
+    """What an elastic job's restarts do: 4 data-parallel ranks to step 5, then 2 (the same global batch,
+    twice the gradient accumulation) to step 8, then 4 again: the same updates as the straight run."""
+    a = straight("dps4", tmp_path_factory.getbasetemp())
+    ckpt = tmp_path / "ckpt"
+    kill_after_commit("dps4", tmp_path, ckpt)
+    shrunk = train("dps2", tmp_path / "shrunk", ckpt, env={"TETRAD_TEST_DIE": "published:8:0"}, interval=1)
+    assert shrunk.codes[0] == -9, shrunk.logs()
+    assert "resumed step 5" in shrunk.log(0) and "model and optimizer resharded" in shrunk.log(0)
+    grown = train("dps4", tmp_path / "grown", ckpt)
+    assert grown.codes == [0] * 4, grown.logs()
+    assert "resumed step 8" in grown.log(0) and "model and optimizer resharded" in grown.log(0)
+    straight_losses, tol = losses(a), 1e-4
+    resumed = {**losses(shrunk), **losses(grown)}
+    assert sorted(resumed) == [6, 7, 9, 10], resumed  # step 8's line: killed once it was committed
+    for s, loss in resumed.items():
+        assert abs(loss - straight_losses[s]) <= tol * abs(straight_losses[s]), (s, loss, straight_losses[s])
+    pa, pb = params(a), params(grown)
+    for k in pa:
+        torch.testing.assert_close(pb[k], pa[k], rtol=tol, atol=tol)
+
+
 def test_model_dims_change_exits_78_naming_both_layouts(tmp_path):
     ckpt = tmp_path / "ckpt"
     kill_after_commit("dps2", tmp_path, ckpt)
