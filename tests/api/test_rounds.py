@@ -150,8 +150,12 @@ def test_a_member_that_loses_the_coordinator_is_on_its_own() -> None:
     assert not nobody.report(Report(1, 0, 1, in_place=True))  # never connected: it exits as it would
 
 
+def test_a_restart_in_place_waits_the_backoff_of_the_operators_restarts() -> None:
+    assert [restart_policy.backoff_seconds(10, 25, r) for r in range(5)] == [0, 10, 20, 25, 25]
+
+
 def test_the_settings_travel_in_one_variable() -> None:
-    settings = RoundSettings("pod-0.job", 29501, 3, (1, 2), (77, 78))
+    settings = RoundSettings("pod-0.job", 29501, 3, (1, 2), (77, 78), 10.0, 300.0, 2)
     env = NodeEnv.read({"TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "4", "PET_RDZV_ID": "job-r0",
                         "TETRAD_ROUND": "2"})
     assert (env.rounds, env.nodes, env.rdzv_id, env.round) == (settings, 4, "job-r0", 2)

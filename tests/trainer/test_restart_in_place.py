@@ -16,6 +16,7 @@ import pytest
 from tests.processes import processes_mentioning
 from tests.trainer.test_launch import make_job
 from tetrad.api import ParallelTrainingJob
+from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_COLLECTIVE_TIMEOUT
 from tetrad.launch import run_local
 from tetrad.node.process import with_variable
 
@@ -52,7 +53,7 @@ def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, killed: list[
 
 def job(tmp_path: Path, max_restarts: int) -> ParallelTrainingJob:
     return make_job("in-place", checkpoint={"enabled": True, "path": str(tmp_path / "ckpt"), "interval": 5},
-                    runPolicy={"maxRestarts": max_restarts})
+                    runPolicy={"maxRestarts": max_restarts, "backoffSeconds": 1})
 
 
 def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undisturbed_run(
@@ -78,7 +79,8 @@ def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undi
     for step, loss in seen:
         assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), step
     said = capfd.readouterr().err
-    assert "restarting the gang in place, round 1 (spec.runPolicy.maxRestarts: 0 left)" in said
+    # after runPolicy.backoffSeconds, as the operator's restarts wait
+    assert "restarting the gang in place, round 1, in 1s (spec.runPolicy.maxRestarts: 0 left)" in said
     assert "restarts" in said and "1 in place" in said  # the summary
     for node in (0, 1):  # both supervisors took part in the one restart
         assert "restarting the gang in place, round 1" in (work / f"node-{node}.log").read_text()
@@ -93,4 +95,21 @@ def test_without_a_restart_left_a_killed_worker_fails_the_run_as_before(tmp_path
     assert killed and code not in (0, None)
     assert max(s for s, _ in losses(jsonl)) < STEPS
     assert "restarting the gang in place" not in (work / "node-0.log").read_text()
+    assert not processes_mentioning(str(work))
+
+
+def test_a_hung_collective_restarts_the_gang_in_place_and_the_run_completes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rank 1 hangs at step 3 (a test fault acts in the first round only): its peers time out and exit 79
+    monkeypatch.setenv(ENV_TEST_FAULT, "hang-rank:1:step:3")
+    monkeypatch.setenv(ENV_TEST_FAULTS_ALLOWED, "1")
+    work, jsonl = tmp_path / "work", tmp_path / "out.jsonl"
+    hung = make_job("hung", checkpoint={"enabled": True, "path": str(tmp_path / "ckpt"), "interval": 2},
+                    runPolicy={"maxRestarts": 1, "backoffSeconds": 0, "collectiveTimeoutSeconds": 10})
+    assert run_local(hung, steps=6, jsonl=jsonl, workdir=work) == 0, (work / "node-0.log").read_text()[-3000:]
+    assert [s for s, _ in losses(jsonl)] == [1, 2, 3, 4, 5, 6]  # resumed from step 2, where rank 1 hung
+    node0 = (work / "node-0.log").read_text()
+    assert '"collective_timeout"' in node0
+    assert f"exited {EXIT_COLLECTIVE_TIMEOUT}: restarting the gang in place" in node0
+    assert "test faults act in the first round of restarts in place only" in node0
     assert not processes_mentioning(str(work))

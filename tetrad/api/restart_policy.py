@@ -1,5 +1,5 @@
-"""Which exit codes restart a gang: one rule for the operator's restarts (new pods) and the nodes'
-restarts in place (new processes in the same pods, tetrad.node.rounds).
+"""Which exit codes restart a gang, and how long a restart waits: one rule for the operator's restarts
+(new pods) and the nodes' restarts in place (new processes in the same pods, tetrad.node.rounds).
 
 Standard library only: the launcher's zip carries it (tetrad.node.bundle).
 """
@@ -32,3 +32,9 @@ def in_place(code: int, *, retryable: Collection[int], permanent: Collection[int
     failed the preflight gate (69) is excluded, so those need new pods."""
     return code != 0 and code not in EXIT_ALWAYS_RETRIED and refusal(code, retryable=retryable,
                                                                       permanent=permanent) is None
+
+
+def backoff_seconds(base: float, cap: float, restart: int) -> float:
+    """The wait before the gang's `restart`-th restart (>= 1), in place or not: spec.runPolicy's
+    backoffSeconds, doubling with each restart, capped at backoffMaxSeconds."""
+    return 0.0 if restart <= 0 else float(min(base * 2 ** (restart - 1), cap))

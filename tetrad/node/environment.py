@@ -63,17 +63,23 @@ class RoundSettings:
     left: int
     retryable: tuple[int, ...] = ()
     permanent: tuple[int, ...] = ()
+    backoff_s: float = 0.0  # spec.runPolicy.backoffSeconds
+    backoff_max_s: float = 0.0  # spec.runPolicy.backoffMaxSeconds
+    restarts: int = 0  # the gang's restarts before these rounds (the backoff doubles with each)
 
     def encode(self) -> str:
         return json.dumps({"address": f"{self.host}:{self.port}", "left": self.left,
-                           "retryable": list(self.retryable), "permanent": list(self.permanent)})
+                           "retryable": list(self.retryable), "permanent": list(self.permanent),
+                           "backoff": [self.backoff_s, self.backoff_max_s], "restarts": self.restarts})
 
     @classmethod
     def parse(cls, text: str) -> RoundSettings:
         doc = json.loads(text)
         host, _, port = str(doc["address"]).rpartition(":")
+        backoff, backoff_max = doc.get("backoff", (0.0, 0.0))
         return cls(host, int(port), int(doc["left"]), tuple(int(c) for c in doc.get("retryable", ())),
-                   tuple(int(c) for c in doc.get("permanent", ())))
+                   tuple(int(c) for c in doc.get("permanent", ())), float(backoff), float(backoff_max),
+                   int(doc.get("restarts", 0)))
 
 
 @dataclass(frozen=True)

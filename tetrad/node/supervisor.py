@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +34,7 @@ from tetrad.api.contract import (
 )
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import checks, collective, exits, oom_killer, rounds
-from tetrad.node.environment import NodeEnv
+from tetrad.node.environment import NodeEnv, RoundSettings
 from tetrad.node.process import kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 
@@ -84,7 +85,12 @@ def supervise(command: list[str], env: NodeEnv) -> int:
                 write_termination_message(message, env)
                 return final
             round = word.round
-            print(f"[tetrad] {restarting(word, env)}", file=sys.stderr, flush=True)
+            settings = env.rounds
+            assert settings is not None
+            wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
+                                                  settings.restarts + round)
+            print(f"[tetrad] {restarting(word, settings, wait)}", file=sys.stderr, flush=True)
+            time.sleep(wait)
 
 
 @dataclass(frozen=True)
@@ -169,11 +175,9 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
     return member.next_word(round)
 
 
-def restarting(word: rounds.Word, env: NodeEnv) -> str:
-    assert env.rounds is not None
-    left = env.rounds.left - word.round
-    return (f"node {word.node} exited {word.code}: {rounds.RESTARTING}, round {word.round}"
-            f" (spec.runPolicy.maxRestarts: {left} left)")
+def restarting(word: rounds.Word, settings: RoundSettings, wait: float) -> str:
+    return (f"node {word.node} exited {word.code}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s"
+            f" (spec.runPolicy.maxRestarts: {settings.left - word.round} left)")
 
 
 def stopped_for(word: rounds.Word | None) -> str:

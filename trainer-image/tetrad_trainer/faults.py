@@ -9,8 +9,9 @@ $TETRAD_TEST_FAULT names one fault:
   slow-rank:R:ms:M     rank R computes M ms longer in every step (a busy loop: a slower device)
 
 It is read here and nowhere else, and it acts only when $TETRAD_TEST_FAULTS_ALLOWED=1 is set as
-well; without that, the trainer logs that it ignores it. A pod's template cannot set either
-variable (TETRAD_* is reserved), so a real job never runs with a fault.
+well; without that, the trainer logs that it ignores it. It acts in the first round of restarts in place
+only (tetrad.node.rounds): the restart is what such a test watches, and it must get past the fault. A
+pod's template cannot set either variable (TETRAD_* is reserved), so a real job never runs with a fault.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def configured(env: WorkerEnv | None = None) -> Fault | None:
     if not env.test_faults_allowed:
         print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec}: test faults act only with "
               f"{ENV_TEST_FAULTS_ALLOWED}=1", file=sys.stderr, flush=True)
+        return None
+    if env.node.round > 0:
+        print(f"[tetrad] ignoring {ENV_TEST_FAULT}={spec} in round {env.node.round}: test faults act in the"
+              " first round of restarts in place only", file=sys.stderr, flush=True)
         return None
     if not (m := FAULT.fullmatch(spec)):
         raise ConfigError(f"{ENV_TEST_FAULT}={spec!r} is not a fault; use hang-rank:RANK:step:STEP,"

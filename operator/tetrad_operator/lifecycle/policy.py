@@ -39,9 +39,7 @@ MISSING_IN_IMAGE = ("executable file not found", "no such file or directory")
 
 def backoff_seconds(policy: RunPolicy, restart: int) -> float:
     """Delay before starting gang incarnation `restart` (>= 1): doubling, capped."""
-    if restart <= 0:
-        return 0.0
-    return float(min(policy.backoff_seconds * 2 ** (restart - 1), policy.backoff_max_seconds))
+    return restart_policy.backoff_seconds(policy.backoff_seconds, policy.backoff_max_seconds, restart)
 
 
 @dataclass(frozen=True)
