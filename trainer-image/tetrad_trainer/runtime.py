@@ -187,7 +187,6 @@ class Run:
         return Action(save=stop or self.preemption.checkpoint_asked, stop=stop,
                       seconds_left=self.preemption.remaining_s)
 
-
     def saved(self, step: int) -> None:
         """The script committed its checkpoint of `step` (call it on every rank once the save is complete).
         The time since the last report or poll counts as the save's stall in the job's goodput."""

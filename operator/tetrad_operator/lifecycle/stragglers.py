@@ -37,7 +37,6 @@ def report(m: JobPass, restart: int, threshold: float) -> None:
                  f"restart {restart}, step {measured.step}: no rank's lag reaches {threshold:g}")
 
 
-
 def exclude_sustained(m: JobPass, restart: int, spec: ParallelTrainingJobSpec) -> None:
     """At a restart of incarnation `restart`: the nodes `sustained` names go to status.failedNodes,
     excluded as the preflight's budget allows (lifecycle/preflight.py), and are no longer tracked."""
