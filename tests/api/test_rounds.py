@@ -60,6 +60,13 @@ def test_a_failure_aborts_the_round_and_every_nodes_report_starts_the_next() -> 
     assert rounds.report(failed(0, round=0)) == []  # the old round's word comes too late to count
 
 
+def test_the_restart_names_the_node_that_says_why_it_failed() -> None:
+    rounds = gang(nodes=2)
+    assert rounds.report(failed(0)) == [Word(ABORT, 0, 0, 1)]  # a peer that lost its connection, first
+    silent = Report(1, 0, 1, in_place=True, why="a worker ended without a word")
+    assert rounds.report(silent) == [Word(GO, 1, 1, 1, "a worker ended without a word")]
+
+
 def test_the_budget_ends_the_rounds_and_the_failure_is_the_nodes_to_exit_with() -> None:
     rounds = gang(nodes=2, left=1)
     rounds.report(failed(0))
@@ -155,7 +162,7 @@ def test_a_restart_in_place_waits_the_backoff_of_the_operators_restarts() -> Non
 
 
 def test_the_settings_travel_in_one_variable() -> None:
-    settings = RoundSettings("pod-0.job", 29501, 3, (1, 2), (77, 78), 10.0, 300.0, 2)
+    settings = RoundSettings("pod-0.job", 29501, 3, (1, 2), (77, 78), 10.0, 300.0, 2, "secret")
     env = NodeEnv.read({"TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "4", "PET_RDZV_ID": "job-r0",
                         "TETRAD_ROUND": "2"})
     assert (env.rounds, env.nodes, env.rdzv_id, env.round) == (settings, 4, "job-r0", 2)

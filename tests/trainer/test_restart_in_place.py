@@ -80,7 +80,8 @@ def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undi
         assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), step
     said = capfd.readouterr().err
     # after runPolicy.backoffSeconds, as the operator's restarts wait
-    assert "restarting the gang in place, round 1, in 1s (spec.runPolicy.maxRestarts: 0 left)" in said
+    assert ("node 1 exited 1 (a worker ended without a word: killed by a signal, or crashed): restarting the"
+            " gang in place, round 1, in 1s (spec.runPolicy.maxRestarts: 0 left)") in said
     assert "restarts" in said and "1 in place" in said  # the summary
     for node in (0, 1):  # both supervisors took part in the one restart
         assert "restarting the gang in place, round 1" in (work / f"node-{node}.log").read_text()
@@ -110,6 +111,7 @@ def test_a_hung_collective_restarts_the_gang_in_place_and_the_run_completes(
     assert [s for s, _ in losses(jsonl)] == [1, 2, 3, 4, 5, 6]  # resumed from step 2, where rank 1 hung
     node0 = (work / "node-0.log").read_text()
     assert '"collective_timeout"' in node0
-    assert f"exited {EXIT_COLLECTIVE_TIMEOUT}: restarting the gang in place" in node0
+    assert f"node 0 exited {EXIT_COLLECTIVE_TIMEOUT} (a collective timed out: rank 0:" in node0
+    assert "not answering: rank 1): restarting the gang in place, round 1" in node0
     assert "test faults act in the first round of restarts in place only" in node0
     assert not processes_mentioning(str(work))

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import secrets
 import signal
 import socket
 import statistics
@@ -298,7 +299,8 @@ def start_agents(cfg: ResolvedConfig, config_path: Path, workdir: Path, jsonl: P
     a group; a failure restarts them in place within `policy`'s maxRestarts. Each inherits the run's lock
     descriptors (`locks`): the run's directories stay locked while any node lives."""
     master_port = free_port()
-    in_place = rounds_env(policy, host=MASTER_ADDR, port=free_port(), left=policy.max_restarts)
+    in_place = rounds_env(policy, host=MASTER_ADDR, port=free_port(), left=policy.max_restarts,
+                          token=secrets.token_hex(16))
     threads = max(1, (os.cpu_count() or 1) // cfg.world_size)
     agents = []
     for node in range(cfg.nodes):

@@ -66,11 +66,13 @@ class RoundSettings:
     backoff_s: float = 0.0  # spec.runPolicy.backoffSeconds
     backoff_max_s: float = 0.0  # spec.runPolicy.backoffMaxSeconds
     restarts: int = 0  # the gang's restarts before these rounds (the backoff doubles with each)
+    token: str = ""  # only the gang's nodes have it: the coordinator turns away anyone else
 
     def encode(self) -> str:
         return json.dumps({"address": f"{self.host}:{self.port}", "left": self.left,
                            "retryable": list(self.retryable), "permanent": list(self.permanent),
-                           "backoff": [self.backoff_s, self.backoff_max_s], "restarts": self.restarts})
+                           "backoff": [self.backoff_s, self.backoff_max_s], "restarts": self.restarts,
+                           "token": self.token})
 
     @classmethod
     def parse(cls, text: str) -> RoundSettings:
@@ -79,7 +81,7 @@ class RoundSettings:
         backoff, backoff_max = doc.get("backoff", (0.0, 0.0))
         return cls(host, int(port), int(doc["left"]), tuple(int(c) for c in doc.get("retryable", ())),
                    tuple(int(c) for c in doc.get("permanent", ())), float(backoff), float(backoff_max),
-                   int(doc.get("restarts", 0)))
+                   int(doc.get("restarts", 0)), str(doc.get("token", "")))
 
 
 @dataclass(frozen=True)

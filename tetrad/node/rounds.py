@@ -43,6 +43,7 @@ class Report:
     round: int
     code: int | None
     in_place: bool = False  # the code restarts in place
+    why: str | None = None  # the cause in words, when the node knows it
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Word:
     round: int
     node: int | None = None
     code: int | None = None
+    why: str | None = None
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Rounds:
                     and all(r.code != 0 for r in self.reports.values())):
                 return self._end(report)
             self.cause = report
-            return [Word(ABORT, self.round, report.node, report.code), *self._barrier()]
+            return [Word(ABORT, self.round, report.node, report.code, report.why), *self._barrier()]
         return self._barrier()
 
     def lost(self, node: int) -> list[Word]:
@@ -103,15 +105,17 @@ class Rounds:
         ended = [r for r in self.reports.values() if r.code is not None]
         if not all(r.in_place for r in ended):  # a node finished, or failed in a way that needs more
             return self._end(next((r for r in ended if not r.in_place and r.code), self.cause))
-        cause = self.cause
+        # the cause to name: a node that knows why it failed before the first to report (often a peer that
+        # only lost its connection to it)
+        cause = next((r for r in ended if r.why), self.cause)
         self.left -= 1
         self.round += 1
         self.reports, self.cause = {}, None
-        return [Word(GO, self.round, cause.node, cause.code)]
+        return [Word(GO, self.round, cause.node, cause.code, cause.why)]
 
     def _end(self, report: Report) -> list[Word]:
         self.ended = True
-        return [Word(END, self.round, report.node, report.code)]
+        return [Word(END, self.round, report.node, report.code, report.why)]
 
 
 def _send(sock: socket.socket, doc: dict[str, Any]) -> bool:
@@ -140,7 +144,8 @@ def _lines(sock: socket.socket) -> Iterator[dict[str, Any]]:
 
 
 class Coordinator:
-    """Node 0's: `Rounds` over TCP. Members say {"hello": node, "gang": id}, then their reports."""
+    """Node 0's: `Rounds` over TCP. Members say {"hello": node, "gang": id}, then their reports. The gang's
+    id (its rendezvous, restart and a token only its pods have) turns away anyone else's."""
 
     def __init__(self, rounds: Rounds, gang: str, host: str, port: int):
         self.rounds, self.gang = rounds, gang
@@ -187,7 +192,8 @@ class Coordinator:
                 continue
             try:
                 code = None if doc.get("code") is None else int(doc["code"])
-                report = Report(node, int(doc["round"]), code, bool(doc.get("inPlace")))
+                why = str(doc["why"]) if doc.get("why") else None
+                report = Report(node, int(doc["round"]), code, bool(doc.get("inPlace")), why)
             except (KeyError, TypeError, ValueError):
                 continue
             with self.lock:
@@ -248,7 +254,8 @@ class Member:
             self.cond.notify_all()
         for doc in _lines(sock):
             with contextlib.suppress(TypeError, ValueError):
-                word = Word(str(doc["kind"]), int(doc["round"]), doc.get("node"), doc.get("code"))
+                word = Word(str(doc["kind"]), int(doc["round"]), doc.get("node"), doc.get("code"),
+                            doc.get("why"))
                 with self.cond:
                     self.words[(word.kind, word.round)] = word
                     self.cond.notify_all()
@@ -269,7 +276,7 @@ class Member:
             self.cond.wait_for(lambda: self.sock is not None or self.detached, timeout=REPORT_WAIT_S)
             sock = None if self.detached else self.sock
         return sock is not None and _send(sock, {"round": report.round, "code": report.code,
-                                                 "inPlace": report.in_place})
+                                                 "inPlace": report.in_place, "why": report.why})
 
     def next_word(self, round: int, timeout_s: float = STOP_TIMEOUT_S + 30) -> Word | None:
         """After this node's report of `round`: GO on to the next round or END; None when it is on its own

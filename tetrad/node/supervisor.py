@@ -39,6 +39,7 @@ from tetrad.node.process import kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 
 WORKERS_GONE_TIMEOUT_S = 30.0
+SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
 def write_termination_message(message: TerminationMessage, env: NodeEnv) -> None:
@@ -97,6 +98,15 @@ def supervise(command: list[str], env: NodeEnv) -> int:
 class RoundEnd:
     final: int | None  # the node's exit code; None: stopped for an abort
     message: TerminationMessage
+    silent: bool = False  # a worker ended without a word (killed by a signal, or crashed)
+
+    @property
+    def why(self) -> str | None:
+        if self.message.reason and self.message.message:
+            return f"{self.message.reason}: {self.message.message}"
+        if self.message.collective_timeout:
+            return f"a collective timed out: {self.message.collective_timeout}"
+        return SILENT_WORKER if self.silent else None
 
 
 def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None) -> RoundEnd:
@@ -119,6 +129,7 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
     if aborted:
         codes.append(EXIT_COLLECTIVE_TIMEOUT)
     timeouts = {**aborted, **timeouts}
+    silent = code != 0 and env.nproc is not None and len(codes) < env.nproc
     final = exits.node_exit_code(code, codes, env.nproc)
     if final != code:
         print(f"[tetrad] torchrun exited {code}; the workers reported {sorted(set(codes))}: exiting {final}",
@@ -130,7 +141,7 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
         why = out_of_host_memory(killed, kills[1] if kills else None)
         print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
         final, message = EXIT_OOM, replace(message, reason=REASON_HOST_OUT_OF_MEMORY, message=why)
-    return RoundEnd(final, message)
+    return RoundEnd(final, message, silent)
 
 
 @contextlib.contextmanager
@@ -140,7 +151,7 @@ def joined_rounds(env: NodeEnv) -> Iterator[rounds.Member | None]:
     if settings is None:
         yield None
         return
-    gang = f"{env.rdzv_id}/{env.restart}"
+    gang = f"{env.rdzv_id}/{env.restart}/{settings.token}"
     coordinator = None
     if env.node_rank == 0:
         host = "" if env.in_pod else settings.host
@@ -170,20 +181,24 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
     assert settings is not None
     in_place = ended.final is not None and restart_policy.in_place(
         ended.final, retryable=settings.retryable, permanent=settings.permanent)
-    if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place)):
+    if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place, ended.why)):
         return None
     return member.next_word(round)
 
 
 def restarting(word: rounds.Word, settings: RoundSettings, wait: float) -> str:
-    return (f"node {word.node} exited {word.code}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s"
+    return (f"{failure(word)}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s"
             f" (spec.runPolicy.maxRestarts: {settings.left - word.round} left)")
 
 
 def stopped_for(word: rounds.Word | None) -> str:
     if word is None:
         return "stopped for a restart in place that did not come: the coordinator on node 0 is gone"
-    return f"stopped for node {word.node}'s failure (exit {word.code}); the gang does not restart in place"
+    return f"stopped for a peer: {failure(word)}; the gang does not restart in place"
+
+
+def failure(word: rounds.Word) -> str:
+    return f"node {word.node} exited {word.code}" + (f" ({word.why})" if word.why else "")
 
 
 def out_of_host_memory(killed: int, counter: Path | None) -> str:

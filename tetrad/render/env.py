@@ -92,10 +92,12 @@ def torchrun_env(cfg: ResolvedConfig, *, node_rank: int, master_addr: str, maste
             **node_env(node_rank=node_rank, rdzv_id=rdzv_id, restart=restart)}
 
 
-def rounds_env(policy: RunPolicy, *, host: str, port: int, left: int, restarts: int = 0) -> dict[str, str]:
+def rounds_env(policy: RunPolicy, *, host: str, port: int, left: int, token: str,
+               restarts: int = 0) -> dict[str, str]:
     """Restarts in place (tetrad.node.rounds): where node 0's coordinator listens, the restarts `left` in
-    spec.runPolicy.maxRestarts, and the gang's `restarts` so far (its backoff doubles with each)."""
+    spec.runPolicy.maxRestarts, the gang's `restarts` so far (its backoff doubles with each), and the
+    `token` that only its nodes have."""
     settings = RoundSettings(host, port, left, tuple(policy.retryable_exit_codes),
                              tuple(policy.permanent_exit_codes), policy.backoff_seconds,
-                             policy.backoff_max_seconds, restarts)
+                             policy.backoff_max_seconds, restarts, token)
     return {ENV_ROUNDS: settings.encode()}
