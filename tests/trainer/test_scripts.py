@@ -47,6 +47,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600
 
 
 def script_job(name: str, script: dict[str, Any], **spec: Any) -> ParallelTrainingJob:
+    # maxRestarts 0: these tests watch one run end; a failing script would restart in place otherwise
+    spec["runPolicy"] = {"maxRestarts": 0, **spec.get("runPolicy", {})}
     doc = {"apiVersion": "tetrad.dev/v1alpha1", "kind": "ParallelTrainingJob", "metadata": {"name": name},
            "spec": {"nodes": 2, "nprocPerNode": 1, "script": script, "preflight": {"allReduceMiB": 1},
                     "metrics": {"port": free_port_block(2)}, **spec}}
