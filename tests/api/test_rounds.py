@@ -3,8 +3,13 @@ the operator (tetrad.api.restart_policy), then the same over real sockets betwee
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,7 +20,12 @@ from tetrad.api.contract import (
     EXIT_OOM,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
+    EXIT_WORKERS_STUCK,
+    REASON_WORKERS_STUCK,
 )
+from tetrad.api.termination import TerminationMessage
+from tetrad.launch.local import restarts_row
+from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
 from tetrad.node.rounds import ABORT, END, GO, Coordinator, Member, Report, Rounds, Word
 
@@ -167,3 +177,74 @@ def test_the_settings_travel_in_one_variable() -> None:
                         "TETRAD_ROUND": "2"})
     assert (env.rounds, env.nodes, env.rdzv_id, env.round) == (settings, 4, "job-r0", 2)
     assert NodeEnv.read({}).rounds is None
+
+
+class Aborting:
+    """A member whose round is aborted at once, and that records its reports."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def aborted(self, round: int) -> bool:
+        return True
+
+    def report(self, report: Report) -> bool:
+        self.reports.append(report)
+        return True
+
+    def next_word(self, round: int) -> Word:
+        return Word(END, round, 0, EXIT_WORKERS_STUCK)
+
+
+def test_workers_that_outlive_their_sigkill_end_the_rounds_so_the_gang_gets_new_pods(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(supervisor, "kill_all_with", lambda name, value, timeout_s: [4242])
+    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+    env = NodeEnv.read({"TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "2"})
+    member = Aborting()
+    ended = supervisor.run_round([sys.executable, "-c", "import time; time.sleep(60)"], env, 0, member)
+    assert (ended.final, ended.message.reason) == (EXIT_WORKERS_STUCK, REASON_WORKERS_STUCK)
+    assert ended.why is not None and "workers [4242] of round 0 are still there" in ended.why
+    assert supervisor.next_word(member, env, 0, ended) == Word(END, 0, 0, EXIT_WORKERS_STUCK)
+    assert member.reports == [Report(0, 0, EXIT_WORKERS_STUCK, in_place=False, why=ended.why)]
+
+
+def test_a_node_stopped_while_it_waits_between_rounds_exits_at_once_with_its_own_failure(
+        tmp_path: Path) -> None:
+    port = free_port()
+    settings = RoundSettings("127.0.0.1", port, 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+    termination = tmp_path / "termination"
+    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "2", "PET_NODE_RANK": "0",
+           "PET_RDZV_ID": "job", "TETRAD_TERMINATION_LOG": str(termination)}
+    go = tmp_path / "go"  # node 0's worker fails once node 1 has joined
+    fail = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nsys.exit(3)"
+    node0 = subprocess.Popen([sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-c",
+                              fail], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node1 = Member(1, "job/0/t", "127.0.0.1", port, connect_timeout_s=30)
+    try:
+        with node1.cond:
+            assert node1.cond.wait_for(lambda: node1.sock is not None, timeout=60), node0.poll()
+        time.sleep(0.5)  # the coordinator has read its hello
+        go.touch()
+        with node1.cond:  # node 0 failed in place: the round is aborted, and node 0 waits for node 1
+            assert node1.cond.wait_for(lambda: node1.aborted(0), timeout=60), node0.poll()
+        time.sleep(0.5)
+        node0.send_signal(signal.SIGTERM)
+        assert node0.wait(timeout=10) == 3, node0.stdout.read() if node0.stdout else ""
+    finally:
+        node1.close()
+        if node0.poll() is None:
+            node0.kill()
+        node0.wait()
+    assert TerminationMessage.parse(termination.read_text() if termination.exists() else None) == \
+        TerminationMessage()  # a failure without a stated cause: nothing to say, and nothing false said
+
+
+def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:
+    settings = RoundSettings("127.0.0.1", 1, 3, (), (), 1.0, 1.0, 0, "t")
+    lines = [supervisor.restarting(Word(GO, 1, 1, 1, supervisor.SILENT_WORKER), settings, 1.0),
+             supervisor.restarting(Word(GO, 2, 0, 79, "a collective timed out: rank 0: gloo: x"), settings,
+                                   2.0)]
+    assert restarts_row(lines) == ("2 in place: node 1 exited 1 (a worker ended without a word: killed by a"
+                                   " signal, or crashed); node 0 exited 79 (a collective timed out: rank 0:"
+                                   " gloo: x)")

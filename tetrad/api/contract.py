@@ -105,6 +105,9 @@ EXIT_OOM: Final = 77  # device out of memory: permanent by default, retrying the
 EXIT_COLLECTIVE_TIMEOUT: Final = 79
 # EX_UNAVAILABLE: a node failed the preflight gate; the termination message names it
 EXIT_PREFLIGHT: Final = 69
+# EX_IOERR: a restart in place found workers it could not kill (stuck in the kernel, as in uninterruptible
+# I/O): the node ends its rounds, and the gang restarts in new pods.
+EXIT_WORKERS_STUCK: Final = 74
 # Disruptions, not the job's failures: the operator retries them whatever runPolicy's exit-code lists say.
 EXIT_ALWAYS_RETRIED: Final = (EXIT_PREFLIGHT, EXIT_PREEMPTED)
 
@@ -125,6 +128,7 @@ REASON_ENTRY_POINT: Final = "EntryPointNotFound"
 REASON_CONFIG: Final = "ConfigError"  # the config cannot run (78)
 REASON_OUT_OF_MEMORY: Final = "DeviceOutOfMemory"  # (77)
 REASON_HOST_OUT_OF_MEMORY: Final = "HostOutOfMemory"  # the kernel's OOM killer ended a worker (77)
+REASON_WORKERS_STUCK: Final = "WorkersStuck"  # (74)
 REASON_CONTRACT: Final = "ContractMismatch"  # the runtime library does not speak this contract's version (78)
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them

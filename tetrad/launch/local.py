@@ -467,14 +467,18 @@ def _summary(cfg: ResolvedConfig, rows: list[dict[str, Any]], wall_s: float, rec
             table.add_row("start-up",
                           f"{rows[0]['startup_s']:.1f} s (worker start to the end of its first step)")
     if restarts:
-        table.add_row("restarts", f"{len(restarts)} in place: " + "; ".join(
-            r.split(": ")[0] for r in restarts))
+        table.add_row("restarts", restarts_row(restarts))
     table.add_row("wall time", f"{wall_s:.1f} s")
     copied = "" if jsonl is None else f", appended to {jsonl}" + (
         f" until it failed: {records.copy_failed}" if records.copy_failed else "")
     table.add_row("metrics", f"{records.path}{copied}")
     table.add_row("logs", str(workdir))
     return table
+
+
+def restarts_row(restarts: list[str]) -> str:
+    """The summary's count of restarts in place, each by its cause, from node 0's restart lines."""
+    return f"{len(restarts)} in place: " + "; ".join(r.split(f": {rounds.RESTARTING}")[0] for r in restarts)
 
 
 def describe_exit(code: int) -> str:

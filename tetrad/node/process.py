@@ -47,8 +47,7 @@ def kill_all_with(name: str, value: str, timeout_s: float) -> list[int]:
     """SIGKILL every process whose environment has `name`=`value` until none is left; the pids still there
     after `timeout_s` (stuck in the kernel)."""
     give_up = time.monotonic() + timeout_s
-    while (left := [p for p in with_variable(name, value) if p != os.getpid()]) and \
-            time.monotonic() < give_up:
+    while (left := with_variable(name, value)) and time.monotonic() < give_up:
         for pid in left:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from tetrad.api import restart_policy
 from tetrad.api.contract import (
@@ -30,12 +33,14 @@ from tetrad.api.contract import (
     EXIT_OOM,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
+    EXIT_WORKERS_STUCK,
     REASON_HOST_OUT_OF_MEMORY,
+    REASON_WORKERS_STUCK,
 )
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import checks, collective, exits, oom_killer, rounds
 from tetrad.node.environment import NodeEnv, RoundSettings
-from tetrad.node.process import kill_all_with, run_abortable
+from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 
 WORKERS_GONE_TIMEOUT_S = 30.0
@@ -73,25 +78,78 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     node's exit code."""
     if (failed := before_torchrun(env)) is not None:
         return failed
-    with joined_rounds(env) as member:
+    with joined_rounds(env) as member, StopSignals() as stops:
         round = 0
         while True:
             ended = run_round(command, env, round, member)
-            word = next_word(member, env, round, ended)
-            if word is None or word.kind != rounds.GO:
-                final, message = ended.final, ended.message
-                if final is None:  # stopped for another node's failure
-                    final = word.code if word is not None and word.code else 1
-                    message = TerminationMessage(message=stopped_for(word))
-                write_termination_message(message, env)
-                return final
-            round = word.round
-            settings = env.rounds
-            assert settings is not None
-            wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
-                                                  settings.restarts + round)
-            print(f"[tetrad] {restarting(word, settings, wait)}", file=sys.stderr, flush=True)
-            time.sleep(wait)
+            try:
+                with stops.raised():  # between rounds no worker runs: a stop ends the node at once
+                    word = next_word(member, env, round, ended)
+                    if word is not None and word.kind == rounds.GO:
+                        round = word.round
+                        settings = env.rounds
+                        assert settings is not None
+                        wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
+                                                              settings.restarts + round)
+                        print(f"[tetrad] {restarting(word, settings, wait)}", file=sys.stderr, flush=True)
+                        time.sleep(wait)
+                        continue
+            except StopRequested as stop:
+                final, message = last_word(ended, None, stop.signum)
+            else:
+                final, message = last_word(ended, word, None)
+            write_termination_message(message, env)
+            return final
+
+
+class StopRequested(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class StopSignals:
+    """The supervisor's stop signals (SIGTERM, SIGINT, SIGHUP) while torchrun is not running (during a
+    round, run_abortable forwards them to it): recorded, and raised as StopRequested inside `raised()`."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._raising = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received = self.received or signum
+        if self._raising:
+            raise StopRequested(signum)
+
+    @contextlib.contextmanager
+    def raised(self) -> Iterator[None]:
+        if self.received is not None:  # it came while the last round was being read
+            raise StopRequested(self.received)
+        self._raising = True
+        try:
+            yield
+        finally:
+            self._raising = False
+
+
+def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None) -> tuple[int, TerminationMessage]:
+    """The node's exit code and termination message once its rounds are over: its own failure when it had
+    one, else why it stopped (a stop signal, or the word that ended the rounds)."""
+    if ended.final is not None:
+        return ended.final, ended.message
+    if stop is not None:
+        return 128 + stop, TerminationMessage(message=f"stopped by {signal.Signals(stop).name} between"
+                                                      " restarts in place, its workers already gone")
+    return (word.code if word is not None and word.code else 1), TerminationMessage(message=stopped_for(word))
 
 
 @dataclass(frozen=True)
@@ -99,6 +157,7 @@ class RoundEnd:
     final: int | None  # the node's exit code; None: stopped for an abort
     message: TerminationMessage
     silent: bool = False  # a worker ended without a word (killed by a signal, or crashed)
+    new_pods: bool = False  # whatever the code, the gang cannot restart in these pods
 
     @property
     def why(self) -> str | None:
@@ -119,8 +178,11 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
         code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, ENV_ROUND: str(round)}, abort)
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
-                print(f"[tetrad] workers {left} of round {round} are still there after SIGKILL",
-                      file=sys.stderr, flush=True)
+                why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"
+                       " SIGKILL (stuck in the kernel): the gang needs new pods")
+                print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
+                return RoundEnd(EXIT_WORKERS_STUCK, TerminationMessage(reason=REASON_WORKERS_STUCK,
+                                                                       message=why), new_pods=True)
             return RoundEnd(None, TerminationMessage())
         codes = list(exits.reported_codes(directory).values())
         messages = exits.reported_messages(directory)
@@ -179,7 +241,7 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
         return None
     settings = env.rounds
     assert settings is not None
-    in_place = ended.final is not None and restart_policy.in_place(
+    in_place = ended.final is not None and not ended.new_pods and restart_policy.in_place(
         ended.final, retryable=settings.retryable, permanent=settings.permanent)
     if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place, ended.why)):
         return None
