@@ -215,7 +215,9 @@ def test_an_unwritable_checkpoint_path_exits_78_on_every_rank_naming_the_field(t
     (tmp_path / "file").write_text("not a directory")
     node = Node(tmp_path, "unwritable", tmp_path / "file" / "ckpt", shutdown_timeout=30)
     try:
-        code = node.proc.wait(timeout=180)
+        code = node.proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after 300 s: {node.log.read_text()[-5000:]}") from None
     finally:
         if node.proc.poll() is None:
             os.killpg(node.proc.pid, signal.SIGKILL)

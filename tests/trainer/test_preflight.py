@@ -85,7 +85,9 @@ def test_a_node_with_fewer_cpus_than_requested_fails_naming_itself_and_the_reaso
                               "CPU affinity)")
     node_log = (tmp_path / "w" / f"node-{failure.node_rank}.log").read_text()
     assert "preflight failed on node gpu-node-7" in node_log and "torch.distributed.run" not in node_log
-    outside_a_pod = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"},
+    # one process per node: four on the one CPU take minutes to start
+    outside_a_pod = tetrad_run(tmp_path, job_doc(resources={"cpu": "2"}, nprocPerNode=1,
+                                                 parallelism={"dpShard": 2},
                                                  training={"steps": 1, "globalBatch": 4},
                                                  preflight={"allReduceMiB": 1}), cpus={0})
     assert outside_a_pod.returncode == 0, ("`tetrad run`'s nodes share the machine: a pod's CPU request is "
