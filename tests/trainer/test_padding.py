@@ -30,7 +30,7 @@ LAYOUTS: dict[str, tuple[dict[str, object], int, dict[str, object]]] = {
     "dpShard2-lossChunks3": ({"dpShard": 2}, 2, {"lossChunks": 3}),
     "pp2-lossChunks3": ({"pp": 2, "ppSchedule": "1F1B"}, 2, {"lossChunks": 3}),
     "tp2-lossChunks3": ({"tp": 2}, 2, {"lossChunks": 3}),
-    "cp2-tp2-dpShard2-lossChunks3": ({"cp": 2, "tp": 2, "dpShard": 2}, 8, {"lossChunks": 3}),
+    "cp2-tp2-lossChunks3": ({"cp": 2, "tp": 2}, 4, {"lossChunks": 3}),  # the data-parallel split: above
 }
 
 
