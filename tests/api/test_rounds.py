@@ -36,6 +36,7 @@ DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
     (1, True), (137, True), (EXIT_COLLECTIVE_TIMEOUT, True),  # the job's processes failed: the pods are fine
     (0, False), (EXIT_PREEMPTED, False), (EXIT_PREFLIGHT, False),  # finished, or the pods must go
     (EXIT_CONFIG_ERROR, False), (EXIT_OOM, False),  # permanent by default
+    (EXIT_WORKERS_STUCK, False),  # workers outlived their SIGKILL: the pods must go
 ])
 def test_which_exit_codes_restart_in_place(code: int, in_place: bool) -> None:
     assert restart_policy.in_place(code, **DEFAULT) is in_place

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from tetrad.api.contract import EXIT_ALWAYS_RETRIED
+from tetrad.api.contract import EXIT_ALWAYS_RETRIED, EXIT_WORKERS_STUCK
 
 PERMANENT = "PermanentExitCode"  # spec.runPolicy.permanentExitCodes lists it
 NOT_RETRYABLE = "NonRetryableExitCode"  # spec.runPolicy.retryableExitCodes is given and lacks it
@@ -29,9 +29,10 @@ def refusal(code: int, *, retryable: Collection[int], permanent: Collection[int]
 def in_place(code: int, *, retryable: Collection[int], permanent: Collection[int]) -> bool:
     """Whether the gang restarts in its own pods after a node exited `code`: a failure of the job's
     processes that restarts (above). Not a disruption: a preempted node (75) is going away, and one that
-    failed the preflight gate (69) is excluded, so those need new pods."""
-    return code != 0 and code not in EXIT_ALWAYS_RETRIED and refusal(code, retryable=retryable,
-                                                                      permanent=permanent) is None
+    failed the preflight gate (69) is excluded, so those need new pods; so does a node whose workers
+    outlived their SIGKILL (74)."""
+    return (code not in (0, EXIT_WORKERS_STUCK, *EXIT_ALWAYS_RETRIED)
+            and refusal(code, retryable=retryable, permanent=permanent) is None)
 
 
 def backoff_seconds(base: float, cap: float, restart: int) -> float:

@@ -157,7 +157,6 @@ class RoundEnd:
     final: int | None  # the node's exit code; None: stopped for an abort
     message: TerminationMessage
     silent: bool = False  # a worker ended without a word (killed by a signal, or crashed)
-    new_pods: bool = False  # whatever the code, the gang cannot restart in these pods
 
     @property
     def why(self) -> str | None:
@@ -182,7 +181,7 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
                        " SIGKILL (stuck in the kernel): the gang needs new pods")
                 print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
                 return RoundEnd(EXIT_WORKERS_STUCK, TerminationMessage(reason=REASON_WORKERS_STUCK,
-                                                                       message=why), new_pods=True)
+                                                                       message=why))
             return RoundEnd(None, TerminationMessage())
         codes = list(exits.reported_codes(directory).values())
         messages = exits.reported_messages(directory)
@@ -241,7 +240,7 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
         return None
     settings = env.rounds
     assert settings is not None
-    in_place = ended.final is not None and not ended.new_pods and restart_policy.in_place(
+    in_place = ended.final is not None and restart_policy.in_place(
         ended.final, retryable=settings.retryable, permanent=settings.permanent)
     if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place, ended.why)):
         return None
