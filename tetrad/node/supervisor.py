@@ -78,7 +78,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     node's exit code."""
     if (failed := before_torchrun(env)) is not None:
         return failed
-    with joined_rounds(env) as member, StopSignals() as stops:
+    with joined_rounds(env) as member, BetweenRounds() as stops:
         round = 0
         while True:
             ended = run_round(command, env, round, member)
@@ -108,7 +108,7 @@ class StopRequested(Exception):
         self.signum = signum
 
 
-class StopSignals:
+class BetweenRounds:
     """The supervisor's stop signals (SIGTERM, SIGINT, SIGHUP) while torchrun is not running (during a
     round, run_abortable forwards them to it): recorded, and raised as StopRequested inside `raised()`."""
 
@@ -117,7 +117,7 @@ class StopSignals:
         self._raising = False
         self._previous: dict[signal.Signals, Any] = {}
 
-    def __enter__(self) -> StopSignals:
+    def __enter__(self) -> BetweenRounds:
         self._previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         return self
 
