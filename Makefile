@@ -30,15 +30,18 @@ host-packages:
 # The suite in two lanes at once, each line tagged with its lane: the tests of a real cluster (marker
 # `cluster`: mostly waiting on real components and pods) beside the rest (mostly CPU), so the two cores
 # stay busy; the lanes share no cluster instance. Both must pass; a lane with nothing selected counts as
-# passed only when the other ran tests. Each lane's slowest tests and failures are printed again at the
-# end, where a log's tail shows them.
-LANE_END := sed -n '/slowest [0-9]* durations/,$$p'
+# passed only when the other ran tests. At the end, where a log's tail shows them: each lane's slowest
+# tests, then every failed or erroring test of both lanes (one line each), then each lane's counts.
+SLOWEST := sed -n '/slowest [0-9]* durations/,/short test summary info/p'
+FAILURES := grep -hE '^\[[a-z]+\] (FAILED|ERROR) ' | cut -c1-240
+COUNTS := grep -hE '^\[[a-z]+\] =+ .*[0-9.]+s( \([0-9:]+\))? =+$$' | tail -1
 test: venv tools host-packages
 	@set -o pipefail; lanes=$$(mktemp -d); \
 	( OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --durations=12 -m cluster $(PYTEST_ARGS) 2>&1 | sed -u 's/^/[cluster] /' | tee $$lanes/cluster ) & cluster=$$!; \
 	( OMP_NUM_THREADS=1 $(PY) -m pytest -p no:cacheprovider --durations=12 -m 'not cluster' $(PYTEST_ARGS) 2>&1 | sed -u 's/^/[rest] /' | tee $$lanes/rest ) & rest=$$!; \
 	wait $$cluster; a=$$?; wait $$rest; b=$$?; \
-	echo "make test: each lane's end again"; $(LANE_END) $$lanes/cluster; $(LANE_END) $$lanes/rest; rm -rf $$lanes; \
+	echo "make test: each lane's end again"; $(SLOWEST) $$lanes/cluster; $(SLOWEST) $$lanes/rest; \
+	cat $$lanes/cluster $$lanes/rest | $(FAILURES); $(COUNTS) $$lanes/cluster; $(COUNTS) $$lanes/rest; rm -rf $$lanes; \
 	echo "make test: cluster lane exited $$a, rest lane exited $$b (5: nothing selected)"; \
 	if [ $$a = 5 ] && [ $$b = 5 ]; then exit 5; fi; \
 	[ $$a = 0 -o $$a = 5 ] && [ $$b = 0 -o $$b = 5 ]

@@ -337,11 +337,14 @@ def table_row(header: str, row: str) -> dict[str, str]:
     return {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, bounds, strict=True)}
 
 
-def install_tetrad_crd(cluster: Cluster) -> None:
-    """Apply the generated ParallelTrainingJob CRD (taking over its fields) and wait until it is served."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/paralleltrainingjobs.tetrad.dev")
+def install_tetrad_crd(cluster: Cluster, timeout: float = 300) -> None:
+    """Apply the generated ParallelTrainingJob CRD (taking over its fields) and wait until kubectl can
+    list its objects. Each step is retried until `timeout`: a cluster just started, on a machine the other
+    lane loads, may refuse or time out a request for a while."""
+    wait_until(lambda: cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(TETRAD_CRD)),
+               timeout, interval=2, what="the ParallelTrainingJob CRD applied")
+    wait_until(lambda: cluster.kubectl("get", "paralleltrainingjobs.tetrad.dev", "-A") is not None,
+               timeout, interval=1, what="the ParallelTrainingJob CRD served")
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +366,7 @@ def fresh_namespace(cluster: Cluster, name: str) -> Iterator[str]:
     cluster.kubectl("create", "namespace", name)
     wait_until(
         lambda: cluster.run_kubectl("get", "serviceaccount", "default", "-n", name).returncode == 0,
-        timeout=30,
+        timeout=120,  # the controller-manager makes it; on a loaded machine, seconds late
         what=f"default ServiceAccount in {name}",
     )
     try:

@@ -168,10 +168,21 @@ def finish_all(api: Api, ns: str, job: str, exit_code: int = 0) -> None:
         terminate(api, ns, p["metadata"]["name"], exit_code)
 
 
+def wait_events(api: Api, ns: str, job: str, reason: str, text: str = "",
+                timeout: float = 30) -> list[dict[str, Any]]:
+    """The job's Events of `reason` (whose message holds `text`), once there is one: the operator
+    posts a decision's Events after it wrote its status, so a test that saw the status may not see
+    them yet."""
+    what = f"a {reason} Event of {job}" + (f" saying {text!r}" if text else "")
+    return wait_for(lambda: [e for e in api.events(ns, job) if e["reason"] == reason
+                             and text in e["message"]], timeout, what)
+
+
 def events_when_succeeded(api: Api, ns: str, job: str, reason: str) -> list[dict[str, Any]]:
     """Every pod succeeds; once the job has, its Events of `reason`."""
     finish_all(api, ns, job, 0)
     wait_phase(api, ns, job, "Succeeded")
+    wait_events(api, ns, job, "Succeeded")  # the last Event of the decision that ended the job
     return [e for e in api.events(ns, job) if e["reason"] == reason]
 
 

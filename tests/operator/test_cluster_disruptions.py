@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from tetrad.api import contract
 
 from .conftest import free_port, operator_in_thread
-from .helpers import condition, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import condition, finish_all, ptj, terminate, wait_events, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -30,7 +30,7 @@ def test_disruptions_over_the_budget_fail_the_job(api, operator, namespace):
     assert ("spec.runPolicy.maxDisruptions=1" in st["message"]
             and "spot-r1-0 failed with exit code 75" in st["message"])
     assert (st["restarts"], st["disruptions"]) == (1, 1)
-    assert "DisruptionBudgetExceeded" in [e["reason"] for e in api.events(ns, "spot")]
+    assert wait_events(api, ns, "spot", "DisruptionBudgetExceeded")
 
 
 class Rank0:
@@ -83,7 +83,7 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
             assert 4 - 1 <= waited <= 4 + 1 + 2 + 1, f"acted after {waited:.1f}s"
             st = api.status(ns, "hang")
             assert st["disruptions"] == 1
-            stalled = [e for e in api.events(ns, "hang") if e["reason"] == "Stalled"]
+            stalled = wait_events(api, ns, "hang", "Stalled")
             assert len(stalled) == 1 and stalled[0]["type"] == "Warning", stalled
             assert "rank 0 (hang-r0-0) completed no step since" in stalled[0]["message"]
             assert "(spec.runPolicy.stallTimeoutSeconds)" in stalled[0]["message"]

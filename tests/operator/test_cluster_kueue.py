@@ -9,7 +9,17 @@ import pytest
 
 from tetrad.api import contract
 
-from .helpers import condition, condition_true, finish_all, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import (
+    condition,
+    condition_true,
+    finish_all,
+    ptj,
+    terminate,
+    wait_events,
+    wait_for,
+    wait_phase,
+    wait_running,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -99,8 +109,7 @@ def test_two_jobs_over_the_quota_one_waits_for_it_and_says_why(api, queue, opera
                            else None)(api.status(ns, "second")), what="second waiting for its queue")
     assert "kueue has not admitted them: couldn't assign flavors" in st["message"]
     assert "insufficient unused quota for nvidia.com/gpu" in st["message"]
-    events = [e for e in api.events(ns, "second") if e["reason"] == "WaitingForQueue"]
-    assert events and "insufficient unused quota" in events[0]["message"]
+    assert wait_events(api, ns, "second", "WaitingForQueue", "insufficient unused quota")
     for _ in range(10):  # over the quota: not one pod of it is bound
         assert admission_gated(api.pods(ns, "second"))
         time.sleep(0.3)
@@ -133,8 +142,10 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_checkpoints_and_resume
                   timeout=60, what="low's next incarnation waiting")
     assert condition(st, "GangWaiting")["reason"] == "WaitingForQueue"
     assert st.get("disruptions") == 1, "a preemption spends the disruption budget, not maxRestarts"
-    said = [e["message"] for e in api.events(ns, "low") if e["type"] == "Warning"]
-    assert any("Preempted to accommodate a workload" in m for m in said), said
+    said = wait_for(lambda: [e["message"] for e in api.events(ns, "low") if e["type"] == "Warning"
+                             and "Preempted to accommodate a workload" in e["message"]],
+                    what="the Warning that names the preemption")
+    assert said
     # restart 1's pods wait at the gate (restart 0's, finished, may linger under Kueue's finalizer)
     assert admission_gated([p for p in api.pods(ns, "low")
                             if p["metadata"]["labels"][contract.LABEL_RESTART] == "1"])

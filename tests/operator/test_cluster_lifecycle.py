@@ -21,6 +21,7 @@ from .helpers import (
     ptj,
     running_pods,
     terminate,
+    wait_events,
     wait_for,
     wait_phase,
     wait_running,
@@ -70,6 +71,7 @@ def test_job_runs_to_success_with_every_object_correct(api, operator, namespace)
     st = wait_phase(api, ns, "train", "Succeeded")
     assert st["completionTime"] and condition(st, "Succeeded")["reason"] == "Succeeded"
     assert not running_pods(api, ns, "train"), "no pod left Running after success"
+    wait_events(api, ns, "train", "Succeeded")
     reasons = [e["reason"] for e in sorted(api.events(ns, "train"), key=lambda e: e["firstTimestamp"])]
     for r in ("Created", "AllPodsRunning", "Succeeded"):
         assert r in reasons, reasons
@@ -90,7 +92,7 @@ def test_failed_pod_restarts_the_whole_gang_then_succeeds(api, operator, namespa
     assert not [p for p in api.pods(ns, "flaky") if p["metadata"]["labels"][contract.LABEL_RESTART] == "0"]
     # Left behind, the Restarting condition names the transition that ended it; the Event keeps why.
     assert condition(api.status(ns, "flaky"), "Restarting")["status"] == "False"
-    failed = [e for e in api.events(ns, "flaky") if e["reason"] == "PodFailed"]
+    failed = wait_events(api, ns, "flaky", "PodFailed")
     assert len(failed) == 1 and failed[0]["type"] == "Warning"
     assert "flaky-r0-1 failed with exit code 1" in failed[0]["message"]
 
@@ -154,7 +156,7 @@ def test_deleted_node_restarts_the_gang(api, operator, namespace):
         victim = pods[0]["spec"]["nodeName"]
         api.delete(f"/api/v1/nodes/{victim}")
         wait_for(lambda: api.status(ns, "lost").get("restarts") == 1, what="restart after the node loss")
-        lost = [e for e in api.events(ns, "lost") if e["reason"] == "NodeLost"]
+        lost = wait_events(api, ns, "lost", "NodeLost")
         assert len(lost) == 1 and f"node {victim} no longer exists" in lost[0]["message"]
         pods = wait_running(api, ns, "lost", 2, restart=1, timeout=60)
         assert victim not in {p["spec"]["nodeName"] for p in pods}

@@ -11,7 +11,7 @@ import pytest
 from tetrad_operator.controller import FIELD_MANAGER
 
 from .fakes import EXTRA_LABEL, older_renderer
-from .helpers import condition, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import condition, ptj, terminate, wait_events, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -83,8 +83,7 @@ def test_pods_a_resource_quota_refuses_fail_the_job_with_the_api_servers_message
     assert st["message"].startswith("the API server rejected the job's pods 3 times in a row: ")
     assert "exceeded quota: no-pods" in st["message"], st["message"]
     assert not api.pods(ns, "quota")
-    refused = [e for e in api.events(ns, "quota") if e["reason"] == "FailedCreatePod"]
+    refused = wait_events(api, ns, "quota", "FailedCreatePod")
     assert (refused and "exceeded quota" in refused[0]["message"]
             and "1 more pods refused alike" in refused[0]["message"])
-    assert any(e["reason"] == "PodCreationRejected" and e["type"] == "Warning"
-               for e in api.events(ns, "quota"))
+    assert all(e["type"] == "Warning" for e in wait_events(api, ns, "quota", "PodCreationRejected"))

@@ -15,7 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from .conftest import REPO, free_port, operator_in_thread, operator_process
-from .helpers import condition, finish_all, ptj, wait_for, wait_phase, wait_running
+from .helpers import condition, finish_all, ptj, wait_events, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -42,7 +42,7 @@ def test_a_spec_failing_deeper_checks_is_failed_and_the_operator_carries_on(api,
     assert condition(st, "Failed")["reason"] == "InvalidSpec"
     assert "spec.training.globalBatch" in st["message"]
     assert not api.pods(ns, "odd-batch")
-    assert "InvalidSpec" in [e["reason"] for e in api.events(ns, "odd-batch")]
+    assert wait_events(api, ns, "odd-batch", "InvalidSpec")
     api.create_job(ns, ptj("fine", nodes=1))
     wait_running(api, ns, "fine", 1)
     assert operator.thread.is_alive() and not operator.errors

@@ -21,6 +21,7 @@ from .helpers import (
     finish_all,
     now,
     ptj,
+    wait_events,
     wait_for,
     wait_phase,
     wait_running,
@@ -66,6 +67,7 @@ def test_a_node_that_fails_the_gate_is_named_and_the_next_gang_avoids_it(api, op
                       what="the failed node in status")
         assert st["failedNodes"] == [{"node": bad, "reason": reason, "restart": 0, "excluded": True}]
         assert st["disruptions"] == 1, "a bad node is a disruption: maxRestarts=0 is not spent"
+        wait_events(api, ns, "gate", "NodeExcluded")
         events = {e["reason"]: e for e in api.events(ns, "gate")}
         assert (f"pod gate-r0-1 failed the preflight gate: node {bad}: {reason}"
                 in events["PreflightFailed"]["message"])

@@ -18,7 +18,7 @@ from prometheus_client import Gauge
 from tetrad.api import contract
 
 from .conftest import operator_in_thread
-from .helpers import JOBS, condition, ptj, terminate, wait_for, wait_phase, wait_running
+from .helpers import JOBS, condition, ptj, terminate, wait_events, wait_for, wait_phase, wait_running
 from .test_cluster_checkpoint import Rank0
 
 pytestmark = pytest.mark.cluster
@@ -62,15 +62,13 @@ def test_suspend_saves_records_the_step_and_resume_continues_from_it(api, operat
             assert (st["checkpoint"]["path"] == "/ckpt/step-00000040"
                     and st["checkpoint"]["time"].endswith("Z"))
             assert st["restarts"] == 0 and st["disruptions"] == 0, "a suspend is no restart"
-            assert any(e["reason"] == "Suspended" and "step 40" in e["message"]
-                       for e in api.events(ns, "sus"))
+            assert wait_events(api, ns, "sus", "Suspended", "step 40")
 
             rank0.new_process()  # the resumed trainer: its gauges unset until it decided
             api.patch(job, {"spec": {"runPolicy": {"suspend": False}}})
             pods_again = wait_running(api, ns, "sus", 2)
             assert sorted(p["metadata"]["name"] for p in pods_again) == sorted(pods)
-            assert any(e["reason"] == "Resumed" and "resumes from checkpoint step 40" in e["message"]
-                       for e in api.events(ns, "sus"))
+            assert wait_events(api, ns, "sus", "Resumed", "resumes from checkpoint step 40")
             assert "resumedFrom" not in api.status(ns, "sus")["checkpoint"]
             rank0.set(contract.METRIC_RESUMED_FROM, 40)
             st = wait_for(lambda: (lambda s: s if s.get("checkpoint", {}).get("resumedFrom") == 40 else None)(
@@ -103,7 +101,7 @@ def test_checkpoint_now_reaches_rank_0_and_status_shows_its_commit(api, operator
             wait_for(lambda: annotation(0) == token, what="the token on rank 0's pod")
             assert annotation(1) is None
             assert api.status(ns, "now")["checkpoint"]["requested"] == token
-            assert any(e["reason"] == "CheckpointRequested" for e in api.events(ns, "now"))
+            assert wait_events(api, ns, "now", "CheckpointRequested")
 
             request_step.labels(token).set(57)  # rank 0 saved step 57 for it, committed now
             request_time.labels(token).set(time.time())
