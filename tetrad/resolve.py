@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from tetrad.api.contract import POD_VOLUMES, SCRATCH_VOLUMES
+from tetrad.api.contract import POD_VOLUMES, ROUNDS_PORT_OFFSET, SCRATCH_VOLUMES
 from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
@@ -240,10 +240,11 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
         problems.append(Problem("spec.metrics.port", (
             f"metrics.port={spec.metrics.port} + nprocPerNode={spec.nproc_per_node} runs"
             " past 65535; use a lower port")))
-    if spec.metrics.port <= spec.rendezvous.port <= top:
+    rendezvous = spec.rendezvous.port
+    if spec.metrics.port <= rendezvous + ROUNDS_PORT_OFFSET and rendezvous <= top:
         problems.append(Problem("spec.rendezvous.port", (
-            f"rendezvous.port={spec.rendezvous.port} collides with the metrics ports"
-            f" {spec.metrics.port}..{top}; move one of them")))
+            f"rendezvous.port={rendezvous} and the next port (pod 0's restarts in place) collide with the"
+            f" metrics ports {spec.metrics.port}..{top}; move one of them")))
     c = spec.checkpoint
     if c.enabled:
         mounted = c.volume is not None or any(m.get("mountPath") == c.path

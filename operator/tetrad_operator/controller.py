@@ -630,7 +630,9 @@ class Controller:
         if read is None:
             self.metrics.scrapes.labels("unreachable").inc()
             return
-        patch = scrape.status_patch(read, checkpoint_path, restart, self.clock.now())
+        held = (loop.body if (loop := self.jobs.get(key)) is not None and loop.body is not None else {})
+        stored = status.read(held.get("status")).trainer_time
+        patch = scrape.status_patch(read, checkpoint_path, restart, self.clock.now(), stored)
         try:
             written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"),
                                             {"status": patch})

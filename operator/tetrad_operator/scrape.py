@@ -22,11 +22,13 @@ from prometheus_client.samples import Sample
 
 from tetrad.api.contract import (
     LABEL_REQUEST_TOKEN,
+    LABEL_ROUND_CAUSE,
     METRIC_PREFLIGHT_BUS_BANDWIDTH,
     METRIC_PREFLIGHT_SECONDS,
     METRIC_RANK_LAG,
     METRIC_RANK_OWN,
     METRIC_RANK_OWN_MEDIAN,
+    METRIC_ROUND,
     SCRAPED,
     SCRAPED_CHECKPOINT,
     SCRAPED_REQUEST,
@@ -42,6 +44,7 @@ from tetrad.api.spec import (
     PreflightStatus,
     StragglerRank,
     StragglersStatus,
+    TrainerAccount,
     TrainerTimeStatus,
     TrainingStatus,
 )
@@ -68,11 +71,11 @@ def parse(text: str, fields: Mapping[str, str] = SCRAPED) -> dict[str, Any]:
 
 def parse_each(text: str, *field_maps: Mapping[str, str]) -> list[dict[str, Any]]:
     """`parse` for each of `field_maps`, reading the exposition once."""
-    samples = _samples(text)
+    samples = samples_of(text)
     return [_pick(samples, fields) for fields in field_maps]
 
 
-def _samples(text: str) -> list[Sample]:
+def samples_of(text: str) -> list[Sample]:
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
@@ -131,13 +134,27 @@ def stragglers(samples: list[Sample]) -> dict[str, Any]:
 
 
 def trainer_time(samples: list[Sample]) -> dict[str, Any]:
-    """status.trainerTime's figures: rank 0's time account (SCRAPED_TRAINER_TIME) and the preflight
-    gate's wall time on its slowest node."""
+    """status.trainerTime's figures: rank 0's time account (SCRAPED_TRAINER_TIME), the preflight
+    gate's wall time on its slowest node, and the failure that began its round of restarts in place."""
     out = _pick(samples, SCRAPED_TRAINER_TIME)
     gate = [s.value for s in samples if s.name == METRIC_PREFLIGHT_SECONDS and math.isfinite(s.value)]
     if gate:
         out[status.field("trainer_time.preflight_seconds").key] = max(gate)
+    cause = next((s.labels[LABEL_ROUND_CAUSE] for s in samples
+                  if s.name == METRIC_ROUND and s.labels.get(LABEL_ROUND_CAUSE)), None)
+    if cause:
+        out[status.field("trainer_time.round_cause").key] = cause
     return out
+
+
+def previous_round(account: TrainerTimeStatus, stored: TrainerTimeStatus | None) -> TrainerAccount | None:
+    """Rank 0's account of the round before `account`'s, when the gang restarted in place: the stored one
+    (the last scrape's) of an earlier round of the same incarnation, or the one it kept."""
+    if stored is None or stored.restart != account.restart:
+        return None
+    if (account.round or 0) > (stored.round or 0):
+        return TrainerAccount.model_validate(stored.model_dump(include=set(TrainerAccount.model_fields)))
+    return stored.previous_round if account.round == stored.round else None
 
 
 def _pick(samples: list[Sample], fields: Mapping[str, str]) -> dict[str, Any]:
@@ -178,10 +195,11 @@ def checkpoint(figures: Mapping[str, Any], checkpoint_path: str | None, restart:
 
 
 def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
-                 now: datetime) -> dict[str, Any]:
+                 now: datetime, stored: TrainerTimeStatus | None = None) -> dict[str, Any]:
     """The merge patch of status that writes what a scrape of incarnation `restart` read (`fetch`)
     into status.training, .checkpoint, .preflight and .stragglers, stamped `now`: a field not read
-    stays; and status.trainerTime, which it replaces whole."""
+    stays; and status.trainerTime, which it replaces whole (`stored`, the one it replaces, gives its
+    previousRound)."""
     training, saved, request, measured, slowest, account = figures
     read = TrainingStatus.model_validate(training)
     read.updated = format_time(now)
@@ -197,6 +215,7 @@ def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
     if status.wire(committed):
         scraped.checkpoint = committed
     time_spent = status.merged(TrainerTimeStatus(restart=restart, updated=read.updated), account)
+    time_spent.previous_round = previous_round(time_spent, stored)
     return status.wire(scraped) | {status.field("trainer_time").key: status.whole(time_spent)}
 
 
@@ -207,7 +226,7 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: f
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as rsp:
             if rsp.status != 200:
                 return None
-            samples = _samples(await rsp.text())
+            samples = samples_of(await rsp.text())
             return Figures(_pick(samples, SCRAPED), _pick(samples, SCRAPED_CHECKPOINT),
                            request_committed(samples), preflight(samples), stragglers(samples),
                            trainer_time(samples))

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from tests.api.helpers import manifest, rendered_env
-from tetrad.api import parse
+from tetrad.api import InvalidJob, parse
 from tetrad.api.spec import Scheduler
+from tetrad.node.environment import RoundSettings
 from tetrad.render import gangs, render
 from tetrad.render.gangs import gang_resources
 
@@ -43,8 +44,32 @@ def test_restart_changes_pod_name_and_rendezvous_id_only():
     assert a["spec"]["hostname"] == b["spec"]["hostname"] == "t-1"
     ea, eb = rendered_env(ra, 1), rendered_env(rb, 1)
     changed = {k for k in ea if ea[k] != eb[k]}
-    assert changed == {"PET_RDZV_ID", "TETRAD_RESTART"}
+    assert changed == {"PET_RDZV_ID", "TETRAD_RESTART", "TETRAD_ROUNDS"}
+    rounds_a, rounds_b = (RoundSettings.parse(e["TETRAD_ROUNDS"]) for e in (ea, eb))
+    assert (rounds_a.restarts, rounds_b.restarts) == (0, 1)
+    assert rounds_a.token != rounds_b.token, "an old gang's node cannot join the new one's rounds"
     assert ra.environment == rb.environment, "the shared environment is the same in every incarnation"
+
+
+def test_the_pods_restart_in_place_through_pod_0s_coordinator_within_the_budget_they_are_given():
+    job = job_of(manifest(runPolicy={"maxRestarts": 3, "retryableExitCodes": [1, 2],
+                                     "permanentExitCodes": [9]}))
+    fresh, later = render(job), render(job, restart=2, in_place_left=1)
+    for r, left in ((fresh, 3), (later, 1)):
+        settings = [RoundSettings.parse(rendered_env(r, rank)["TETRAD_ROUNDS"]) for rank in (0, 1)]
+        assert settings[0] == settings[1], "every node of a gang has the same settings"
+        s = settings[0]
+        assert (s.host, s.port, s.left) == ("t-0.t.ns.svc", 29501, left)
+        assert (s.retryable, s.permanent) == ((1, 2), (9,))
+    ports = [{p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+             for pod in fresh.pods]
+    assert ports[0]["rounds"] == 29501 and "rounds" not in ports[1]
+
+
+def test_the_rounds_port_may_not_collide_with_the_metrics_ports():
+    job = job_of(manifest(rendezvous={"port": 9399}, metrics={"port": 9400}))
+    with pytest.raises(InvalidJob, match=r"spec.rendezvous.port.*the next port"):
+        render(job)
 
 
 def test_a_pod_carries_only_what_sets_it_apart_and_takes_the_rest_from_the_environment_configmap():
@@ -55,7 +80,8 @@ def test_a_pod_carries_only_what_sets_it_apart_and_takes_the_rest_from_the_envir
         c = pod["spec"]["containers"][0]
         assert c["envFrom"] == [{"configMapRef": {"name": "t-env"}}]
         own = {e["name"] for e in c["env"]}
-        assert own == {"PET_NODE_RANK", "PET_RDZV_ID", "TETRAD_RESTART", "POD_IP", "TETRAD_NODE_NAME"}
+        assert own == {"PET_NODE_RANK", "PET_RDZV_ID", "TETRAD_RESTART", "TETRAD_ROUNDS", "POD_IP",
+                       "TETRAD_NODE_NAME"}
         assert not own & set(shared), "a variable lives in one place"
     assert (shared["PET_NNODES"] == "2" and shared["WORLD_SIZE"] == "8"
             and shared["PET_MASTER_ADDR"] == "t-0.t.ns.svc")

@@ -3,18 +3,22 @@ the operator (tetrad.api.restart_policy), then the same over real sockets betwee
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tetrad.api import restart_policy
 from tetrad.api.contract import (
+    ENV_ROUND,
+    ENV_ROUND_CAUSE,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_CONFIG_ERROR,
     EXIT_OOM,
@@ -210,35 +214,63 @@ def test_workers_that_outlive_their_sigkill_end_the_rounds_so_the_gang_gets_new_
     assert member.reports == [Report(0, 0, EXIT_WORKERS_STUCK, in_place=False, why=ended.why)]
 
 
-def test_a_node_stopped_while_it_waits_between_rounds_exits_at_once_with_its_own_failure(
-        tmp_path: Path) -> None:
+@contextlib.contextmanager
+def node_0_failing_once_joined(tmp_path: Path,
+                               then: str = "") -> Iterator[tuple[subprocess.Popen[str], Member]]:
+    """Node 0's real supervisor, whose worker (its torchrun) exits 3 in round 0 once node 1 (a bare Member)
+    joined and the test touched `tmp_path/go`, and runs `then` in later rounds; its termination message goes
+    to `tmp_path/termination`."""
     port = free_port()
     settings = RoundSettings("127.0.0.1", port, 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
-    termination = tmp_path / "termination"
     env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "2", "PET_NODE_RANK": "0",
-           "PET_RDZV_ID": "job", "TETRAD_TERMINATION_LOG": str(termination)}
-    go = tmp_path / "go"  # node 0's worker fails once node 1 has joined
-    fail = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nsys.exit(3)"
+           "PET_RDZV_ID": "job", "TETRAD_TERMINATION_LOG": str(tmp_path / "termination")}
+    go = str(tmp_path / "go")
+    worker = (f"import os, sys, time\nif os.environ['{ENV_ROUND}'] == '0':\n"
+              f"    while not os.path.exists({go!r}): time.sleep(0.05)\n    sys.exit(3)\n{then}")
     node0 = subprocess.Popen([sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-c",
-                              fail], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    node1 = Member(1, "job/0/t", "127.0.0.1", port, connect_timeout_s=30)
+                              worker], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node1 = Member(1, "job/0/t", "127.0.0.1", port, connect_timeout_s=120)
     try:
         with node1.cond:
-            assert node1.cond.wait_for(lambda: node1.sock is not None, timeout=60), node0.poll()
+            assert node1.cond.wait_for(lambda: node1.sock is not None, timeout=120), node0.poll()
         time.sleep(0.5)  # the coordinator has read its hello
-        go.touch()
+        (tmp_path / "go").touch()
         with node1.cond:  # node 0 failed in place: the round is aborted, and node 0 waits for node 1
             assert node1.cond.wait_for(lambda: node1.aborted(0), timeout=60), node0.poll()
-        time.sleep(0.5)
-        node0.send_signal(signal.SIGTERM)
-        assert node0.wait(timeout=10) == 3, node0.stdout.read() if node0.stdout else ""
+        yield node0, node1
     finally:
         node1.close()
         if node0.poll() is None:
             node0.kill()
         node0.wait()
+
+
+def said(node: subprocess.Popen[str]) -> str:
+    return node.stdout.read() if node.stdout else ""
+
+
+def test_a_node_stopped_while_it_waits_between_rounds_exits_at_once_with_its_own_failure(
+        tmp_path: Path) -> None:
+    with node_0_failing_once_joined(tmp_path) as (node0, _):
+        time.sleep(0.5)
+        node0.send_signal(signal.SIGTERM)
+        assert node0.wait(timeout=10) == 3, said(node0)
+    termination = tmp_path / "termination"
     assert TerminationMessage.parse(termination.read_text() if termination.exists() else None) == \
         TerminationMessage()  # a failure without a stated cause: nothing to say, and nothing false said
+
+
+def test_the_next_rounds_workers_learn_its_cause_and_the_node_says_its_last_round(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"  # in round 1, node 0's worker says what its environment holds
+    then = (f"said = os.environ['{ENV_ROUND}'] + '|' + os.environ['{ENV_ROUND_CAUSE}']\n"
+            f"open({str(seen)!r}, 'w').write(said)")
+    with node_0_failing_once_joined(tmp_path, then) as (node0, node1):
+        assert node1.report(Report(1, 0, None))  # node 1's workers are gone too
+        assert node1.next_word(0) == Word(GO, 1, 0, 3)
+        assert node0.wait(timeout=60) == 0, said(node0)
+    assert seen.read_text() == "1|node 0 exited 3"
+    assert TerminationMessage.parse((tmp_path / "termination").read_text()) == TerminationMessage(round=1), \
+        "the operator counts the round even if no scrape saw it"
 
 
 def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:

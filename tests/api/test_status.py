@@ -76,6 +76,16 @@ def test_summary_of_a_running_job():
     assert json.loads(json.dumps(s)) == s  # -o json prints this dict
 
 
+def test_summary_counts_the_restarts_in_place_beside_the_restarts_in_new_pods():
+    s = summarize(stored(RUNNING | {"restartsInPlace": 3}), NOW)
+    assert s["restartsInPlace"] == 3
+    lines = format_summary(s).splitlines()
+    after = lines[lines.index("Restarts:     2 (1 of them disruptions, not counted against maxRestarts)") + 1]
+    assert after == "In place:     3 (the gang restarted in its own pods; counted against maxRestarts)"
+    assert not any(line.startswith("In place:") for line in format_summary(summarize(stored(RUNNING), NOW))
+                   .splitlines())
+
+
 def test_summary_shows_the_last_checkpoint_and_where_the_restart_resumed():
     status = RUNNING | {"checkpoint": {"step": 20, "time": "2026-01-01T01:55:00Z",
                                        "path": "/ckpt/step-00000020",

@@ -15,6 +15,7 @@ from tetrad_operator.kubeapi import ApiError, path
 from tetrad_operator.observed import NodeState
 
 from tetrad.api import contract
+from tetrad.api.spec import TrainerAccount, TrainerTimeStatus
 
 from .fakes import EXTRA_LABEL, T0, FakeCluster, job_body, node_body, older_renderer
 from .memory_kube import MemoryKube
@@ -99,7 +100,8 @@ def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
         {"step": 3, "startupSeconds": 4.0, "trainSeconds": 2.5})
     patch = scrape.status_patch(read, "/ckpt", 1, T0)
     # status.trainerTime is replaced whole: a field this incarnation has not set is removed
-    unset = {"preflightSeconds": None, "checkpointStallSeconds": None}
+    unset = {"preflightSeconds": None, "checkpointStallSeconds": None, "resumedFrom": None, "round": None,
+             "roundCause": None, "previousRound": None}
     assert patch == {
         "training": {"step": 3, "tokensPerSecond": 5.0, "updated": "2030-01-01T00:00:00Z"},
         "checkpoint": {"step": 2, "path": "/ckpt/step-00000002", "resumedFrom": 0, "resumedAtRestart": 1,
@@ -119,6 +121,29 @@ def test_a_scrape_is_written_through_the_model_and_merged_field_by_field():
                    "status": {"phase": "Running", "training": {"loss": 6.5}}})
     written = asyncio.run(kube.patch(f"{JOB}/status", {"status": patch}))
     assert written["status"]["training"] == {"loss": 6.5, **patch["training"]}, "a figure not read stays"
+
+
+def test_a_scrape_of_a_later_round_keeps_rank_0s_last_account_of_the_round_before():
+    def account(**fields):
+        return scrape.Figures({}, {}, {}, {}, {}, fields)
+
+    first = account(step=9, round=0, trainSeconds=30.0, resumedFrom=0)
+    round0 = TrainerTimeStatus.model_validate(scrape.status_patch(first, None, 1, T0)["trainerTime"])
+    assert round0.previous_round is None
+    later = account(step=5, round=1, trainSeconds=2.0, resumedFrom=4, roundCause="node 1 exited 1")
+    round1 = TrainerTimeStatus.model_validate(scrape.status_patch(later, None, 1, T0, round0)["trainerTime"])
+    assert round1.round == 1 and round1.round_cause == "node 1 exited 1"
+    assert round1.previous_round == TrainerAccount(step=9, train_seconds=30.0, resumed_from=0)
+    again = TrainerTimeStatus.model_validate(scrape.status_patch(later, None, 1, T0, round1)["trainerTime"])
+    assert again.previous_round == round1.previous_round, "kept while the round lasts"
+    other = scrape.status_patch(later, None, 2, T0, round0)["trainerTime"]
+    assert other["previousRound"] is None, "another incarnation's account is no round before"
+    exposition = ('tetrad_round{cause="node 1 exited 1 (a worker ended)"} 1.0\n'
+                  "tetrad_step 5.0\ntetrad_resumed_from_step 4.0\n")
+    (read,) = scrape.parse_each(exposition, contract.SCRAPED_TRAINER_TIME)
+    assert read == {"round": 1, "step": 5, "resumedFrom": 4}
+    cause = scrape.trainer_time(scrape.samples_of(exposition))["roundCause"]
+    assert cause == "node 1 exited 1 (a worker ended)"
 
 
 def test_the_informer_lists_watches_and_lists_again_when_its_version_is_gone():

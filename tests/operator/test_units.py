@@ -200,11 +200,11 @@ def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
     r = CollectorRegistry()
     step = Gauge(contract.METRIC_REQUEST_STEP, "", [contract.LABEL_REQUEST_TOKEN], registry=r)
     at = Gauge(contract.METRIC_REQUEST_TIME, "", [contract.LABEL_REQUEST_TOKEN], registry=r)
-    samples = scrape._samples(generate_latest(r).decode())
+    samples = scrape.samples_of(generate_latest(r).decode())
     assert scrape.request_committed(samples) == {}  # no request served yet: no sample
     step.labels("2030-01-01T00:00:00Z").set(140)
     at.labels("2030-01-01T00:00:00Z").set(1_900_000_000)
-    samples = scrape._samples(generate_latest(r).decode())
+    samples = scrape.samples_of(generate_latest(r).decode())
     assert scrape.request_committed(samples) == {"token": "2030-01-01T00:00:00Z", "step": 140,
                                                  "time": "2030-03-17T17:46:40Z"}
 

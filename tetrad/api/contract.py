@@ -24,6 +24,9 @@ ENV_RESTART: Final = "TETRAD_RESTART"  # the operator's restart count of this ga
 # left in the budget, "retryable": [...], "permanent": [...]} (spec.runPolicy's exit codes); unset: off.
 ENV_ROUNDS: Final = "TETRAD_ROUNDS"
 ENV_ROUND: Final = "TETRAD_ROUND"  # the round of restarts in place this worker runs in (0: the first)
+ENV_ROUND_CAUSE: Final = "TETRAD_ROUND_CAUSE"  # from round 1 on: the failure that restarted the gang in place
+# In a pod, node 0's coordinator of restarts in place listens on spec.rendezvous.port + this.
+ROUNDS_PORT_OFFSET: Final = 1
 ENV_METRICS_PORT: Final = "TETRAD_METRICS_PORT"  # rank r serves Prometheus on this port + LOCAL_RANK
 ENV_JOB: Final = "TETRAD_JOB"
 ENV_RDZV_TIMEOUT: Final = "TETRAD_RDZV_TIMEOUT"  # seconds to wait for the rendezvous peers
@@ -122,6 +125,8 @@ TERMINATION_MESSAGE_MAX: Final = 4096
 TERMINATION_CHECKPOINT_STEP: Final = "checkpointStep"
 TERMINATION_CHECKPOINT_TIME: Final = "checkpointTime"
 TERMINATION_FIGURES: Final = "figures"
+# ... and, from every node, the round of restarts in place it ended in (left out in round 0)
+TERMINATION_ROUND: Final = "round"
 # Causes a node names in its termination message (`reason`), with the exit code it exits with.
 # spec.script's path, module or command is not in the image (78)
 REASON_ENTRY_POINT: Final = "EntryPointNotFound"
@@ -155,6 +160,8 @@ METRIC_REQUEST_STEP: Final = "tetrad_checkpoint_request_step"  # labelled token=
 METRIC_REQUEST_TIME: Final = "tetrad_checkpoint_request_timestamp_seconds"  # likewise
 LABEL_REQUEST_TOKEN: Final = "token"
 METRIC_INFO: Final = "tetrad_info"
+METRIC_ROUND: Final = "tetrad_round"  # labelled cause=<the failure that began the round; "" in round 0>
+LABEL_ROUND_CAUSE: Final = "cause"
 # The preflight gate's figures, labelled node and node_rank: rank 0 exports every node's, the
 # others their own.
 METRIC_PREFLIGHT_BUS_BANDWIDTH: Final = "tetrad_preflight_bus_bandwidth_bytes_per_second"
@@ -197,6 +204,8 @@ TRAINER_GAUGES: Final[dict[str, str]] = {
     METRIC_SLOWEST_RANK: "Rank 0: the rank with the largest own time per step (-1: not gathered).",
     METRIC_SLOWEST_RANK_LAG: "Rank 0: that rank's lag, the share of every step the gang waits for it.",
 }
+ROUND_HELP: Final = ("The round of restarts in place this process runs in (0: the first), labelled with the "
+                     "failure that began it.")
 STRAGGLER_GAUGES: Final[dict[str, str]] = {
     METRIC_RANK_LAG: "Rank 0: the lag of each of the slowest ranks (labels rank, node).",
     METRIC_RANK_OWN: "Rank 0: the own time per step (compute and data wait, not waits for peers) of each of "
@@ -237,6 +246,8 @@ SCRAPED_TRAINER_TIME: Final[dict[str, str]] = {
     METRIC_STARTUP: "trainer_time.startup_seconds",
     METRIC_TRAIN_SECONDS: "trainer_time.train_seconds",
     METRIC_CHECKPOINT_STALL: "trainer_time.checkpoint_stall_seconds",
+    METRIC_RESUMED_FROM: "trainer_time.resumed_from",
+    METRIC_ROUND: "trainer_time.round",
 }
 # 0 until the trainer first sets them: a 0 is left out, so the last incarnation's figure stays.
 SCRAPED_UNSET_AT_ZERO: Final = frozenset({METRIC_LAST_STEP_TIME, METRIC_STEP_TIME, METRIC_STARTUP,

@@ -517,8 +517,9 @@ class RunPolicy(CamelModel):
 
 
 class Rendezvous(CamelModel):
-    port: int = Field(29500, ge=1024, le=65535,
-                      description="Port of rank 0's c10d rendezvous and process-group store.")
+    port: int = Field(29500, ge=1024, le=65534,
+                      description="Port of rank 0's c10d rendezvous and process-group store; the next port "
+                      "is pod 0's coordinator of restarts in place.")
     timeout_seconds: int = Field(900, ge=1, description="How long workers wait for all nodes to join, "
                                  "including while rank 0's DNS name does not resolve yet; a worker whose "
                                  "wait for the name runs out exits 69 naming itself (a disruption for "
@@ -746,9 +747,10 @@ class StragglersStatus(CamelModel):
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
-class TrainerTimeStatus(CamelModel):
-    restart: int | None = Field(None, description="The incarnation these figures are from.")
+class TrainerAccount(CamelModel):
     step: int | None = Field(None, description="The step rank 0 last logged.")
+    resumed_from: int | None = Field(None, description="The step rank 0's process resumed from (0: a fresh "
+                                     "start).")
     startup_seconds: float | None = Field(None, description="Rank 0's process start to the end of its "
                                           "first step (the preflight gate included).")
     preflight_seconds: float | None = Field(None, description="The preflight gate's wall time, on its "
@@ -757,6 +759,15 @@ class TrainerTimeStatus(CamelModel):
                                         "its last log, checkpoint stalls excluded.")
     checkpoint_stall_seconds: float | None = Field(None, description="Rank 0's time blocked on checkpoint "
                                                    "saves since its first step.")
+
+
+class TrainerTimeStatus(TrainerAccount):
+    restart: int | None = Field(None, description="The incarnation these figures are from.")
+    round: int | None = Field(None, description="The round of restarts in place of that incarnation these "
+                              "figures are from (0: the first).")
+    round_cause: str | None = Field(None, description="The failure that began that round.")
+    previous_round: TrainerAccount | None = Field(None, description="Rank 0's last account of the round "
+                                                  "before it, as the scraper last read it.")
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
 
@@ -768,9 +779,10 @@ class GoodputSeconds(CamelModel):
                            "rendezvous, model build, checkpoint load, compile), the preflight aside.")
     preflight: float = Field(0.0, description="The preflight gate.")
     restarts: float = Field(0.0, description="From a failed incarnation's last logged step to its "
-                            "replacement's pods: detection, teardown and backoff.")
-    recomputed: float = Field(0.0, description="Steps after the last checkpoint of an incarnation that "
-                              "ended early, which the next one trained again.")
+                            "replacement's pods (detection, teardown and backoff), or, restarting in place, "
+                            "to the next round's workers.")
+    recomputed: float = Field(0.0, description="Steps after the last checkpoint of an incarnation (or a "
+                              "round of it) that ended early, which the next one trained again.")
     checkpoint: float = Field(0.0, description="The training loop blocked on checkpoint saves.")
     suspended: float = Field(0.0, description="Suspended.")
 
@@ -788,6 +800,8 @@ class GoodputStatus(CamelModel):
     settled: GoodputSeconds = Field(default_factory=GoodputSeconds, description="The ledger: the time "
                                     "before `since`, except the current incarnation's time running.")
     restart: int = Field(0, description="The ledger: the current incarnation.")
+    round: int = Field(0, description="The ledger: the current round of restarts in place of that "
+                       "incarnation.")
     running_seconds: float = Field(0.0, description="The ledger: the current incarnation's time running "
                                    "before `since`.")
 
@@ -799,6 +813,10 @@ class ParallelTrainingJobStatus(CamelModel):
     restarts: int = Field(0, description="Whole-gang restarts so far, disruptions included.")
     disruptions: int = Field(0, description="Restarts the cluster caused, not the job: preemption (exit 75), "
                              "eviction, a lost node or a deleted pod. They do not count against maxRestarts.")
+    restarts_in_place: int = Field(0, description="Restarts of the whole gang in its own pods (a worker "
+                                   "failed, the pods did not): new processes, a new rendezvous, the last "
+                                   "checkpoint. They count against maxRestarts.")
+    round: int = Field(0, description="The current incarnation's round of restarts in place (0: none yet).")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")
     start_time: str | None = Field(None, description="When the job became active (RFC 3339); reset when a "

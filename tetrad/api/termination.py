@@ -11,6 +11,7 @@ TERMINATION_MESSAGE_MAX bytes (Kubernetes keeps no more), every key optional:
     checkpointStep     rank 0 stopped on SIGTERM: the last committed step (null: none) ...
     checkpointTime     ... and its Unix commit time, when this process committed it
     figures            rank 0's last figures (contract.SCRAPED gauges as exposition text)
+    round              the round of restarts in place the node ended in (left out in round 0)
 
 When it does not fit, the figures go first, then the preflight entries after the first, then the
 texts are cut. Standard library only: the launcher ships this module to pods without Tetrad.
@@ -27,6 +28,7 @@ from tetrad.api.contract import (
     TERMINATION_CHECKPOINT_TIME,
     TERMINATION_FIGURES,
     TERMINATION_MESSAGE_MAX,
+    TERMINATION_ROUND,
 )
 
 # The check whose failure a node reports without being at fault: pod 0's name did not resolve there (pod 0 not
@@ -66,6 +68,7 @@ class TerminationMessage:
     checkpoint_step: int | None = None
     checkpoint_time: float | None = None
     figures: str | None = None
+    round: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {}
@@ -84,6 +87,8 @@ class TerminationMessage:
                 doc[TERMINATION_CHECKPOINT_TIME] = self.checkpoint_time
         if self.figures is not None:
             doc[TERMINATION_FIGURES] = self.figures
+        if self.round:
+            doc[TERMINATION_ROUND] = self.round
         return doc
 
     def encode(self) -> str:
@@ -112,8 +117,9 @@ class TerminationMessage:
             return cls()
         if not isinstance(doc, dict):
             return cls()
-        step, at, figures = (doc.get(k) for k in (TERMINATION_CHECKPOINT_STEP, TERMINATION_CHECKPOINT_TIME,
-                                                  TERMINATION_FIGURES))
+        step, at, figures, round_ = (doc.get(k) for k in (TERMINATION_CHECKPOINT_STEP,
+                                                          TERMINATION_CHECKPOINT_TIME, TERMINATION_FIGURES,
+                                                          TERMINATION_ROUND))
         return cls(
             reason=_text(doc.get("reason")),
             message=_text(doc.get("message")),
@@ -123,6 +129,7 @@ class TerminationMessage:
             checkpoint_step=step if _is_int(step) else None,
             checkpoint_time=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
             figures=figures if isinstance(figures, str) else None,
+            round=round_ if isinstance(round_, int) and not isinstance(round_, bool) and round_ > 0 else 0,
         )
 
 

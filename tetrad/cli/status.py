@@ -109,6 +109,7 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "peakMemoryBytes": training.get("peakMemoryBytes"),
         "restarts": status.get("restarts", 0),
         "disruptions": status.get("disruptions", 0),
+        "restartsInPlace": status.get("restartsInPlace", 0),
         "stepSeconds": None,
         "etaSeconds": None,
         "updatedSecondsAgo": None,
@@ -293,6 +294,9 @@ def format_summary(s: dict[str, Any]) -> str:
     disruptions = (f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)"
                    if s["disruptions"] else "")
     rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
+    if s["restartsInPlace"]:
+        in_place = "the gang restarted in its own pods; counted against maxRestarts"
+        rows.append(("In place", f"{s['restartsInPlace']} ({in_place})"))
     if s["runningSeconds"] is not None:
         rows.append(("Running for", duration(s["runningSeconds"])))
     if s["updatedSecondsAgo"] is not None:

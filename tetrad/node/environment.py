@@ -32,6 +32,7 @@ from tetrad.api.contract import (
     ENV_RDZV_TIMEOUT,
     ENV_RESTART,
     ENV_ROUND,
+    ENV_ROUND_CAUSE,
     ENV_ROUNDS,
     ENV_TERMINATION_LOG,
     ENV_TEST_FAULT,
@@ -105,6 +106,7 @@ class NodeEnv:
     exit_dir: Path | None  # where the node's workers leave their reports for its supervisor
     rounds: RoundSettings | None  # restarts in place; None: off (a failed node exits)
     round: int  # the round of restarts in place (a worker's; 0 for the supervisor)
+    round_cause: str | None  # the failure that began that round (from round 1 on)
     termination_log: Path | None  # where the node's termination message goes; None: nowhere
 
     @classmethod
@@ -137,6 +139,7 @@ class NodeEnv:
             exit_dir=_path(env.get(ENV_EXIT_DIR)),
             rounds=RoundSettings.parse(env[ENV_ROUNDS]) if env.get(ENV_ROUNDS) else None,
             round=_int(env.get(ENV_ROUND)) or 0,
+            round_cause=env.get(ENV_ROUND_CAUSE) or None,
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
             termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists()
                                                    else None),

@@ -29,6 +29,7 @@ from tetrad.api import restart_policy
 from tetrad.api.contract import (
     ENV_EXIT_DIR,
     ENV_ROUND,
+    ENV_ROUND_CAUSE,
     EXIT_COLLECTIVE_TIMEOUT,
     EXIT_OOM,
     EXIT_PREEMPTED,
@@ -79,14 +80,14 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     if (failed := before_torchrun(env)) is not None:
         return failed
     with joined_rounds(env) as member, BetweenRounds() as stops:
-        round = 0
+        round, cause = 0, None
         while True:
-            ended = run_round(command, env, round, member)
+            ended = run_round(command, env, round, member, cause)
             try:
                 with stops.raised():  # between rounds no worker runs: a stop ends the node at once
                     word = next_word(member, env, round, ended)
                     if word is not None and word.kind == rounds.GO:
-                        round = word.round
+                        round, cause = word.round, failure(word)
                         settings = env.rounds
                         assert settings is not None
                         wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
@@ -98,7 +99,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
                 final, message = last_word(ended, None, stop.signum)
             else:
                 final, message = last_word(ended, word, None)
-            write_termination_message(message, env)
+            write_termination_message(replace(message, round=round), env)
             return final
 
 
@@ -167,14 +168,17 @@ class RoundEnd:
         return SILENT_WORKER if self.silent else None
 
 
-def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None) -> RoundEnd:
+def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None,
+              cause: str | None = None) -> RoundEnd:
     """One torchrun, and what it and its workers reported: the node's exit code and termination message.
-    An abort of the round kills it and waits until none of its workers is left."""
+    An abort of the round kills it and waits until none of its workers is left. The workers learn the
+    round and the `cause` that began it from their environment."""
     kills = oom_killer.oom_kills()
     abort = (lambda: member.aborted(round)) if member is not None else None
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         directory = Path(exit_dir)
-        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, ENV_ROUND: str(round)}, abort)
+        round_env = {ENV_ROUND: str(round), **({ENV_ROUND_CAUSE: cause} if cause else {})}
+        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env}, abort)
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
                 why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"

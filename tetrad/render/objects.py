@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from tetrad.api.contract import API_VERSION, KIND
 from tetrad.node.bundle import launcher
 from tetrad.render import gangs, names
 from tetrad.render.command import node_command
-from tetrad.render.env import job_env, node_env
+from tetrad.render.env import job_env, node_env, rounds_env
 from tetrad.resolve import resolve
 
 RUN_AS_USER = 1000
@@ -199,18 +200,30 @@ def avoiding(affinity: dict[str, Any] | None, nodes: Sequence[str]) -> dict[str,
     return out
 
 
+def rounds_port(spec: ParallelTrainingJobSpec) -> int:
+    """Where pod 0's coordinator of restarts in place listens."""
+    return spec.rendezvous.port + contract.ROUNDS_PORT_OFFSET
+
+
 def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int,
-        excluded_nodes: Sequence[str] = ()) -> dict[str, Any]:
+        excluded_nodes: Sequence[str] = (), in_place_left: int | None = None) -> dict[str, Any]:
+    """Pod `rank` of incarnation `restart`; its gang may restart in place `in_place_left` times (default:
+    spec.runPolicy.maxRestarts, a new job's)."""
     spec, name = job.spec, job.metadata.name
-    env = node_env(node_rank=rank, rdzv_id=names.rendezvous_id(name, job.metadata.uid, restart),
-                   restart=restart)
+    policy = spec.run_policy
+    rdzv_id = names.rendezvous_id(name, job.metadata.uid, restart)
+    env = {**node_env(node_rank=rank, rdzv_id=rdzv_id, restart=restart),
+           **rounds_env(policy, host=names.master_addr(name, job.metadata.namespace), port=rounds_port(spec),
+                        left=policy.max_restarts if in_place_left is None else in_place_left,
+                        token=hashlib.sha256(rdzv_id.encode()).hexdigest()[:16], restarts=restart)}
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env_list.append({"name": contract.ENV_NODE_NAME,
                      "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env_list += _copy(spec.template.env)
     volumes, mounts = _volumes(job)
-    ports = [{"name": "rendezvous", "containerPort": spec.rendezvous.port}] if rank == 0 else []
+    ports = ([{"name": "rendezvous", "containerPort": spec.rendezvous.port},
+              {"name": "rounds", "containerPort": rounds_port(spec)}] if rank == 0 else [])
     ports += [{"name": f"metrics-{i}", "containerPort": spec.metrics.port + i}
               for i in range(spec.nproc_per_node)]
     trainer = {
@@ -253,9 +266,9 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
 
 
 def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig | None = None,
-           excluded_nodes: Sequence[str] = ()) -> Rendered:
-    """Every object of the job's gang incarnation `restart`, its pods kept off `excluded_nodes`.
-    Raises InvalidJob for a bad spec."""
+           excluded_nodes: Sequence[str] = (), in_place_left: int | None = None) -> Rendered:
+    """Every object of the job's gang incarnation `restart`, its pods kept off `excluded_nodes` and given
+    `in_place_left` restarts in place (see `pod`). Raises InvalidJob for a bad spec."""
     cfg = config or resolve(job)
     name, namespace = job.metadata.name, job.metadata.namespace
     group_objects = gangs.objects(job.spec, cfg, name, namespace, restart)
@@ -267,7 +280,7 @@ def render(job: ParallelTrainingJob, *, restart: int = 0, config: ResolvedConfig
         service=service(job),
         configmap=configmap(job, cfg),
         environment=environment(job, cfg),
-        pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes)
-              for r in range(job.spec.nodes)],
+        pods=[pod(job, cfg, rank=r, restart=restart, excluded_nodes=excluded_nodes,
+                  in_place_left=in_place_left) for r in range(job.spec.nodes)],
         gang=group_objects,
     )

@@ -141,6 +141,7 @@ class StepRecord:
     slowest_rank_lag: float = 0.0  # its lag
 
 
+ROUND_CAUSE_MAX = 200
 # StepRecord field -> the gauge that carries it.
 GAUGE_OF_FIELD = {
     "step": c.METRIC_STEP,
@@ -165,9 +166,14 @@ GAUGE_OF_FIELD = {
 class RankMetrics:
     """Prometheus gauges of one rank, plus rank 0's JSON lines."""
 
-    def __init__(self, *, port: int | None, rank: int, labels: dict[str, str], jsonl: Path | None):
+    def __init__(self, *, port: int | None, rank: int, labels: dict[str, str], jsonl: Path | None,
+                 round: int = 0, round_cause: str | None = None):
         self.rank = rank
         self.registry = CollectorRegistry()
+        # The round of restarts in place, with the failure that began it (cut: a termination message's
+        # figures must stay short).
+        Gauge(c.METRIC_ROUND, c.ROUND_HELP, [c.LABEL_ROUND_CAUSE], registry=self.registry).labels(
+            (round_cause or "")[:ROUND_CAUSE_MAX]).set(round)
         self.gauges = {field: Gauge(name, TRAINER_GAUGES[name], registry=self.registry)
                        for field, name in GAUGE_OF_FIELD.items()}
         self.heartbeat = Gauge(METRIC_LAST_STEP_TIME, TRAINER_GAUGES[METRIC_LAST_STEP_TIME],

@@ -114,7 +114,7 @@ class Run:
         port = env.metrics_port
         self.metrics = RankMetrics(port=port + self.local_rank if port is not None else None, rank=self.rank,
                                    labels={"job": cfg.job_name if cfg else "", "rank": str(self.rank)},
-                                   jsonl=env.jsonl)
+                                   jsonl=env.jsonl, round=env.node.round, round_cause=env.node.round_cause)
         if (figures := gang.read_figures(env)) is not None:
             self.metrics.preflight(figures)
         self.requests = CheckpointRequests(self.rank, env.checkpoint_request_file)

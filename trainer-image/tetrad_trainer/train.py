@@ -123,8 +123,9 @@ class Trainer:
 
         rank = dist.get_rank()
         base_port = env.metrics_port if env.metrics_port is not None else cfg.metrics.port
-        self.metrics = RankMetrics(port=base_port + env.local_rank, rank=rank, jsonl=jsonl,
-                               labels={"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()})
+        labels = {"job": cfg.job_name, "rank": str(rank), "mesh": cfg.layout.label()}
+        self.metrics = RankMetrics(port=base_port + env.local_rank, rank=rank, jsonl=jsonl, labels=labels,
+                                   round=env.node.round, round_cause=env.node.round_cause)
         self.checkpoint_requests = CheckpointRequests(rank, env.checkpoint_request_file)
         self.mfu_peak = peak_tflops(device, cfg.metrics.peak_tflops, cfg.gpu_type)
         self.said_peak = False

@@ -14,7 +14,16 @@ from tetrad.render import gangs, render
 from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
 from tetrad.resolve import resolve
-from tetrad_operator.lifecycle import checkpoint, closing, figures, policy, preflight, release, stragglers
+from tetrad_operator.lifecycle import (
+    checkpoint,
+    closing,
+    figures,
+    in_place,
+    policy,
+    preflight,
+    release,
+    stragglers,
+)
 from tetrad_operator.lifecycle.actions import CreatePod, Decision, DeleteStaleGang, Ensure
 from tetrad_operator.lifecycle.machine import TERMINAL, JobPass, Settings
 from tetrad_operator.observed import NodeState, PodState, format_time, parse_time
@@ -122,6 +131,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
     gated = backend.operator_admits  # Tetrad's own gates and admission (the built-in gang)
     gang_timed_out = gated and release.timed_out(m)
     expect_deleting = gang_timed_out or m.phase == Phase.PENDING  # our own re-creation after suspend/timeout
+    in_place.observe(m, restart, current.values(), run_policy)  # its restarts in place so far
 
     # 1. Any failure in the current gang: fail the job, or restart the whole gang.
     failures = policy.failures(m, current, spec.nodes, expect_deleting)
@@ -154,7 +164,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             m.transition(Phase.PENDING, "Restarted", f"creating the pods of restart {restart}")
         new: list[dict[str, Any]] = []
         if not current:  # a new incarnation: its Service, ConfigMaps and PodGroup, then every pod
-            rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status))
+            in_place.next_incarnation(m)
+            rendered = render(job, restart=restart, config=cfg, excluded_nodes=preflight.excluded(m.status),
+                              in_place_left=in_place.left(m.status, run_policy))
             m.decision.actions.extend(Ensure(o) for o in (rendered.service, rendered.configmap,
                                                             rendered.environment, *rendered.gang_objects()))
             if backend.group_per_incarnation and restart > 0:  # a PodGroup before its Workload
@@ -166,8 +178,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             # An operator older than the environment ConfigMap may have begun this incarnation.
             m.decision.actions.append(Ensure(render_environment(job, cfg)))
             avoid = preflight.excluded(m.status)
+            left = in_place.left(m.status, run_policy)
             m.decision.actions.extend(CreatePod(render_pod(job, cfg, rank=r, restart=restart,
-                                                           excluded_nodes=avoid))
+                                                           excluded_nodes=avoid, in_place_left=left))
                                       for r in missing)
         if gated:
             release.creating(m, spec.nodes, restart, new)

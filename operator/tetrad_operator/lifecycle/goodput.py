@@ -7,7 +7,9 @@ queued, Restarting restarts, Suspended suspended. Time running belongs to the cu
 (`runningSeconds`) until it ends; then rank 0's own account of it (status.trainerTime) splits it into
 start-up, preflight, checkpoint stalls and training. An incarnation cut short (a restart, a suspend)
 loses its steps after the last checkpoint, which the next one trains again (`recomputed`), and the
-time after its last logged step (`restarts`). The kinds add up to the wall time.
+time after its last logged step (`restarts`). A restart in place cuts the incarnation's time running so
+far the same way, by rank 0's last account of the round that ended (`next_round`), as it is learned:
+the next round's start until then counts as `restarts`. The kinds add up to the wall time.
 
 The figures shown are the ledger as of `asOf`: a phase change's time, or while running the last scrape
 of rank 0. Between phase changes they are refreshed at most once a minute, so that a pass that
@@ -19,7 +21,14 @@ from __future__ import annotations
 from datetime import datetime
 from enum import Enum
 
-from tetrad.api.spec import CheckpointStatus, GoodputSeconds, GoodputStatus, Phase, TrainerTimeStatus
+from tetrad.api.spec import (
+    CheckpointStatus,
+    GoodputSeconds,
+    GoodputStatus,
+    Phase,
+    TrainerAccount,
+    TrainerTimeStatus,
+)
 from tetrad_operator.observed import format_time, parse_time
 
 REFRESH_SECONDS = 60.0
@@ -71,7 +80,8 @@ def refresh(ledger: GoodputStatus, stored: GoodputStatus | None, phase: Phase | 
     """The figures shown: the ledger as of now (of the last scrape while running, of the end once the
     job ended), or the stored ones while the ledger is unchanged and they are under a minute old."""
     if ledger.running_seconds == 0 and phase != Phase.RUNNING:
-        ledger.restart = restart  # between incarnations: the next one's figures are the ones to read
+        # between incarnations: the next one's figures, of its first round, are the ones to read
+        ledger.restart, ledger.round = restart, 0
     time = _of(ledger, time)
     if phase in _TERMINAL:
         as_of = parse_time(ledger.since) or now
@@ -102,6 +112,17 @@ def refresh(ledger: GoodputStatus, stored: GoodputStatus | None, phase: Phase | 
     ledger.as_of = format_time(as_of)
 
 
+def next_round(ledger: GoodputStatus, now: datetime, round: int, previous: TrainerAccount | None,
+               checkpoint: CheckpointStatus | None, script: bool = False) -> None:
+    """While running, the gang restarted in place as `round`: the incarnation's time running so far is cut,
+    split by rank 0's account of the round before (`previous`)."""
+    ended = TrainerTimeStatus(restart=ledger.restart, round=ledger.round,
+                              **(previous.model_dump() if previous is not None else {}))
+    settle(ledger, Phase.RUNNING, now, Ending.CUT, ended if previous is not None else None, checkpoint,
+           script)
+    ledger.round = round
+
+
 def split(running: float, time: TrainerTimeStatus | None, ended: Ending,
           checkpoint: CheckpointStatus | None, script: bool = False) -> GoodputSeconds:
     """An incarnation's time running, by kind, from rank 0's account of it. Before its first step all of
@@ -130,7 +151,9 @@ def split(running: float, time: TrainerTimeStatus | None, ended: Ending,
         seconds.productive = train + rest
         return seconds
     checkpoint = checkpoint or CheckpointStatus()
-    resumed = checkpoint.resumed_from if checkpoint.resumed_at_restart == time.restart else None
+    resumed = time.resumed_from
+    if resumed is None and checkpoint.resumed_at_restart == time.restart:  # an older operator's account
+        resumed = checkpoint.resumed_from
     kept = max(checkpoint.step or 0, resumed or 0)  # where the next incarnation resumes
     trained = (time.step or 0) - (resumed or 0) - 1  # the steps `train_seconds` covers, the first aside
     lost = max((time.step or 0) - kept, 0)
@@ -141,8 +164,9 @@ def split(running: float, time: TrainerTimeStatus | None, ended: Ending,
 
 
 def _of(ledger: GoodputStatus, time: TrainerTimeStatus | None) -> TrainerTimeStatus | None:
-    """Rank 0's account, if it is of the ledger's current incarnation."""
-    return time if time is not None and time.restart == ledger.restart else None
+    """Rank 0's account, if it is of the ledger's current incarnation and round."""
+    return (time if time is not None and time.restart == ledger.restart and (time.round or 0) == ledger.round
+            else None)
 
 
 def _sum(*parts: GoodputSeconds) -> GoodputSeconds:

@@ -1,0 +1,59 @@
+"""Restarts in place (tetrad.node.rounds): a worker's failure restarts the gang's processes inside its own
+pods, coordinated by pod 0's supervisor, without the operator. The operator gives each new incarnation's
+pods the budget they may spend (`left`), and learns what they spent as rounds: from rank 0's scrape
+(status.trainerTime.round, with the failure that began the round) or from the pods' termination
+messages (`round`), whichever it sees first. Each round counts in status.restartsInPlace and against
+maxRestarts, and is told in a RestartedInPlace Event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tetrad.api.spec import ParallelTrainingJobStatus, Phase, RunPolicy
+from tetrad_operator.lifecycle import goodput
+from tetrad_operator.lifecycle.actions import Event
+from tetrad_operator.lifecycle.machine import JobPass
+from tetrad_operator.observed import PodState, parse_time
+
+
+def failures(status: ParallelTrainingJobStatus) -> int:
+    """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place."""
+    return status.restarts - status.disruptions + status.restarts_in_place
+
+
+def left(status: ParallelTrainingJobStatus, policy: RunPolicy) -> int:
+    """Restarts in place the next incarnation's pods may make: what is left of maxRestarts."""
+    return max(policy.max_restarts - failures(status), 0)
+
+
+def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolicy) -> None:
+    """The rounds incarnation `restart` has begun, as far as rank 0's figures or its pods' termination
+    messages tell, into the status and the goodput ledger, with an Event for each new one."""
+    time = m.trainer_time
+    seen, cause = 0, None
+    started = parse_time(m.status.start_time)  # a resumed job's: figures from before its suspend are stale
+    if (time is not None and time.restart == restart and time.round
+            and (started is None or (parse_time(time.updated) or started) >= started)):
+        seen, cause = time.round, time.round_cause
+    ended = max((p.said.round for p in pods if p.restart == restart), default=0)
+    if ended > seen:
+        seen, cause = ended, None
+    if seen <= m.status.round:
+        return
+    more = seen - m.status.round
+    m.status.restarts_in_place += more
+    if m.phase == Phase.RUNNING:
+        goodput.next_round(m.ledger, m.now, seen, time.previous_round if time is not None else None,
+                           m.checkpoint, m.script)
+    m.status.round = seen
+    rounds = f"{more} more rounds, up to round {seen}" if more > 1 else f"round {seen}"
+    m.decision.events.append(Event("Warning", "RestartedInPlace", (
+        f"the gang of restart {restart} restarted in its own pods ({rounds})"
+        + (f" after {cause}" if cause else "")
+        + f"; {left(m.status, policy)} of spec.runPolicy.maxRestarts={policy.max_restarts} left")))
+
+
+def next_incarnation(m: JobPass) -> None:
+    """A new incarnation's pods begin at round 0."""
+    m.status.round = 0
