@@ -13,6 +13,7 @@ import pytest
 import torch
 from tetrad_trainer.checkpoint import Checkpointer
 from tetrad_trainer.metrics import (
+    ROUND_CAUSE_MAX,
     MfuPeak,
     RankMetrics,
     StepRecord,
@@ -23,6 +24,7 @@ from tetrad_trainer.metrics import (
 
 from tests.checkpoint import gang, toy
 from tests.trainer.harness import free_port
+from tetrad.api import contract
 
 RECORD = StepRecord(step=3, loss=2.5, grad_norm=0.7, lr=1e-4, step_time_s=0.5, tokens_per_second=4096.0,
                     tokens_per_second_per_device=1024.0, tflops=0.2, mfu=0.31, peak_memory_bytes=123456789,
@@ -49,6 +51,21 @@ def test_endpoint_serves_the_names_the_operator_reads(tmp_path: Path,
     printed = json.loads(capsys.readouterr().out.strip())
     written = json.loads((tmp_path / "m.jsonl").read_text())
     assert printed == written and printed.keys() >= JSON_KEYS and printed["step"] == 3
+
+
+def test_the_round_of_restarts_in_place_is_exported_with_its_cause_cut_short() -> None:
+    first = RankMetrics(port=None, rank=0, labels={}, jsonl=None)
+    cause = "node 1 exited 1 " + "x" * 500
+    later = RankMetrics(port=None, rank=0, labels={}, jsonl=None, round=2, round_cause=cause)
+    try:
+        assert first.registry.get_sample_value(contract.METRIC_ROUND, {contract.LABEL_ROUND_CAUSE: ""}) == 0
+        (sample,) = [s for family in later.registry.collect() for s in family.samples
+                     if s.name == contract.METRIC_ROUND]
+        assert sample.value == 2 and sample.labels[contract.LABEL_ROUND_CAUSE].startswith("node 1 exited 1 x")
+        assert len(sample.labels[contract.LABEL_ROUND_CAUSE]) == ROUND_CAUSE_MAX
+    finally:
+        first.close()
+        later.close()
 
 
 def test_heartbeat_is_the_time_of_the_last_step(tmp_path: Path) -> None:
