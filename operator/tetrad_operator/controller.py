@@ -43,6 +43,7 @@ from tetrad_operator.lifecycle import (
     ResolvedJob,
     Ungate,
     closing,
+    in_place,
 )
 from tetrad_operator.observed import NodeState, PodState, format_time
 from tetrad_operator.operator_metrics import OperatorMetrics
@@ -453,6 +454,8 @@ class Controller:
         before, after = old.phase, new.phase
         if before is None and after is not None:
             self.metrics.jobs_created.inc()
+        if new.restarts_in_place > old.restarts_in_place:
+            self.metrics.restarts.labels(in_place.REASON).inc(new.restarts_in_place - old.restarts_in_place)
         if before == after:
             return
         reason = next((c.reason for c in new.conditions if c.type == after), "")

@@ -75,6 +75,8 @@ def test_a_round_rank_0_reports_is_a_restart_in_place_counted_told_and_cut_in_th
     c.tick(30)
     c.reconcile()
     assert c.status["restartsInPlace"] == 1 and len(in_place_events(c)) == 1, "told once"
+    assert c.controller.metrics.registry.get_sample_value("tetrad_operator_gang_restarts_total",
+                                                          {"reason": "RestartedInPlace"}) == 1
 
 
 def test_restarts_in_place_spend_max_restarts_and_the_next_gang_gets_what_is_left():

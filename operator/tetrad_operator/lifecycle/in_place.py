@@ -16,6 +16,8 @@ from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState, parse_time
 
+REASON = "RestartedInPlace"  # the Event's reason, and the label of the operator's restart counter
+
 
 def failures(status: ParallelTrainingJobStatus) -> int:
     """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place."""
@@ -48,7 +50,7 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
                            m.checkpoint, m.script)
     m.status.round = seen
     rounds = f"{more} more rounds, up to round {seen}" if more > 1 else f"round {seen}"
-    m.decision.events.append(Event("Warning", "RestartedInPlace", (
+    m.decision.events.append(Event("Warning", REASON, (
         f"the gang of restart {restart} restarted in its own pods ({rounds})"
         + (f" after {cause}" if cause else "")
         + f"; {left(m.status, policy)} of spec.runPolicy.maxRestarts={policy.max_restarts} left")))
