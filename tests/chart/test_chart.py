@@ -98,7 +98,7 @@ def test_the_pod_is_locked_down_and_probed(k8s_tools):
     assert env["TETRAD_OPERATOR_LIVENESS"] == "http://0.0.0.0:8081/healthz"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     probe = c["livenessProbe"]
-    assert probe["periodSeconds"] * probe["failureThreshold"] >= 120, "a loaded node's late answers are no death"
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 120, "late answers on a loaded node"
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 8080, "health": 8081}
     assert c["image"] == "tetrad/operator:0.1.0"
     service = objects[("Service", "tetrad-metrics")]

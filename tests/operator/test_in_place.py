@@ -107,11 +107,17 @@ def test_restarts_in_place_spend_max_restarts_and_the_next_gang_gets_what_is_lef
 def test_rounds_only_a_termination_message_tells_count_too():
     c = FakeCluster(job_body(nodes=2, runPolicy=FAST))
     running(c)
+    c.tick(65)
+    scraped_round(c, 0, 20, startupSeconds=5.0, trainSeconds=19.0, resumedFrom=0)
+    c.reconcile()
     c.tick(10)
     # Two rounds no scrape saw; the second's failure was past the budget, so node 1 exited with it
     c.finish(1, rank=1, message=json.dumps({contract.TERMINATION_ROUND: 2}))
     c.reconcile()
     assert c.status["restartsInPlace"] == 2
+    # the ledger cut round 0 by its last account: no checkpoint, so its 19 steps after the first are lost
+    settled = c.status["goodput"]["settled"]
+    assert (settled["startup"], settled["recomputed"], settled["productive"]) == (5.0, 19.0, 0.0)
     assert in_place_events(c) == ["the gang of restart 0 restarted in its own pods (2 more rounds, up to"
                                   " round 2); 0 of spec.runPolicy.maxRestarts=2 left"]
     assert c.phase == "Failed" and "2 of them in place" in c.status["message"]

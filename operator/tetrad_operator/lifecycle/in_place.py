@@ -45,9 +45,10 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
         return
     more = seen - m.status.round
     m.status.restarts_in_place += more
-    if m.phase == Phase.RUNNING:
-        goodput.next_round(m.ledger, m.now, seen, time.previous_round if time is not None else None,
-                           m.checkpoint, m.script)
+    if m.phase == Phase.RUNNING:  # the ledger cuts the round it counts by rank 0's last account of it
+        ours = time is not None and time.restart == restart and (time.round or 0) == m.ledger.round
+        account = time if ours else (time.previous_round if time is not None else None)
+        goodput.next_round(m.ledger, m.now, seen, account, m.checkpoint, m.script)
     m.status.round = seen
     rounds = f"{more} more rounds, up to round {seen}" if more > 1 else f"round {seen}"
     m.decision.events.append(Event("Warning", REASON, (
