@@ -44,22 +44,6 @@ cgroup_mounts() {
   done
 }
 node_cgroup() { echo "/tetrad-$NAME-n$1"; }
-# A node's CPU weight against the processes beside it (each weighs 1024): a real node has its machine to
-# itself, these share it with whatever else runs, such as the test suite's other lane, whose 16-process
-# tests left the nodes' pods a tenth of the CPU (a trainer completed no step in nine minutes).
-NODE_CPU_SHARES=8192
-
-# weigh_cgroup REL SHARES: REL's CPU weight (cgroup v1 cpu.shares; v2 cpu.weight, 100 for 1024).
-weigh_cgroup() {
-  local m
-  for m in $(cgroup_mounts); do
-    if [[ -f $m$1/cpu.shares ]]; then
-      echo "$2" > "$m$1/cpu.shares"
-    elif [[ -f $m$1/cpu.weight ]]; then
-      echo $(($2 * 100 / 1024)) > "$m$1/cpu.weight"
-    fi
-  done
-}
 
 # make_cgroup REL: create REL in every hierarchy; cpuset needs cpus and mems
 # filled in before a task can join it.
@@ -410,7 +394,6 @@ up_real_nodes() {
     echo "REAL_NODE_${i}_PORTS=$port,$healthz,$stream" >> "$STATE/cluster.env"
     make_bridge "$i"
     make_cgroup "$(node_cgroup "$i")"
-    weigh_cgroup "$(node_cgroup "$i")" "$NODE_CPU_SHARES"
     make_cgroup "$(node_cgroup "$i")/runtime"
     write_containerd_config "$i" "$pause" "$stream"
     write_kubelet_config "$i" "$port" "$healthz"

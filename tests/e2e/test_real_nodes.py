@@ -68,15 +68,6 @@ def test_real_nodes_are_ready_and_run_the_control_planes_version(real_nodes: Rea
         assert ip == f"198.18.{i}.1"
 
 
-def test_each_node_weighs_eight_times_a_process_beside_it(real_nodes: RealCluster) -> None:
-    """The suite's other lane runs up to 16 processes beside the nodes: at the default weight their pods got a
-    tenth of the CPU."""
-    for i in range(len(real_nodes.node_names)):
-        group = f"tetrad-{real_nodes.state.name}-n{i}"
-        v1, v2 = Path(f"/sys/fs/cgroup/cpu/{group}/cpu.shares"), Path(f"/sys/fs/cgroup/{group}/cpu.weight")
-        assert (int(v1.read_text()) == 8192) if v1.exists() else (int(v2.read_text()) == 800)
-
-
 def test_pods_run_commands_and_report_exit_codes(real_nodes: RealCluster, ns: str) -> None:
     node0, node1 = real_nodes.node_names
     real_nodes.apply(pod("ok", node0, "echo ran on $(hostname)"), namespace=ns)
