@@ -51,6 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 HACK = REPO / "hack"
 TETRAD_CRD = REPO / "crds" / "tetrad.dev_paralleltrainingjobs.yaml"
 T = TypeVar("T")
+UNANSWERED = "Unable to connect to the server"  # what kubectl says of a request that got no answer
+UNANSWERED_RETRIES = 4  # after 1, 2, 4 and 8 s
 
 
 class KubectlError(RuntimeError):
@@ -88,11 +90,17 @@ class Cluster:
         )
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 120) -> str:
-        """Run kubectl and return stdout; raise :class:`KubectlError` on failure."""
-        proc = self.run_kubectl(*args, input=input, timeout=timeout)
-        if proc.returncode != 0:
-            raise KubectlError(args, proc)
-        return proc.stdout
+        """Run kubectl and return stdout; raise :class:`KubectlError` on failure. A call that got no answer
+        (kubectl: "Unable to connect to the server", such as a TLS handshake that timed out on a loaded
+        machine) is made again, up to UNANSWERED_RETRIES times: the test's own client is not what it tests."""
+        for attempt in range(UNANSWERED_RETRIES + 1):
+            proc = self.run_kubectl(*args, input=input, timeout=timeout)
+            if proc.returncode == 0:
+                return proc.stdout
+            if UNANSWERED not in proc.stderr or attempt == UNANSWERED_RETRIES:
+                break
+            time.sleep(2 ** attempt)
+        raise KubectlError(args, proc)
 
     def kubectl_json(self, *args: str, timeout: float = 120) -> Any:
         return json.loads(self.kubectl(*args, "-o", "json", timeout=timeout))

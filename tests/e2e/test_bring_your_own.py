@@ -186,7 +186,7 @@ def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and
     row = wait_until(live, timeout=JOB_TIMEOUT, interval=2, what="live TOKENS/S and STEP in kubectl get ptj")
     assert int(row["TOKENS/S"]) > 0 and float(row["LOSS"]) > 0 and 0 < float(row["MFU"]) <= 1, row
     watch = ExitWatch(c, ns, "runtime-r0-1")
-    c.kubectl("delete", "pod", "runtime-r0-1", "-n", ns, "--wait=false")
+    c.kubectl("delete", "pod", "runtime-r0-1", "-n", ns, "--wait=false", "--ignore-not-found")
     deleted = watch.terminated()
     assert deleted["exitCode"] == 75, deleted
     status = wait_for_phase(c, ns, "runtime", "Succeeded")

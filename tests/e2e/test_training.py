@@ -526,7 +526,7 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
                what="a checkpoint in incarnation 0")
     room_to_fail(0)
     watch = ExitWatch(c, ns, "resume-r0-1")
-    c.kubectl("delete", "pod", "resume-r0-1", "-n", ns, "--wait=false")
+    c.kubectl("delete", "pod", "resume-r0-1", "-n", ns, "--wait=false", "--ignore-not-found")
     preempted = watch.terminated()
     # A SIGKILL from the node to every process of one trainer container, as the OOM killer would.
     wait_until(lambda: saved_since_start(1), timeout=JOB_TIMEOUT, interval=2,
