@@ -634,7 +634,7 @@ class Controller:
             self.metrics.scrapes.labels("unreachable").inc()
             return
         held = (loop.body if (loop := self.jobs.get(key)) is not None and loop.body is not None else {})
-        stored = status.read(held.get("status")).trainer_time
+        stored = status.read({"trainerTime": (held.get("status") or {}).get("trainerTime")}).trainer_time
         patch = scrape.status_patch(read, checkpoint_path, restart, self.clock.now(), stored)
         try:
             written = await self.kube.patch(path(API_VERSION, PLURAL, key[0], key[1], "status"),

@@ -153,7 +153,7 @@ def previous_round(account: TrainerTimeStatus, stored: TrainerTimeStatus | None)
     if stored is None or stored.restart != account.restart:
         return None
     if (account.round or 0) > (stored.round or 0):
-        return TrainerAccount.model_validate(stored.model_dump(include=set(TrainerAccount.model_fields)))
+        return stored.account()
     return stored.previous_round if account.round == stored.round else None
 
 

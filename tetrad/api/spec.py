@@ -770,6 +770,10 @@ class TrainerTimeStatus(TrainerAccount):
                                                   "before it, as the scraper last read it.")
     updated: str | None = Field(None, description="When these figures were read (RFC 3339).")
 
+    def account(self) -> TrainerAccount:
+        """The account alone, without what says whose it is."""
+        return TrainerAccount.model_validate(self.model_dump(include=set(TrainerAccount.model_fields)))
+
 
 class GoodputSeconds(CamelModel):
     productive: float = Field(0.0, description="Steps that counted.")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from tetrad.api.contract import (
     TERMINATION_CHECKPOINT_STEP,
@@ -129,7 +129,7 @@ class TerminationMessage:
             checkpoint_step=step if _is_int(step) else None,
             checkpoint_time=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
             figures=figures if isinstance(figures, str) else None,
-            round=round_ if isinstance(round_, int) and not isinstance(round_, bool) and round_ > 0 else 0,
+            round=round_ if _is_int(round_) and round_ > 0 else 0,
         )
 
 
@@ -146,7 +146,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

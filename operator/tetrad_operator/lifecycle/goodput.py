@@ -116,10 +116,9 @@ def next_round(ledger: GoodputStatus, now: datetime, round: int, previous: Train
                checkpoint: CheckpointStatus | None, script: bool = False) -> None:
     """While running, the gang restarted in place as `round`: the incarnation's time running so far is cut,
     split by rank 0's account of the round before (`previous`)."""
-    account = previous.model_dump(include=set(TrainerAccount.model_fields)) if previous is not None else {}
-    ended = TrainerTimeStatus(restart=ledger.restart, round=ledger.round, **account)
-    settle(ledger, Phase.RUNNING, now, Ending.CUT, ended if previous is not None else None, checkpoint,
-           script)
+    ended = (TrainerTimeStatus(restart=ledger.restart, round=ledger.round, **previous.model_dump())
+             if previous is not None else None)
+    settle(ledger, Phase.RUNNING, now, Ending.CUT, ended, checkpoint, script)
     ledger.round = round
 
 

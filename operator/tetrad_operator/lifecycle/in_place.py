@@ -19,14 +19,15 @@ from tetrad_operator.observed import PodState, parse_time
 REASON = "RestartedInPlace"  # the Event's reason, and the label of the operator's restart counter
 
 
-def failures(status: ParallelTrainingJobStatus) -> int:
+def failures(restarts: int, disruptions: int, restarts_in_place: int) -> int:
     """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place."""
-    return status.restarts - status.disruptions + status.restarts_in_place
+    return restarts - disruptions + restarts_in_place
 
 
 def left(status: ParallelTrainingJobStatus, policy: RunPolicy) -> int:
     """Restarts in place the next incarnation's pods may make: what is left of maxRestarts."""
-    return max(policy.max_restarts - failures(status), 0)
+    spent = failures(status.restarts, status.disruptions, status.restarts_in_place)
+    return max(policy.max_restarts - spent, 0)
 
 
 def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolicy) -> None:
@@ -46,8 +47,9 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
     more = seen - m.status.round
     m.status.restarts_in_place += more
     if m.phase == Phase.RUNNING:  # the ledger cuts the round it counts by rank 0's last account of it
-        ours = time is not None and time.restart == restart and (time.round or 0) == m.ledger.round
-        account = time if ours else (time.previous_round if time is not None else None)
+        account = None
+        if time is not None and time.restart == restart:
+            account = time.account() if (time.round or 0) == m.ledger.round else time.previous_round
         goodput.next_round(m.ledger, m.now, seen, account, m.checkpoint, m.script)
     m.status.round = seen
     rounds = f"{more} more rounds, up to round {seen}" if more > 1 else f"round {seen}"

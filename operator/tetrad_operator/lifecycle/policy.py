@@ -213,7 +213,7 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     disruption = next((f for f in found if f.disruption), None)
     first = disruption or found[0]
     disruptions = min(m.status.disruptions, restart)
-    failed = in_place.failures(m.status.model_copy(update={"restarts": restart, "disruptions": disruptions}))
+    failed = in_place.failures(restart, disruptions, m.status.restarts_in_place)
     if disruption is None and failed >= policy.max_restarts:
         ours = m.status.restarts_in_place
         m.fail("MaxRestartsExceeded",
