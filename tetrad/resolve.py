@@ -18,7 +18,7 @@ from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
-from tetrad.api.problems import InvalidJob, Problem, errors
+from tetrad.api.problems import InvalidJob, Problem, counted, errors
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.rules import (
@@ -32,6 +32,7 @@ from tetrad.api.rules import (
     TRAINER_PIPELINE,
     check_data,
     check_data_vocab,
+    check_elastic,
     check_float8,
     check_layout,
     check_run_policy,
@@ -49,6 +50,7 @@ from tetrad.api.spec import (
     ParallelTrainingJobSpec,
     Scheduler,
 )
+from tetrad.plan.elastic import degrees, resized_spec
 from tetrad.plan.estimate import Estimate, GiB, MiB
 from tetrad.plan.solver import Solution, solve, usable_bytes
 
@@ -257,6 +259,7 @@ def check_other(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
                 " use 2 or more"), "warning"))
     rp = spec.run_policy
     check_run_policy(rp, problems)
+    check_elastic(spec, problems)
     check_float8(spec.training, spec.resources, problems)
     if rp.stall_timeout_seconds and rp.stall_timeout_seconds <= rp.collective_timeout_seconds:
         problems.append(Problem("spec.runPolicy.stallTimeoutSeconds", (
@@ -353,6 +356,23 @@ class Checked:
         return any(p.field.startswith("spec.parallelism.") for p in self.problems)
 
 
+def check_smallest(spec: ParallelTrainingJobSpec, layout: Layout, problems: list[Problem]) -> None:
+    """An elastic job must run at minNodes too (its data-parallel degrees shrunk, tetrad.plan.elastic)."""
+    e = spec.elastic
+    if e is None or not e.min_nodes < spec.nodes or errors(problems):
+        return
+    world = e.min_nodes * spec.nproc_per_node
+    if degrees(layout, world) is None:
+        problems.append(Problem("spec.elastic.minNodes", (
+            f"at minNodes={e.min_nodes} the job has {counted(world, 'process')}, which "
+            f"tp x cp x pp = {layout.tp * layout.cp * layout.pp} does not divide; use a minNodes they "
+            "divide")))
+        return
+    smaller = check_spec(resized_spec(spec, layout, e.min_nodes)).problems
+    problems.extend(Problem("spec.elastic.minNodes", f"at minNodes={e.min_nodes}, {p}")
+                    for p in errors(smaller))
+
+
 def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     """All semantic problems of a parsed spec; `auto` degrees are solved once, here."""
     checked = Checked([])
@@ -361,6 +381,7 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
     if spec.script is not None:
         if not checked.degrees_invalid and (layout := script_layout(spec, checked.problems)) is not None:
             checked.solution = Solution(layout=layout, estimate=None, reason="")
+            check_smallest(spec, layout, checked.problems)
         check_script(spec, checked.problems)
         return checked
     checked.model = expand_model(spec, checked.problems)
@@ -375,6 +396,7 @@ def check_spec(spec: ParallelTrainingJobSpec) -> Checked:
         check_layout(spec, checked.model, checked.solution.layout, checked.problems)
         if checked.solution.estimate is not None:
             check_host_memory(spec, checked.solution.estimate, checked.problems)
+        check_smallest(spec, checked.solution.layout, checked.problems)
     return checked
 
 

@@ -207,6 +207,13 @@ class GangAdmitter:
                                                 tuple(f for f in fresh if f is not None)))
         return bound, in_flight, waiting
 
+    def room(self, key: Key, pod: PodState, limit: int) -> int:
+        """How many pods like `pod` (one of job `key`'s) fit now if the job's own pods were gone."""
+        bound, in_flight, _ = self._snapshot()
+        others = [p for p in bound if (p.namespace, p.job) != key]
+        return packing.room(self.nodes(), others, [g for g in in_flight if (g[0].namespace, g[0].job) != key],
+                            pod, limit)
+
     def _released_unseen(self, by_name: dict[tuple[str, str], PodState]) -> list[tuple[PodState, ...]]:
         """The gangs released here whose release the watch does not show yet (a pod missing or
         still gated); forgets the others, and any after RELEASE_SEEN_SECONDS."""

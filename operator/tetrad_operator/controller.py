@@ -392,12 +392,13 @@ class Controller:
         pods = await self.listed_pods(loop) if stale else self.pods(loop)
         spec = loop.resolved(body)
         queued = await self._queued(loop, spec, pods)
+        room = self._room(loop, spec, pods)
         decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
-                                    rejection=loop.rejection, queued=queued)
+                                    rejection=loop.rejection, queued=queued, room=room)
         if decision.verify and not stale:
             pods = await self.listed_pods(loop)
             decision = lifecycle.decide(body, pods, nodes, now, self.settings.lifecycle, spec=spec,
-                                        rejection=loop.rejection, queued=queued)
+                                        rejection=loop.rejection, queued=queued, room=room)
         if not await self._write_status(loop, job_path, body, decision.status, decision.merged):
             return 0.05  # the job changed under us: read it again
         self._count(status.read(body.get("status")), decision.status)
@@ -536,6 +537,14 @@ class Controller:
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
+
+    def _room(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> int | None:
+        """An elastic job's room (GangAdmitter.room), counted on a pod of its newest incarnation."""
+        job = spec.job
+        if job is None or job.spec.elastic is None or not pods:
+            return None
+        newest = max(pods, key=lambda p: p.restart)
+        return self.admission.room(loop.key, newest, job.spec.nodes)
 
     async def _queued(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> str | None:
         """Why the job's scheduler holds its group, while a pod waits: read from the backend's

@@ -13,7 +13,7 @@ schedulers enforce the gang themselves, from the objects and pod fields their ba
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -225,3 +225,19 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState],
         if placement is not None:
             admitted.append(GangRelease(req, placement))
     return admitted
+
+
+def room(nodes: Sequence[NodeState], bound: Iterable[PodState], in_flight: Iterable[Sequence[PodState]],
+         pod: PodState, limit: int) -> int:
+    """How many pods like `pod` fit at once (at most `limit`), beside the bound pods and the gangs
+    released and not yet bound (placed first, as plan_admission places them)."""
+    free = free_capacity(nodes, bound)
+    order = sorted(nodes, key=lambda n: n.name)
+    full: dict[tuple[Any, ...], int] = {}
+    for gang in in_flight:
+        _place([p for p in gang if p.node is None and not p.terminal and not p.deleting], order, free, full)
+    fits = 0
+    while fits < limit and _place([replace(pod, name=f"{pod.name}-room-{fits}", node=None)], order, free,
+                                  full) is not None:
+        fits += 1
+    return fits

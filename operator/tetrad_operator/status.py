@@ -111,4 +111,10 @@ def patch(stored: Mapping[str, Any], new: ParallelTrainingJobStatus,
     assert merging.keys() <= _SCRAPER_KEYS, merging.keys()
     if written == current and not merging:
         return None
-    return written | {k: None for k in current if k not in written} | merging
+    return _over(current, written) | merging
+
+
+def _over(stored: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch that turns `stored` into `new` (objects in it too): a key `new` lacks is null."""
+    return {k: _over(stored[k], v) if isinstance(v, Mapping) and isinstance(stored.get(k), Mapping) else v
+            for k, v in new.items()} | {k: None for k in stored if k not in new}

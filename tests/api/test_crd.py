@@ -73,7 +73,7 @@ def test_crd_metadata():
     assert [col["name"] for col in columns if not col.get("priority")] == [
         "Phase", "Nodes", "Mesh", "Restarts", "Tokens/s", "Last-Ckpt", "Age"]
     assert [col["name"] for col in columns if col.get("priority") == 1] == [  # -o wide
-        "Step", "Steps", "Loss", "MFU", "Goodput"]
+        "Running-Nodes", "Step", "Steps", "Loss", "MFU", "Goodput"]
 
 
 def test_printer_columns_name_schema_fields():
@@ -218,6 +218,12 @@ CASES = [
     (manifest(runPolicy={"retryableExitCodes": [78], "permanentExitCodes": [77]}), []),
     (manifest(runPolicy={"backoffSeconds": 60, "backoffMaxSeconds": 30}),
      ["backoffMaxSeconds=30 is below backoffSeconds=60"]),
+    # elastic: minNodes within nodes, on the builtin gang
+    (manifest(nodes=4, elastic={"minNodes": 2}, parallelism={"dpShard": "auto"}), []),
+    (manifest(nodes=2, elastic={"minNodes": 3}), ["spec.elastic.minNodes: elastic.minNodes=3 is more than "
+                                                  "nodes=2"]),
+    (manifest(nodes=2, elastic={"minNodes": 1}, gang={"scheduler": "volcano"}),
+     ["spec.elastic: elastic needs gang.scheduler: builtin"]),
 ]
 
 
@@ -256,6 +262,9 @@ SHARED_RULES: dict[tuple[str, str], Any] = {
        for name in ("ppMicrobatches", "ppStagesPerRank")},
     **{(f".runPolicy.{name}", "FieldValueInvalid"): (lambda p, name=name: p.field == f"spec.runPolicy.{name}")
        for name in ("permanentExitCodes", "retryableExitCodes", "backoffMaxSeconds")},
+    (".elastic.minNodes", "FieldValueInvalid"):
+        lambda p: p.field == "spec.elastic.minNodes" and "is more than nodes" in p.message,
+    (".elastic", "FieldValueInvalid"): lambda p: p.field == "spec.elastic",
 }
 DEGREE_VALUES = [1, 2, 3, 4, 6, 8]
 
@@ -331,6 +340,8 @@ def spec_documents(draw: Any, auto: bool) -> dict[str, Any]:
         if draw(st.booleans()):
             doc["spec"]["data"] = {"source": "synthetic"}
         doc["spec"]["checkpoint"] = {"enabled": draw(st.booleans())}
+    if draw(st.booleans()):
+        doc["spec"]["elastic"] = {"minNodes": draw(st.integers(1, 3))}
     return doc
 
 

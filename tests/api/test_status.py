@@ -86,6 +86,18 @@ def test_summary_counts_the_restarts_in_place_beside_the_restarts_in_new_pods():
                    .splitlines())
 
 
+def test_summary_of_a_shrunken_elastic_job_shows_its_size_now_and_its_resizes():
+    s = summarize(stored(RUNNING | {"elastic": {"nodes": 1, "resizes": 1, "room": 1}}), NOW)
+    assert (s["nodes"], s["runningNodes"], s["resizes"]) == (2, 1, 1)
+    lines = format_summary(s).splitlines()
+    assert ("Mesh:         pp2.dpr1.dps2.cp1.tp2 on 1 of 2 nodes (elastic: shrunk until room returns) x 4 "
+            "processes") in lines
+    assert ("Restarts:     2 (1 of them disruptions, 1 elastic resizes, not counted against maxRestarts)"
+            in lines)
+    grown = format_summary(summarize(stored(RUNNING | {"elastic": {"nodes": 2, "resizes": 2}}), NOW))
+    assert "on 2 nodes x 4 processes" in grown
+
+
 def test_summary_shows_the_last_checkpoint_and_where_the_restart_resumed():
     status = RUNNING | {"checkpoint": {"step": 20, "time": "2026-01-01T01:55:00Z",
                                        "path": "/ckpt/step-00000020",

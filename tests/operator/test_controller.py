@@ -78,6 +78,10 @@ def test_a_status_field_the_model_lacks_is_refused_not_dropped():
     assert status.wire(read) == {"phase": "Running", "training": {"step": 3}}
     assert status.patch({"phase": "Running", "newerField": 1}, status.read({"phase": "Failed"})) == {
         "phase": "Failed"}, "a field the model does not know is left as it is"
+    # The pass's objects are written whole: a field one no longer has is removed from the stored object.
+    stored = {"phase": "Running", "elastic": {"nodes": 2, "roomSince": "2030-01-01T00:00:00Z", "room": 4}}
+    assert status.patch(stored, status.read({"phase": "Running", "elastic": {"nodes": 4, "room": 4}})) == {
+        "elastic": {"nodes": 4, "roomSince": None, "room": 4}, "phase": "Running"}
 
 
 def test_every_scraped_gauge_fills_a_field_of_the_status_model():

@@ -447,3 +447,15 @@ def test_an_admission_that_may_not_watch_pods_stops_the_start_naming_the_rule(na
                             asyncio.Semaphore(1), namespaces)
     with pytest.raises(PermissionError, match=named):
         asyncio.run(admitter.scopes())
+
+
+def test_room_counts_the_pods_like_one_that_fit_beside_bound_pods_and_released_gangs():
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"), node_body("c", cpu="4"),
+               node_body("down", cpu="64", ready=False))
+    like = pod("job-r0-0", cpu="4")
+    assert packing.room(ns, [], [], like, limit=10) == 5  # 2 + 2 + 1; a NotReady node takes none
+    assert packing.room(ns, [], [], like, limit=3) == 3
+    bound = [pod("other", cpu="6", node="a", phase="Running")]
+    assert packing.room(ns, bound, [], like, limit=10) == 3
+    released = [[pod("g-0", cpu="8"), pod("g-1", cpu="4")]]  # released, not yet bound: b and c are theirs
+    assert packing.room(ns, bound, released, like, limit=10) == 0

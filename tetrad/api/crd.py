@@ -22,6 +22,8 @@ from tetrad.api.rules import (
     BYTE_VOCAB_MESSAGE,
     DATA_PATH_MESSAGE,
     DEFAULT_MULTI_STAGES_PER_RANK,
+    ELASTIC_MIN_MESSAGE,
+    ELASTIC_SCHEDULER_MESSAGE,
     FAMILY_PRESET_MESSAGE,
     FILE_SOURCES,
     FLOAT8_FIELD,
@@ -52,6 +54,7 @@ from tetrad.api.spec import (
     ParallelTrainingJobSpec,
     ParallelTrainingJobStatus,
     Precision,
+    Scheduler,
 )
 
 DEGREES = ("dpReplicate", "dpShard", "tp", "cp", "pp")
@@ -248,6 +251,7 @@ def spec_rules() -> list[dict[str, str]]:
         *script_rules(),
         *data_rules(),
         *run_policy_rules(),
+        *elastic_rules(),
         {
             "rule": "self.gang.scheduler != 'kueue' || has(self.gang.queue)",
             "message": "spec.gang.queue: gang.scheduler=kueue needs gang.queue, the Kueue LocalQueue name",
@@ -303,10 +307,24 @@ def float8_rules() -> list[dict[str, str]]:
     needs = {"compile": "self.training.compile",
              "precision": f"self.training.precision == '{Precision.BF16.value}'",
              "gpu": "self.resources.gpu > 0",
-             "tp": f"!({_is_int('tp')}) || {_degree('tp')} == 1"}
+             # the layout's check (rules.check_float8_layout) is the trainer's: a script job has none
+             "tp": f"!{BUILTIN} || !({_is_int('tp')}) || {_degree('tp')} == 1"}
     return [{"rule": f"{off} || {rule}", "message": f"{FLOAT8_FIELD}: {FLOAT8_NEEDS[what]}",
              "reason": "FieldValueInvalid", "fieldPath": ".training.float8.recipe"}
             for what, rule in needs.items()]
+
+
+def elastic_rules() -> list[dict[str, str]]:
+    """spec.elastic's minNodes and gang (rules.check_elastic)."""
+    return [
+        {"rule": "!has(self.elastic) || self.elastic.minNodes <= self.nodes",
+         "messageExpression": _fmt("spec.elastic.minNodes: " + ELASTIC_MIN_MESSAGE.replace("{}", "%d"),
+                                   "self.elastic.minNodes", "self.nodes"),
+         "reason": "FieldValueInvalid", "fieldPath": ".elastic.minNodes"},
+        {"rule": f"!has(self.elastic) || self.gang.scheduler == '{Scheduler.BUILTIN.value}'",
+         "message": f"spec.elastic: {ELASTIC_SCHEDULER_MESSAGE}",
+         "reason": "FieldValueInvalid", "fieldPath": ".elastic"},
+    ]
 
 
 def run_policy_rules() -> list[dict[str, str]]:
@@ -407,6 +425,8 @@ def status_schema() -> dict[str, Any]:
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Job phase"},
     {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes", "description": "Pods in the gang"},
+    {"name": "Running-Nodes", "type": "integer", "jsonPath": ".status.elastic.nodes", "priority": 1,
+     "description": "An elastic job's pods now (spec.elastic)"},
     {"name": "Mesh", "type": "string", "jsonPath": ".status.mesh", "description": "Resolved 4D layout"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts",
      "description": "Whole-gang restarts"},

@@ -26,6 +26,7 @@ from tetrad.api.spec import (
     Precision,
     Resources,
     RunPolicy,
+    Scheduler,
     Training,
 )
 
@@ -155,6 +156,23 @@ def check_run_policy(policy: RunPolicy, problems: list[Problem]) -> None:
     if policy.backoff_max_seconds < policy.backoff_seconds:
         problems.append(Problem("spec.runPolicy.backoffMaxSeconds",
                                 BACKOFF_MESSAGE.format(policy.backoff_max_seconds, policy.backoff_seconds)))
+
+
+# What spec.elastic needs, said once for Python and CEL (tetrad.api.crd).
+ELASTIC_MIN_MESSAGE: Final = "elastic.minNodes={} is more than nodes={}: use a minNodes of at most nodes"
+ELASTIC_SCHEDULER_MESSAGE: Final = ("elastic needs gang.scheduler: builtin, whose admission counts the room "
+                                    "for the job's pods; remove spec.elastic or use the builtin gang")
+
+
+def check_elastic(spec: ParallelTrainingJobSpec, problems: list[Problem]) -> None:
+    """minNodes within nodes, and the gang the operator admits itself (it must know how many pods fit)."""
+    e = spec.elastic
+    if e is None:
+        return
+    if e.min_nodes > spec.nodes:
+        problems.append(Problem("spec.elastic.minNodes", ELASTIC_MIN_MESSAGE.format(e.min_nodes, spec.nodes)))
+    if spec.gang.scheduler != Scheduler.BUILTIN:
+        problems.append(Problem("spec.elastic", ELASTIC_SCHEDULER_MESSAGE))
 
 
 # What float8 (training.float8.recipe) needs, each said once for Python, CEL (tetrad.api.crd) and the

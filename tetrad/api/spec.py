@@ -526,6 +526,17 @@ class Rendezvous(CamelModel):
                                  "the operator).")
 
 
+class Elastic(CamelModel):
+    min_nodes: int = Field(ge=1, le=MAX_NODES, description="The fewest pods the job may run on. Below "
+                           "spec.nodes the data-parallel degrees shrink (tp, cp and pp are kept) and the "
+                           "global batch stays the same, with more gradient accumulation.")
+    shrink_after_seconds: int = Field(120, ge=0, description="How long a gang waits for room for all of its "
+                                      "pods before it restarts on as many as fit (at least minNodes).")
+    grow_after_seconds: int = Field(60, ge=0, description="How long room for more pods must last before a "
+                                    "shrunken gang grows back: after a checkpoint it asks for, with Tetrad's "
+                                    "trainer; at once, with a script (which resumes from its own).")
+
+
 class Preflight(CamelModel):
     enabled: bool = Field(True, description="Check every node before training: its devices (CUDA: at least "
                           "nprocPerNode) or the CPUs resources.cpu requests, that pod 0's rendezvous name "
@@ -627,6 +638,9 @@ class ParallelTrainingJobSpec(CamelModel):
     rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="torchrun rendezvous settings.")
     preflight: Preflight = Field(default_factory=Preflight, description="The preflight gate every pod passes "
                                  "before training, and what the operator does with a node that fails it.")
+    elastic: Elastic | None = Field(None, description="Run on fewer pods (down to minNodes) when the gang "
+                                    "cannot get all of spec.nodes, and grow back when room returns. Needs "
+                                    "gang.scheduler builtin, whose admission knows the room.")
 
 
 class ObjectMeta(BaseModel):
@@ -775,6 +789,19 @@ class TrainerTimeStatus(TrainerAccount):
         return TrainerAccount.model_validate(self.model_dump(include=set(TrainerAccount.model_fields)))
 
 
+class ElasticStatus(CamelModel):
+    nodes: int = Field(description="The pods the current incarnation runs on (spec.nodes is the size asked "
+                       "for).")
+    resizes: int = Field(0, description="Restarts that changed the gang's size; like disruptions, they spend "
+                         "no maxRestarts.")
+    room: int | None = Field(None, description="How many of the job's pods fit in the cluster now, as the "
+                             "gang admission last counted them.")
+    room_since: str | None = Field(None, description="Since when room for a larger gang has lasted (RFC "
+                                   "3339).")
+    grow_request: str | None = Field(None, description="The checkpoint-now token the operator sent rank 0 "
+                                     "before growing the gang.")
+
+
 class GoodputSeconds(CamelModel):
     productive: float = Field(0.0, description="Steps that counted.")
     queued: float = Field(0.0, description="Pending and GangWaiting: the queue or the scheduler held the "
@@ -821,6 +848,7 @@ class ParallelTrainingJobStatus(CamelModel):
                                    "failed, the pods did not): new processes, a new rendezvous, the last "
                                    "checkpoint. They count against maxRestarts.")
     round: int = Field(0, description="The current incarnation's round of restarts in place (0: none yet).")
+    elastic: ElasticStatus | None = Field(None, description="An elastic job's current size (spec.elastic).")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")
     start_time: str | None = Field(None, description="When the job became active (RFC 3339); reset when a "

@@ -99,6 +99,8 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
                   else str(model["module"]) if model.get("module")
                   else model_name(preset, overrides)),
         "nodes": spec.get("nodes"),
+        "runningNodes": _dict(status.get("elastic")).get("nodes"),  # an elastic job's size now
+        "resizes": _dict(status.get("elastic")).get("resizes", 0),
         "nprocPerNode": spec.get("nprocPerNode"),
         "mesh": status.get("mesh"),
         "step": step,
@@ -259,7 +261,10 @@ def format_summary(s: dict[str, Any]) -> str:
     if s["message"]:
         rows.append(("Message", s["message"]))
     rows.append(("Model", s["model"]))
-    size = (f"{counted(s['nodes'], 'node')} x {counted(s['nprocPerNode'], 'process')}"
+    nodes = counted(s["nodes"], "node")
+    if isinstance(s.get("runningNodes"), int) and s["runningNodes"] != s["nodes"]:
+        nodes = f"{s['runningNodes']} of {nodes} (elastic: shrunk until room returns)"
+    size = (f"{nodes} x {counted(s['nprocPerNode'], 'process')}"
             if isinstance(s["nodes"], int) and isinstance(s["nprocPerNode"], int) else "size unknown")
     unresolved = "never resolved" if s["phase"] in ENDED else "not resolved yet"
     rows.append(("Mesh", f"{s['mesh']} on {size}" if s["mesh"] else f"{unresolved} ({size})"))
@@ -291,9 +296,10 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Slowest ranks", _stragglers_line(s["stragglers"])))
     if s.get("goodput") is not None:
         rows.append(("Goodput", _goodput_line(s["goodput"])))
-    disruptions = (f" ({s['disruptions']} of them disruptions, not counted against maxRestarts)"
-                   if s["disruptions"] else "")
-    rows.append(("Restarts", f"{s['restarts']}{disruptions}"))
+    free = [f"{s['disruptions']} of them disruptions"] if s["disruptions"] else []
+    free += [f"{s['resizes']} elastic resizes"] if s.get("resizes") else []
+    uncounted = f" ({', '.join(free)}, not counted against maxRestarts)" if free else ""
+    rows.append(("Restarts", f"{s['restarts']}{uncounted}"))
     if s["restartsInPlace"]:
         in_place = "the gang restarted in its own pods; counted against maxRestarts"
         rows.append(("In place", f"{s['restartsInPlace']} ({in_place})"))

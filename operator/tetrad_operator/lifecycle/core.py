@@ -4,12 +4,13 @@ built-in gang (release.py) over one `JobPass` (machine.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from tetrad.api import InvalidJob, ParallelTrainingJob, ResolvedConfig, parse
 from tetrad.api.spec import Phase, RunPolicy
+from tetrad.plan import elastic as elastic_plan
 from tetrad.render import gangs, render
 from tetrad.render.objects import environment as render_environment
 from tetrad.render.objects import pod as render_pod
@@ -17,6 +18,7 @@ from tetrad.resolve import resolve
 from tetrad_operator.lifecycle import (
     checkpoint,
     closing,
+    elastic,
     figures,
     in_place,
     policy,
@@ -36,6 +38,25 @@ class ResolvedJob:
     job: ParallelTrainingJob | None
     config: ResolvedConfig | None  # None: `problem` says why the spec cannot run
     problem: str = ""
+    sized: dict[int, tuple[ParallelTrainingJob, ResolvedConfig] | None] = field(
+        default_factory=dict, compare=False, repr=False)
+
+    def at(self, nodes: int) -> tuple[ParallelTrainingJob, ResolvedConfig] | None:
+        """The job resized to `nodes` pods (spec.elastic) and its config; None where it cannot run."""
+        assert self.job is not None and self.config is not None
+        if nodes == self.job.spec.nodes:
+            return self.job, self.config
+        if nodes not in self.sized:
+            resized = elastic_plan.resized(self.job, self.config.layout, nodes)
+            try:
+                self.sized[nodes] = resized, resolve(resized)
+            except InvalidJob:
+                self.sized[nodes] = None
+        return self.sized[nodes]
+
+    def config_at(self, nodes: int) -> ResolvedConfig | None:
+        sized = self.at(nodes)
+        return sized[1] if sized is not None else None
 
 
 def resolve_job(body: Mapping[str, Any]) -> ResolvedJob:
@@ -60,19 +81,22 @@ class PodRejection:
 
 def decide(body: Mapping[str, Any], pods: Sequence[PodState], nodes: Mapping[str, NodeState], now: datetime,
            settings: Settings | None = None, *, spec: ResolvedJob | None = None,
-           rejection: PodRejection | None = None, queued: str | None = None) -> Decision:
+           rejection: PodRejection | None = None, queued: str | None = None,
+           room: int | None = None) -> Decision:
     """The next status and the actions that move the cluster toward it.
 
     `pods` are the job's pods (any restart), `nodes` every node by name. `spec` is
     `resolve_job(body)`, which a caller may keep per generation (it is computed when absent).
     `queued` is the scheduler's reason for holding the job's pods (its backend's `queued_reason`).
+    `room`: how many of the job's pods fit in the cluster if its own were gone (an elastic job's).
     """
     m = JobPass(body, pods, nodes, now, settings or Settings())
-    _phases(m, spec or resolve_job(body), rejection, queued)
+    _phases(m, spec or resolve_job(body), rejection, queued, room)
     return m.decided()
 
 
-def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queued: str | None) -> None:
+def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queued: str | None,
+            room: int | None) -> None:
     job, cfg, now = spec.job, spec.config, m.now
     if job is None or cfg is None:
         if m.phase not in TERMINAL:
@@ -81,6 +105,8 @@ def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queue
         m.finished(job.spec.run_policy if job is not None else RunPolicy())
         return
 
+    elastic.track(m, job, room)
+    job, cfg = spec.at(elastic.size(m.status, job)) or (job, cfg)  # an elastic job at its current size
     m.status.world_size = cfg.world_size
     m.status.mesh = cfg.layout.label()
     run_policy = job.spec.run_policy
@@ -115,10 +141,12 @@ def _phases(m: JobPass, spec: ResolvedJob, rejection: PodRejection | None, queue
                f"{rejection.message}", run_policy)
         return
 
-    _active(m, job, cfg, queued)
+    _active(m, job, cfg, queued, spec, room)
 
 
-def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: str | None) -> None:
+def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: str | None,
+            resolved: ResolvedJob, room: int | None) -> None:
+    """`job` and `cfg` at the current incarnation's size; `resolved` is the job as asked for."""
     spec, run_policy = job.spec, job.spec.run_policy
     recorded = m.status.restarts
     restart = max([recorded, *(p.restart for p in m.pods)])
@@ -195,11 +223,16 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
         m.finished(run_policy)
         return
 
-    # 5. The built-in gang: admission, release of the remaining gates, and the gang timeout.
+    # 5. An elastic gang that waited too long for room restarts on fewer pods.
+    assert resolved.job is not None
+    if elastic.shrink(m, resolved.job, resolved.config_at, pods, restart, room):
+        return
+
+    # 6. The built-in gang: admission, release of the remaining gates, and the gang timeout.
     if gated and release.drive(m, job, pods, restart):
         return
 
-    # 6. Running once every pod runs (or already succeeded); GangWaiting before.
+    # 7. Running once every pod runs (or already succeeded); GangWaiting before.
     if all(p.phase in ("Running", "Succeeded") for p in pods):
         preflight.report_slow(m, restart, spec.preflight.slow_node_fraction)  # the SlowNodes condition
         stragglers.report(m, restart, spec.metrics.slow_rank_lag)  # the SlowRank condition
@@ -207,9 +240,9 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
         elif (pods[0].phase == "Running"
                 and (stall := policy.stalled(m, run_policy, pods[0], policy.steps_of(spec))) is not None):
-            policy.on_failure(m, [stall], pods, restart, run_policy)  # 7. a hung gang: a disruption
-        else:
-            checkpoint.forward_request(m, job, pods[0])  # 8. a checkpoint-now token, to rank 0
+            policy.on_failure(m, [stall], pods, restart, run_policy)  # 8. a hung gang: a disruption
+        elif not elastic.grow(m, resolved.job, resolved.config_at, pods, restart, room):  # 9. room for more
+            checkpoint.forward_request(m, job, pods[0])  # 10. a checkpoint-now token, to rank 0
     else:  # the queue's or the scheduler's reason, as it changes
         scheduler = spec.gang.scheduler.value
         if queued:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tetrad.api.spec import ParallelTrainingJobStatus, Phase, RunPolicy
-from tetrad_operator.lifecycle import goodput
+from tetrad_operator.lifecycle import elastic, goodput
 from tetrad_operator.lifecycle.actions import Event
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState, parse_time
@@ -19,14 +19,15 @@ from tetrad_operator.observed import PodState, parse_time
 REASON = "RestartedInPlace"  # the Event's reason, and the label of the operator's restart counter
 
 
-def failures(restarts: int, disruptions: int, restarts_in_place: int) -> int:
-    """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place."""
-    return restarts - disruptions + restarts_in_place
+def failures(restarts: int, disruptions: int, restarts_in_place: int, resizes: int) -> int:
+    """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place (not
+    those the cluster caused, nor an elastic gang's resizes)."""
+    return restarts - disruptions - resizes + restarts_in_place
 
 
 def left(status: ParallelTrainingJobStatus, policy: RunPolicy) -> int:
     """Restarts in place the next incarnation's pods may make: what is left of maxRestarts."""
-    spent = failures(status.restarts, status.disruptions, status.restarts_in_place)
+    spent = failures(status.restarts, status.disruptions, status.restarts_in_place, elastic.resizes(status))
     return max(policy.max_restarts - spent, 0)
 
 

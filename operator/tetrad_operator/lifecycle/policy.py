@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from tetrad.api import restart_policy
 from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
 from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
-from tetrad_operator.lifecycle import in_place, preflight, release
+from tetrad_operator.lifecycle import elastic, in_place, preflight, release
 from tetrad_operator.lifecycle.actions import DeletePod
 from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState, parse_time
@@ -213,13 +213,15 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     disruption = next((f for f in found if f.disruption), None)
     first = disruption or found[0]
     disruptions = min(m.status.disruptions, restart)
-    failed = in_place.failures(restart, disruptions, m.status.restarts_in_place)
+    resizes = elastic.resizes(m.status)
+    failed = in_place.failures(restart, disruptions, m.status.restarts_in_place, resizes)
     if disruption is None and failed >= policy.max_restarts:
         ours = m.status.restarts_in_place
         m.fail("MaxRestartsExceeded",
                f"{first.detail}; the gang was already restarted {failed} times after failures"
                + (f", {ours} of them in place" if ours else "")
-               + f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions not counted)", policy)
+               + f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions"
+               + (f" and {resizes} resizes" if resizes else "") + " not counted)", policy)
         return
     if disruption is not None and disruptions >= policy.max_disruptions:
         m.fail("DisruptionBudgetExceeded",
