@@ -105,6 +105,13 @@ def test_a_gang_without_room_for_all_its_pods_shrinks_after_the_timeout_and_grow
     s = c.status
     assert (s["restarts"], s["elastic"]["nodes"], s["elastic"]["resizes"]) == (3, 4, 2)
     assert "growRequest" not in s["elastic"] and "roomSince" not in s["elastic"]
+    # a restart without backoff, where the goodput ledger cut the shrunken gang's time running
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Grown"
+    assert s["goodput"]["runningSeconds"] == 0 and s["goodput"]["settled"]["startup"] > 0
+    for _ in range(3):  # the old pods go, then the new ones come at once, not after backoffSeconds=10
+        c.tick(1)
+        c.reconcile(admit=False)
+    assert len(current(c)) == 4
     assert events(c, "Grown") == ["room for 4 of spec.nodes=4 pods for 10s: checkpoint step 12 committed; "
                                   "restarting the gang on 4 as restart 3"]
     wait_for_phase(c, "Running")

@@ -12,8 +12,8 @@ of the current incarnation, rendered from the job resized to it (tetrad.plan.ela
   growRequest) and the gang restarts at the larger size once the scrape shows it committed; a script,
   which saves its own checkpoints, restarts at once. Without checkpoints the gang stays as it is.
 
-A resize is a new incarnation that spends no budget (status.elastic.resizes, subtracted like
-disruptions), and it starts without the restart backoff.
+A resize is a restart (phase Restarting, reason Shrunk or Grown: the goodput ledger cuts the incarnation
+there) that spends no budget (status.elastic.resizes, subtracted like disruptions) and waits no backoff.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from tetrad_operator.lifecycle.machine import JobPass
 from tetrad_operator.observed import PodState, format_time, parse_time
 
 GROW_TOKEN = "grow-{restart}-{nodes}"  # the checkpoint-now token of a grow
+RESIZES = ("Shrunk", "Grown")  # the reasons of a resize's Restarting, which waits no backoff
 Sized = Callable[[int], ResolvedConfig | None]  # the job resolved at n pods, None where it cannot run
 
 
@@ -127,6 +128,6 @@ def _resize(m: JobPass, pods: Sequence[PodState], restart: int, nodes: int, reas
     m.status.elastic = e.model_copy(update={"nodes": nodes, "resizes": e.resizes + 1, "room_since": None,
                                             "grow_request": None})
     m.status.restarts = restart + 1
-    m.transition(Phase.PENDING, reason, f"{message} as restart {restart + 1}", warning=reason == "Shrunk")
+    m.transition(Phase.RESTARTING, reason, f"{message} as restart {restart + 1}", warning=reason == "Shrunk")
     release.withdraw(m, reason, "the gang is resized")
     m.delete(pods)

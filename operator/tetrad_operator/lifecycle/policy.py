@@ -246,6 +246,8 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
 def hold_until(m: JobPass, policy: RunPolicy, restart: int, gang_timed_out: bool) -> datetime | None:
     """When the incarnation's pods may be created: after the restart backoff or a gang timeout's pause."""
     if m.phase == Phase.RESTARTING:
+        if (restarting := m.condition(Phase.RESTARTING)) is not None and restarting.reason in elastic.RESIZES:
+            return None
         return m.since(Phase.RESTARTING) + timedelta(seconds=backoff_seconds(policy, restart))
     if gang_timed_out:
         return m.since(release.RELEASED) + timedelta(seconds=min(policy.backoff_seconds,
