@@ -6,6 +6,7 @@ and a new incarnation's pods get the budget that is left."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from tetrad_operator.observed import format_time, parse_time
@@ -121,3 +122,29 @@ def test_rounds_only_a_termination_message_tells_count_too():
     assert in_place_events(c) == ["the gang of restart 0 restarted in its own pods (2 more rounds, up to"
                                   " round 2); 0 of spec.runPolicy.maxRestarts=2 left"]
     assert c.phase == "Failed" and "2 of them in place" in c.status["message"]
+
+
+def test_a_rounds_start_up_is_no_stall_the_stall_timer_starts_over_at_the_round():
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30}))
+    running(c)
+    c.tick(65)
+    c.job["status"]["training"] = {"updated": format_time(c.now), "step": 50,
+                                   "lastStepTime": format_time(c.now)}
+    c.reconcile()
+    # a worker died; rank 0 of round 1 answers, importing and loading: its last step is round 0's
+    c.tick(20)
+    scraped_round(c, 1, 0)
+    c.job["status"]["training"]["updated"] = format_time(c.now)
+    c.reconcile()
+    assert c.status["round"] == 1
+    learned = c.now
+    for seconds in (60, 200, 299):  # 30 s after the last step, but within the start-up's floor of 300 s
+        c.now = learned + timedelta(seconds=seconds)
+        c.job["status"]["training"]["updated"] = format_time(c.now)
+        c.reconcile()
+        assert c.phase == "Running", (seconds, c.status["message"])
+    c.now = learned + timedelta(seconds=301)
+    c.job["status"]["training"]["updated"] = format_time(c.now)
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    assert "before the first step" in c.status["message"]

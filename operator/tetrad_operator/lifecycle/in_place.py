@@ -9,6 +9,7 @@ maxRestarts, and is told in a RestartedInPlace Event.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from tetrad.api.spec import ParallelTrainingJobStatus, Phase, RunPolicy
 from tetrad_operator.lifecycle import elastic, goodput
@@ -63,3 +64,11 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
 def next_incarnation(m: JobPass) -> None:
     """A new incarnation's pods begin at round 0."""
     m.status.round = 0
+
+
+def round_began(m: JobPass) -> datetime | None:
+    """When the operator learned of the current incarnation's round (None in round 0): the goodput
+    ledger's cut of the round before."""
+    if m.status.round and m.ledger.round == m.status.round:
+        return parse_time(m.ledger.since)
+    return None

@@ -136,7 +136,8 @@ def steps_of(spec: ParallelTrainingJobSpec) -> int | None:
 
 def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -> Failure | None:
     """A Running gang whose rank 0 completed no step for the stall timeout, counted from its last
-    heartbeat or, before the first one of this incarnation, from when the gang started Running
+    heartbeat or, before the first one of this incarnation (of its round of restarts in place), from
+    when the gang started Running (from when the operator learned of the round)
     (then the timeout is at least the default's floor, even below an explicit stallTimeoutSeconds,
     and `stall_startup_factor` x the last measured start-up: a start-up is no stall).
 
@@ -151,7 +152,8 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
     """
     training = m.read.training or TrainingStatus()
     timeout = stall_timeout(m, policy, training)
-    running = m.since(Phase.RUNNING)
+    # a round of restarts in place starts over as the incarnation did: its start-up is no stall
+    running = max(m.since(Phase.RUNNING), in_place.round_began(m) or m.since(Phase.RUNNING))
     read = parse_time(training.updated)
     finishing = steps is not None and training.step is not None and training.step >= steps
     if timeout is None or read is None or read < running or finishing:
