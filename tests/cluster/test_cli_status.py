@@ -101,6 +101,6 @@ def test_tetrad_status_and_wide_columns_show_a_running_job(cluster: Cluster, nam
 
     wide = cluster.kubectl("get", "ptj", "watched", "-n", namespace, "-o", "wide").splitlines()
     assert table_row(wide[0], wide[1]) | {"AGE": ""} == {
-        "NAME": "watched", "PHASE": "Running", "NODES": "2", "MESH": "pp1.dpr1.dps8.cp1.tp2", "RESTARTS": "1",
-        "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400", "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42",
-        "GOODPUT": "0.8312", "AGE": ""}
+        "NAME": "watched", "PHASE": "Running", "NODES": "2", "RUNNING-NODES": "",
+        "MESH": "pp1.dpr1.dps8.cp1.tp2", "RESTARTS": "1", "TOKENS/S": "65536", "LAST-CKPT": "", "STEP": "400",
+        "STEPS": "1000", "LOSS": "2.5", "MFU": "0.42", "GOODPUT": "0.8312", "AGE": ""}
