@@ -276,6 +276,8 @@ def admissible(draw: st.DrawFn) -> dict[str, Any]:
         ("training", "lossChunks"): st.integers(1, 8),
         ("training", "initFrom"): st.sampled_from(["/models/llama-hf", "/data/hf"]),
         ("gang", "topologyKey"): st.sampled_from(["tetrad.dev/rack", "topology.kubernetes.io/zone"]),
+        ("elastic",): st.fixed_dictionaries({"minNodes": st.integers(1, 4)}, optional={
+            "shrinkAfterSeconds": st.integers(0, 3600), "growAfterSeconds": st.integers(0, 3600)}),
         ("data",): st.sampled_from([{"source": "tokens", "path": "/data/t.bin", "tokenDtype": "uint32"},
                                     {"source": "text", "path": "/data/t.txt"}]),
     }
