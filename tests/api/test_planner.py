@@ -350,3 +350,24 @@ def test_the_guide_quotes_the_plan_for_zero2_and_offload():
     peak, step, _ = planned(1, "llama3-70b",
                             {"globalBatch": 8, "activationCheckpointing": "full", "fsdp": {"offload": "cpu"}})
     assert f"pure FSDP fits at {peak:.1f} GiB per GPU" in text and f"at {step:.1f} s, two thirds" in text
+
+
+def test_plan_judges_each_elastic_size_below_the_job():
+    """At 3 of 4 pods globalBatch 8 does not divide 3 data-parallel ranks; at 2 the job runs with the same
+    tp and pp, and the planner predicts it."""
+    job, _ = parse(manifest(nodes=4, nprocPerNode=4, parallelism={"pp": 2, "tp": 2, "dpShard": "auto"},
+                            elastic={"minNodes": 2}))
+    assert job is not None
+    report = plan_job(job)
+    assert report["mesh"] == "pp2.dpr1.dps4.cp1.tp2"
+    three, two = report["elastic"]
+    assert (three["nodes"], three["mesh"]) == (3, None)
+    assert "globalBatch=8 must be divisible by dpReplicate*dpShard = 3" in three["problem"]
+    assert (two["nodes"], two["mesh"], two["problem"]) == (2, "pp2.dpr1.dps2.cp1.tp2", None)
+    assert two["peak_bytes"] > 0
+    console = Console(record=True, width=200)
+    print_plan(report, console)
+    text = console.export_text()
+    assert "Elastic sizes below spec.nodes" in text and "pp2.dpr1.dps2.cp1.tp2" in text
+    assert "cannot run: spec.training.globalBatch" in text
+    assert plan_job(parse(manifest())[0])["elastic"] == []  # type: ignore[arg-type]

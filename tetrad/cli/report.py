@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
+from tetrad.plan.elastic import degrees, resized_spec
 from tetrad.plan.estimate import GiB, count_text
 from tetrad.plan.placement import placement
 from tetrad.plan.solver import no_fit_advice, solve, usable_bytes
@@ -20,6 +21,38 @@ PLUGIN_NOTE = ("spec.model.module is a model of your own: its memory, FLOPs and 
                " trainer measures and reports the real figures.")
 
 
+ELASTIC_SIZES_SHOWN = 16  # the largest sizes below spec.nodes that `tetrad plan` judges
+
+
+def elastic_sizes(job: ParallelTrainingJob, layout: Layout) -> list[dict[str, Any]]:
+    """An elastic job below spec.nodes, largest first: the layout, the peak memory and the speed the
+    planner predicts at each size, or why the job cannot run there (tetrad.plan.elastic)."""
+    spec, e = job.spec, job.spec.elastic
+    if e is None:
+        return []
+    sizes = []
+    for n in range(spec.nodes - 1, e.min_nodes - 1, -1)[:ELASTIC_SIZES_SHOWN]:
+        row: dict[str, Any] = {"nodes": n, "mesh": None, "peak_bytes": None, "tokens_per_second": None,
+                               "problem": None}
+        if degrees(layout, n * spec.nproc_per_node) is None:
+            row["problem"] = (f"tp x cp x pp = {layout.tp * layout.cp * layout.pp} does not divide "
+                              f"{n * spec.nproc_per_node} processes")
+        else:
+            checked = check_spec(resized_spec(spec, layout, n))
+            errors = [p for p in checked.problems if p.severity == "error"]
+            solution = checked.solution
+            if errors or solution is None or solution.layout is None:
+                row["problem"] = str(errors[0]) if errors else (solution.reason if solution else "")
+            else:
+                row["mesh"] = solution.layout.label()
+                if solution.estimate is not None:
+                    row["peak_bytes"] = solution.estimate.peak_bytes
+                if solution.time is not None:
+                    row["tokens_per_second"] = solution.time.tokens_per_second * n * spec.nproc_per_node
+        sizes.append(row)
+    return sizes
+
+
 def plan_script(job: ParallelTrainingJob, checked: Checked) -> dict[str, Any]:
     """A script job: its layout and where each dim lies; no prediction."""
     spec = job.spec
@@ -32,7 +65,8 @@ def plan_script(job: ParallelTrainingJob, checked: Checked) -> dict[str, Any]:
             "layout": layout.model_dump(by_alias=True) if layout else None,
             "mesh": layout.label() if layout else None,
             "placement": placement(layout, spec.nproc_per_node) if layout else None,
-            "note": SCRIPT_NOTE, "problems": errors}
+            "note": SCRIPT_NOTE, "problems": errors,
+            "elastic": elastic_sizes(job, layout) if layout and not errors else []}
 
 
 def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
@@ -65,6 +99,7 @@ def plan_job(job: ParallelTrainingJob) -> dict[str, Any]:
         report["note"] = PLUGIN_NOTE
     errors = [p for p in checked.problems if p.severity == "error"]
     report["problems"] = [str(p) for p in errors]
+    report["elastic"] = elastic_sizes(job, solution.layout) if solution.layout is not None else []
     if solution.layout is not None:
         est = solution.estimate
         fits = budget is None or (est is not None and est.peak_bytes <= budget)
@@ -134,6 +169,7 @@ def print_plan(report: dict[str, Any], console: Any = None) -> None:
                           " (offload; an assumed rate, docs/planner.md)")
     if report["placement"]:
         console.print(f"Placement: {_placement(report['placement'])}")
+    print_elastic_sizes(console, report)
     if report.get("note"):
         console.print(report["note"])
     if report["reason"]:
@@ -147,10 +183,29 @@ def _placement(dims: dict[str, str]) -> str:
     return ", ".join(f"{dim} {where}" for dim, where in dims.items()) or "one process"
 
 
+def print_elastic_sizes(console: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    if not report.get("elastic"):
+        return
+    table = Table(title="Elastic sizes below spec.nodes (spec.elastic): the same global batch")
+    for col in ("nodes", "layout", "peak GiB/device", "tokens/s"):
+        table.add_column(col, justify="right")
+    for row in report["elastic"]:
+        if row["problem"]:
+            table.add_row(str(row["nodes"]), f"[red]cannot run[/]: {row['problem']}", "", "")
+            continue
+        table.add_row(str(row["nodes"]), row["mesh"],
+                      _gib(row["peak_bytes"]) if row["peak_bytes"] is not None else "",
+                      f"{row['tokens_per_second']:,.0f}" if row["tokens_per_second"] is not None else "")
+    console.print(table)
+
+
 def print_script_plan(console: Any, report: dict[str, Any]) -> None:
     console.print(f"[bold]{report['job']}[/]: script {report['script']}, on {report['world_size']} processes")
     if report["mesh"]:
         console.print(f"Layout: {report['mesh']} (TETRAD_MESH); placement: {_placement(report['placement'])}")
+    print_elastic_sizes(console, report)
     console.print(report["note"])
     for p in report["problems"]:
         console.print(f"[red]error[/]: {p}")
