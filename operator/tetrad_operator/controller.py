@@ -27,13 +27,16 @@ import aiohttp
 from tetrad.api import contract
 from tetrad.api.contract import API_VERSION, KIND, PLURAL
 from tetrad.api.spec import Checkpoint, GoodputStatus, ParallelTrainingJobStatus, Phase
+from tetrad.node import rounds
 from tetrad.render import gangs, names
+from tetrad.render.objects import rounds_gang, rounds_port
 from tetrad_operator import lifecycle, scrape, status
 from tetrad_operator.admission import GangAdmitter, created_released, ungate
 from tetrad_operator.informer import Informer
 from tetrad_operator.kubeapi import ApiError, KubeApi, object_path, path
 from tetrad_operator.lifecycle import (
     AnnotatePod,
+    AskInPlace,
     CreatePod,
     DeleteJob,
     DeletePod,
@@ -519,6 +522,7 @@ class Controller:
         calls += [self._delete_stale_gang(namespace, job, a)
                   for a in actions if isinstance(a, DeleteStaleGang)]
         calls += [self._annotate_pod(namespace, a) for a in actions if isinstance(a, AnnotatePod)]
+        calls += [self._ask_in_place(loop, pods, a) for a in actions if isinstance(a, AskInPlace)]
         ungates = [p for a in actions if isinstance(a, Ungate) for p in a.pods]
         if ungates:
             calls.append(ungate(self.kube, namespace, ungates, self.limit))
@@ -595,6 +599,29 @@ class Controller:
         body = {"metadata": {"uid": action.uid, "annotations": action.annotations}}
         async with self.limit:
             await self.kube.patch(path("v1", "pods", namespace, action.name), body, ok=(404, 409))
+
+    async def _ask_in_place(self, loop: JobLoop, pods: list[PodState], action: AskInPlace) -> None:
+        """Ask pod 0's coordinator of restarts in place for the next round, and write its answer into
+        status.inPlaceAsk.accepted (a refusal, or no answer, and the lifecycle recreates the gang)."""
+        job = loop.resolved(loop.body or {}).job
+        pod0 = next((p for p in pods if p.name == action.name and p.uid == action.uid), None)
+        host = self.settings.scrape_host or (pod0.ip if pod0 is not None else None)
+        gang = rounds_gang(job, action.restart) if job is not None else ""
+        accepted = bool(job is not None and host and await asyncio.to_thread(
+            rounds.ask, host, rounds_port(job.spec), gang, action.round, action.why))
+        log.info("%s/%s: pod 0's coordinator %s the restart in place of round %d", *loop.key,
+                 "took" if accepted else "refused (or did not answer)", action.round)
+        held = ((loop.body or {}).get("status") or {}).get("inPlaceAsk") or {}
+        if (held.get("restart"), held.get("round")) != (action.restart, action.round):
+            return  # another ask since (the lifecycle's): this answer is not its
+        try:
+            written = await self.kube.patch(path(API_VERSION, PLURAL, *loop.key, "status"),
+                                            {"status": {"inPlaceAsk": {"accepted": accepted}}})
+        except ApiError as e:
+            log.warning("could not write the answer of %s/%s's coordinator: %s", *loop.key, e)
+            return
+        if written is not None:
+            loop.keep(written, read=True)
 
     async def _create_pod(self, loop: JobLoop, action: CreatePod) -> None:
         async with self.limit:

@@ -25,13 +25,15 @@ from tetrad.api.contract import (
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
     EXIT_WORKERS_STUCK,
+    REASON_STALLED,
     REASON_WORKERS_STUCK,
 )
 from tetrad.api.termination import TerminationMessage
 from tetrad.launch.local import restarts_row
+from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
-from tetrad.node.rounds import ABORT, END, GO, Coordinator, Member, Report, Rounds, Word
+from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
 
 DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
 
@@ -70,7 +72,7 @@ def test_a_failure_aborts_the_round_and_every_nodes_report_starts_the_next() -> 
     assert rounds.report(failed(1, code=137)) == [Word(ABORT, 0, 1, 137)]
     assert rounds.report(Report(0, 0, None)) == []  # stopped for the abort
     # a peer's own failure (it lost its peer) is not the cause; the round goes on once all have said
-    assert rounds.report(failed(2, code=1)) == [Word(GO, 1, 1, 137)]
+    assert rounds.report(failed(2, code=1)) == [Word(GO, 1, 1, 137, left=1)]
     assert (rounds.round, rounds.left, rounds.reports, rounds.cause) == (1, 1, {}, None)
     assert rounds.report(failed(0, round=0)) == []  # the old round's word comes too late to count
 
@@ -79,13 +81,13 @@ def test_the_restart_names_the_node_that_says_why_it_failed() -> None:
     rounds = gang(nodes=2)
     assert rounds.report(failed(0)) == [Word(ABORT, 0, 0, 1)]  # a peer that lost its connection, first
     silent = Report(1, 0, 1, in_place=True, why="a worker ended without a word")
-    assert rounds.report(silent) == [Word(GO, 1, 1, 1, "a worker ended without a word")]
+    assert rounds.report(silent) == [Word(GO, 1, 1, 1, "a worker ended without a word", left=1)]
 
 
 def test_the_budget_ends_the_rounds_and_the_failure_is_the_nodes_to_exit_with() -> None:
     rounds = gang(nodes=2, left=1)
     rounds.report(failed(0))
-    assert rounds.report(Report(1, 0, None)) == [Word(GO, 1, 0, 1)]
+    assert rounds.report(Report(1, 0, None)) == [Word(GO, 1, 0, 1, left=0)]
     assert rounds.report(failed(1, round=1, code=3)) == [Word(END, 1, 1, 3)]  # no restart left
     assert rounds.ended and rounds.report(failed(0, round=1)) == []
 
@@ -128,6 +130,49 @@ def test_a_lost_node_or_one_that_does_not_report_in_time_ends_the_rounds() -> No
     assert gang().overdue() == []  # nothing was aborted
 
 
+STALL = "rank 0 completed no step for 95s"
+
+
+def test_the_operators_ask_restarts_a_stalled_gang_in_place_without_spending_the_budget() -> None:
+    rounds = gang(nodes=2, left=0)  # a disruption: even an empty budget restarts a stall in place
+    assert rounds.ask(0, STALL) == [Word(ABORT, 0, OPERATOR, None, STALL)]
+    assert rounds.ask(0, STALL) == []  # asked once
+    assert rounds.report(Report(0, 0, None)) == []
+    # a node that failed on its own meanwhile (it lost its peer) is not the cause: the operator's is
+    assert rounds.report(Report(1, 0, 1, in_place=True, why="lost a peer")) == [
+        Word(GO, 1, OPERATOR, None, STALL, left=0)]
+    assert rounds.left == 0 and rounds.round == 1
+
+
+@pytest.mark.parametrize("state", ["failure under way", "another round", "not all joined", "ended",
+                                   "a node finished"])
+def test_the_operators_ask_is_refused_where_a_round_cannot_begin(state: str) -> None:
+    rounds = Rounds(2, 1) if state == "not all joined" else gang(nodes=2, left=1)
+    if state == "not all joined":
+        rounds.join(0)
+    elif state == "failure under way":
+        rounds.report(failed(1))
+    elif state == "ended":
+        rounds.lost(1)
+    elif state == "a node finished":
+        rounds.report(Report(1, 0, 0))
+    asked = 1 if state == "another round" else 0
+    assert rounds.ask(asked, STALL) == []
+    assert rounds.left == 1 and (rounds.cause is None or rounds.cause.node != OPERATOR)
+
+
+def test_an_asked_round_that_a_node_does_not_stop_for_ends_as_the_operators_stall() -> None:
+    rounds = gang(nodes=2)
+    rounds.ask(0, STALL)
+    assert rounds.overdue() == [Word(END, 0, OPERATOR, None, STALL)]
+    code, said = supervisor.last_word(supervisor.RoundEnd(None, TerminationMessage()),
+                                      Word(END, 0, OPERATOR, None, STALL), None)
+    # not the job's failure: the operator reads the reason as the stall it asked about (a disruption)
+    assert code == 1 and said.reason == REASON_STALLED
+    assert said.message is not None
+    assert said.message.startswith(f"{STALL}; the gang was asked to restart in place")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,9 +196,36 @@ def test_the_coordinator_and_its_members_over_tcp() -> None:
             assert members[0].cond.wait_for(lambda: members[0].aborted(0), timeout=10)
         assert not members[0].aborted(1)
         assert members[0].report(Report(0, 0, None))
-        assert [m.next_word(0, timeout_s=10) for m in members] == [Word(GO, 1, 1, 1)] * 2
+        assert [m.next_word(0, timeout_s=10) for m in members] == [Word(GO, 1, 1, 1, left=0)] * 2
         assert members[0].report(Report(0, 1, 1, in_place=True))  # no restart left
         assert [m.next_word(1, timeout_s=10) for m in members] == [Word(END, 1, 0, 1)] * 2
+    finally:
+        for m in members:
+            m.close()
+        coordinator.close()
+
+
+def test_the_operator_asks_the_coordinator_over_tcp() -> None:
+    port = free_port()
+    coordinator = Coordinator(Rounds(2, 0), "job/0/t", "127.0.0.1", port)
+    members = [Member(node, "job/0/t", "127.0.0.1", port, connect_timeout_s=10) for node in (0, 1)]
+    try:
+        deadline = time.monotonic() + 10
+        while coordinator.rounds.joined != {0, 1} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not rounds_module.ask("127.0.0.1", port, "job/0/other", 0, STALL)  # not this gang's id
+        assert not rounds_module.ask("127.0.0.1", free_port(), "job/0/t", 0, STALL)  # nobody listens
+        assert coordinator.rounds.cause is None
+        assert rounds_module.ask("127.0.0.1", port, "job/0/t", 0, STALL)
+        assert not rounds_module.ask("127.0.0.1", port, "job/0/t", 0, STALL)  # the round is already aborted
+        for m in members:
+            with m.cond:
+                assert m.cond.wait_for(lambda m=m: m.aborted(0), timeout=10)
+            assert m.report(Report(m.node, 0, None))
+        assert [m.next_word(0, timeout_s=10) for m in members] == [Word(GO, 1, OPERATOR, None, STALL, 0)] * 2
+        assert supervisor.restarting(members[0].next_word(0) or Word(GO, 1), 0.0) == (
+            f"{STALL}: restarting the gang in place, round 1, in 0s (a disruption, spending no"
+            " spec.runPolicy.maxRestarts)")
     finally:
         for m in members:
             m.close()
@@ -266,7 +338,7 @@ def test_the_next_rounds_workers_learn_its_cause_and_the_node_says_its_last_roun
             f"open({str(seen)!r}, 'w').write(said)")
     with node_0_failing_once_joined(tmp_path, then) as (node0, node1):
         assert node1.report(Report(1, 0, None))  # node 1's workers are gone too
-        assert node1.next_word(0) == Word(GO, 1, 0, 3)
+        assert node1.next_word(0) == Word(GO, 1, 0, 3, left=2)
         assert node0.wait(timeout=60) == 0, said(node0)
     assert seen.read_text() == "1|node 0 exited 3"
     assert TerminationMessage.parse((tmp_path / "termination").read_text()) == TerminationMessage(round=1), \
@@ -274,9 +346,8 @@ def test_the_next_rounds_workers_learn_its_cause_and_the_node_says_its_last_roun
 
 
 def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:
-    settings = RoundSettings("127.0.0.1", 1, 3, (), (), 1.0, 1.0, 0, "t")
-    lines = [supervisor.restarting(Word(GO, 1, 1, 1, supervisor.SILENT_WORKER), settings, 1.0),
-             supervisor.restarting(Word(GO, 2, 0, 79, "a collective timed out: rank 0: gloo: x"), settings,
+    lines = [supervisor.restarting(Word(GO, 1, 1, 1, supervisor.SILENT_WORKER, left=2), 1.0),
+             supervisor.restarting(Word(GO, 2, 0, 79, "a collective timed out: rank 0: gloo: x", left=1),
                                    2.0)]
     assert restarts_row(lines) == ("2 in place: node 1 exited 1 (a worker ended without a word: killed by a"
                                    " signal, or crashed); node 0 exited 79 (a collective timed out: rank 0:"

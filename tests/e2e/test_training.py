@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 
 from tests.cluster_fixtures import (
@@ -41,6 +42,7 @@ from tests.cluster_fixtures import (
     table_row,
     wait_until,
 )
+from tetrad.node.rounds import STOP_TIMEOUT_S
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes")]
 
@@ -399,7 +401,8 @@ class InterruptedRun:
     after_preemption: dict[str, Any]  # the job's status once the next incarnation was Running
     killed: dict[str, Any]  # the SIGKILLed pod as it terminated
     stalled: dict[str, Any]  # the job's status when the operator restarted the frozen gang
-    stall_seconds: float  # from freezing a pod's processes to the operator's decision to restart
+    frozen: float  # when the test froze a pod's processes
+    stall_seconds: float  # from the freeze to the operator's decision to recreate the gang
     events: list[dict[str, Any]]
     logs: dict[int, str]  # rank 0's log of each incarnation
     local: list[float]
@@ -537,7 +540,8 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     signal_pod(c, ns, "resume", 1, signal.SIGKILL)
     killed = watch.terminated()
     # A hang: every process of one trainer container stopped (SIGSTOP), so its peers wait in a
-    # collective and rank 0 completes no step; the operator restarts the gang as Stalled.
+    # collective and rank 0 completes no step; the operator asks pod 0's coordinator to restart the gang in
+    # place, the frozen node cannot stop for it, and the gang is recreated as Stalled.
     wait_until(lambda: saved_since_start(2), timeout=JOB_TIMEOUT, interval=2,
                what="a new checkpoint in incarnation 2")
     room_to_fail(2)
@@ -548,13 +552,13 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     # Timed by the operator's own Restarting transition (whole seconds, rounded down), not by when
     # this test's poll happened to see it.
     decided = next(c for c in stalled["conditions"] if c["type"] == "Restarting")["lastTransitionTime"]
-    stall_seconds = datetime.strptime(decided, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() - frozen
+    stall_seconds = epoch(decided) - frozen
     wait_until(lambda: saved_since_start(3) or job_status(c, ns, "resume").get("phase") == "Succeeded",
                timeout=JOB_TIMEOUT, interval=1, what="incarnation 3 running")
     status = wait_for_phase(c, ns, "resume", "Succeeded")
     events = c.kubectl_json("get", "events", "-n", ns, "--field-selector",
                             "involvedObject.name=resume")["items"]
-    return InterruptedRun(status, preempted, after_preemption, killed, stalled, stall_seconds, events,
+    return InterruptedRun(status, preempted, after_preemption, killed, stalled, frozen, stall_seconds, events,
                           logs.rank0(), local_losses(job, tmp_path_factory.mktemp("local-resume")))
 
 
@@ -582,19 +586,35 @@ def test_a_sigkilled_trainer_restarts_the_gang_from_the_last_checkpoint(
     assert resumed >= 9  # after the preemption's save and one of its own, at least
 
 
+def epoch(stamp: str) -> float:
+    """An API timestamp (whole seconds, rounded down) as seconds since the epoch."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
 @RESUME_TIMEOUT
-def test_a_frozen_pod_restarts_the_gang_as_stalled_within_the_timeout_plus_one_resync(
+def test_a_frozen_pod_is_asked_to_restart_in_place_then_recreated_as_stalled(
         interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
     restarting = next(c for c in run.stalled["conditions"] if c["type"] == "Restarting")
     assert restarting["status"] == "True" and restarting["reason"] == "Stalled", run.stalled["conditions"]
-    assert ("completed no step" in restarting["message"]
-            and "spec.runPolicy.stallTimeoutSeconds" in restarting["message"])
+    said = restarting["message"]
+    assert "completed no step" in said and "spec.runPolicy.stallTimeoutSeconds" in said
     assert run.stalled["disruptions"] == 2  # the preemption and the stall; a stall spends no maxRestarts
-    # Counted from rank 0's last step, which came just before the freeze.
-    assert run.stall_seconds <= STALL_TIMEOUT + RESYNC + RECONCILE_LATENCY, run.stall_seconds
-    (stall,) = [e for e in run.events if e["reason"] == "Stalled"]
-    assert stall["type"] == "Warning" and f"over the stall timeout of {STALL_TIMEOUT}s" in stall["message"]
+    # Pod 0's coordinator took the ask within the timeout plus a resync, counted from rank 0's last step,
+    # which came just before the freeze.
+    assert run.stalled["inPlaceAsk"]["accepted"] is True, run.stalled["inPlaceAsk"]
+    (asked,) = [e for e in run.events
+                if e["reason"] == "Stalled" and "asked pod 0's coordinator" in e["message"]]
+    assert asked["type"] == "Warning" and f"over the stall timeout of {STALL_TIMEOUT}s" in asked["message"]
+    asked_seconds = epoch(asked["firstTimestamp"]) - run.frozen
+    assert asked_seconds <= STALL_TIMEOUT + RESYNC + RECONCILE_LATENCY, asked_seconds
+    # The frozen node never stops for the round: after the coordinator's stop timeout pod 0 ends with the
+    # stall as its reason (or the operator stops waiting first), and the gang gets new pods.
+    assert ("the gang was asked to restart in place, but a node did not stop" in said
+            or "in place came within" in said), said
+    waited = max(STOP_TIMEOUT_S, LifecycleSettings().in_place_ask_seconds)
+    assert run.stall_seconds - asked_seconds <= waited + RESYNC + RECONCILE_LATENCY, run.stall_seconds
+    assert run.stalled.get("restartsInPlace", 0) == 0
 
 
 @RESUME_TIMEOUT

@@ -128,7 +128,9 @@ class FakeCluster:
         for node in nodes or [node_body("n0", cpu="64", memory="256Gi")]:
             self.nodes[node["metadata"]["name"]] = node
         self.settings = settings or lifecycle.Settings()
-        self.controller = Controller(self.kube, OperatorSettings(lifecycle=self.settings), clock=self.clock)
+        # a connection the operator makes to a pod (a scrape, an ask of pod 0's coordinator) goes to loopback
+        operator = OperatorSettings(lifecycle=self.settings, scrape_host="127.0.0.1")
+        self.controller = Controller(self.kube, operator, clock=self.clock)
         self.controller.admission.reserve = self._decline  # type: ignore[method-assign]
         self.loop = self.controller.job_loop(("ns", self.name))
         self.decisions: list[lifecycle.Decision] = []

@@ -83,10 +83,19 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
             assert 4 - 1 <= waited <= 4 + 1 + 2 + 1, f"acted after {waited:.1f}s"
             st = api.status(ns, "hang")
             assert st["disruptions"] == 1
-            stalled = wait_events(api, ns, "hang", "Stalled")
-            assert len(stalled) == 1 and stalled[0]["type"] == "Warning", stalled
-            assert "rank 0 (hang-r0-0) completed no step since" in stalled[0]["message"]
-            assert "(spec.runPolicy.stallTimeoutSeconds)" in stalled[0]["message"]
+            # first asked to restart in place: these pods have no coordinator, so the operator's ask is
+            # refused at once and the gang is recreated
+            (asked,) = wait_events(api, ns, "hang", "Stalled", "asked pod 0's coordinator")
+            (recreated,) = wait_events(api, ns, "hang", "Stalled", "restarting the whole gang")
+            for event in (asked, recreated):
+                assert event["type"] == "Warning", event
+                assert "rank 0 (hang-r0-0) completed no step since" in event["message"]
+                assert "(spec.runPolicy.stallTimeoutSeconds)" in event["message"]
+            assert ("asked pod 0's coordinator to restart the gang in its own pods (round 1)"
+                    in asked["message"])
+            assert ("pod 0's coordinator did not restart it in place (it refused, or did not answer);"
+                    " restarting the whole gang as restart 1") in recreated["message"]
+            assert st["inPlaceAsk"]["accepted"] is False and st.get("restartsInPlace", 0) == 0
 
             rank0.beating.set()  # the new incarnation trains
             wait_running(api, ns, "hang", 2, restart=1)

@@ -6,13 +6,19 @@ and a new incarnation's pods get the budget that is left."""
 from __future__ import annotations
 
 import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 from tetrad_operator.observed import format_time, parse_time
 
-from tetrad.api import contract
+from tetrad.api import contract, parse
+from tetrad.api.termination import TerminationMessage
+from tetrad.node import rounds
 from tetrad.node.environment import RoundSettings
+from tetrad.render.objects import rounds_gang
 
 from .fakes import T0, FakeCluster, job_body
 from .test_goodput import KINDS, since
@@ -22,12 +28,12 @@ CAUSE = "node 1 exited 1 (a worker ended without a word: killed by a signal, or 
 
 
 def scraped_round(c: FakeCluster, round: int, step: int, previous: dict[str, float] | None = None,
-                  **account: float) -> None:
+                  cause: str = CAUSE, **account: float) -> None:
     """What a scrape of rank 0 in `round` of incarnation 0 writes into status.trainerTime."""
     assert c.job is not None
     c.job["status"]["trainerTime"] = {
         "restart": 0, "round": round, "step": step, "updated": format_time(c.now), **account,
-        **({"roundCause": CAUSE} if round else {}), **({"previousRound": previous} if previous else {})}
+        **({"roundCause": cause} if round else {}), **({"previousRound": previous} if previous else {})}
 
 
 def since_creation(time: str) -> float:
@@ -145,6 +151,120 @@ def test_a_rounds_start_up_is_no_stall_the_stall_timer_starts_over_at_the_round(
         assert c.phase == "Running", (seconds, c.status["message"])
     c.now = learned + timedelta(seconds=301)
     c.job["status"]["training"]["updated"] = format_time(c.now)
+    c.reconcile()  # asks pod 0's coordinator (there is none here), then recreates the gang
     c.reconcile()
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
     assert "before the first step" in c.status["message"]
+
+
+# ---------------------------------------------------------------------- a stall, restarted in place
+
+STALLING = {**FAST, "maxRestarts": 0, "maxDisruptions": 2, "stallTimeoutSeconds": 30}
+
+
+def free_rendezvous_port() -> int:
+    """A rendezvous port whose next port (the coordinator's) is free on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1]) - contract.ROUNDS_PORT_OFFSET
+
+
+@contextmanager
+def coordinator(c: FakeCluster, nodes: int = 2) -> Iterator[rounds.Coordinator]:
+    """Pod 0's coordinator of incarnation 0, as its supervisor runs it, every node joined; the fake
+    cluster's operator reaches pods on loopback."""
+    job, _ = parse(c.job)
+    assert job is not None
+    port = job.spec.rendezvous.port + contract.ROUNDS_PORT_OFFSET
+    served = rounds.Coordinator(rounds.Rounds(nodes, 0), rounds_gang(job, 0), "127.0.0.1", port)
+    for node in range(nodes):
+        served.rounds.join(node)
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+def stalled_job() -> FakeCluster:
+    c = FakeCluster(job_body(nodes=2, runPolicy=STALLING, rendezvous={"port": free_rendezvous_port()}))
+    running(c)
+    c.tick(65)
+    c.job["status"]["training"] = {"updated": format_time(c.now), "step": 50,
+                                   "lastStepTime": format_time(c.now)}
+    c.reconcile()
+    return c
+
+
+def stall(c: FakeCluster, seconds: float = 31) -> None:
+    c.now += timedelta(seconds=seconds)
+    c.job["status"]["training"]["updated"] = format_time(c.now)
+    c.reconcile()
+
+
+def test_a_stalled_gang_is_restarted_in_its_own_pods_as_a_disruption():
+    c = stalled_job()
+    with coordinator(c) as served:
+        stall(c)
+        asked = c.status["inPlaceAsk"]
+        assert (asked["restart"], asked["round"], asked["accepted"]) == (0, 0, True)
+        assert asked["cause"].startswith("rank 0 (job-r0-0) completed no step since")
+        assert served.rounds.cause is not None and served.rounds.cause.node == rounds.OPERATOR
+        (event,) = [e for e in c.events if e.reason == "Stalled"]
+        assert "asked pod 0's coordinator to restart the gang in its own pods (round 1)" in event.message
+        # while the round comes, the gang is neither recreated nor asked again
+        c.tick(60)
+        c.job["status"]["training"]["updated"] = format_time(c.now)
+        c.reconcile()
+        assert (c.phase, c.status["restarts"]) == ("Running", 0)
+        assert [e.reason for e in c.events].count("Stalled") == 1
+    # rank 0 of round 1 answers: a restart in place that spent no maxRestarts (0 here), only a disruption
+    scraped_round(c, 1, 41, cause=asked["cause"])
+    c.reconcile()
+    assert (c.status["restartsInPlace"], c.status["disruptionsInPlace"], c.status["restarts"]) == (1, 1, 0)
+    assert in_place_events(c) == [
+        f"the gang of restart 0 restarted in its own pods (round 1) after {asked['cause']}; round 1 the"
+        " operator asked for after a stall, a disruption; 0 of spec.runPolicy.maxRestarts=0 left"]
+    # the next stall spends the second and last disruption; a third fails the job
+    c.job["status"]["training"] = {"updated": format_time(c.now), "step": 45,
+                                   "lastStepTime": format_time(c.now)}
+    c.reconcile()
+    stall(c)
+    c.reconcile()
+    assert c.phase == "Restarting" and c.status["disruptions"] == 1, c.status["message"]
+    assert "pod 0's coordinator did not restart it in place" in c.status["message"]
+
+
+def test_an_accepted_ask_whose_round_does_not_come_recreates_the_gang():
+    c = stalled_job()
+    with coordinator(c):
+        stall(c)
+        assert c.status["inPlaceAsk"]["accepted"] is True
+    c.tick(c.settings.in_place_ask_seconds)
+    c.job["status"]["training"]["updated"] = format_time(c.now)
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    waited = c.settings.in_place_ask_seconds
+    assert f"no round 1 in place came within {waited:g}s of asking" in c.status["message"]
+    assert (c.status["disruptions"], c.status.get("restartsInPlace", 0)) == (1, 0)
+
+
+def test_nodes_that_ended_because_the_asked_round_did_not_come_are_the_stalls_disruption():
+    c = stalled_job()
+    with coordinator(c):
+        stall(c)
+    said = TerminationMessage(reason=contract.REASON_STALLED, message=(
+        f"{c.status['inPlaceAsk']['cause']}; the gang was asked to restart in place, but a node did not stop"
+        " within 90s or was lost: the gang needs new pods"))
+    c.finish(1, rank=0, message=json.dumps(said.to_json()))
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled", c.status["message"]
+    assert c.status["message"].startswith("pod job-r0-0 ended: rank 0 (job-r0-0) completed no step since")
+    assert (c.status["restarts"], c.status["disruptions"]) == (1, 1), "maxRestarts is 0: no budget spent"
+
+
+def test_no_ask_once_the_disruption_budget_is_spent():
+    c = stalled_job()
+    c.job["status"]["disruptionsInPlace"] = 2  # maxDisruptions, spent by earlier stalls
+    stall(c)
+    assert "inPlaceAsk" not in c.status
+    assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"

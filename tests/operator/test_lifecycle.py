@@ -721,11 +721,17 @@ def scraped(c: FakeCluster, *, last_step_ago: float | None, step_time: float | N
 
 
 def quiet_for(c: FakeCluster, seconds: float) -> lifecycle.Decision:
-    """Time passes without a step; then a scrape reads the same heartbeat."""
+    """Time passes without a step; then a scrape reads the same heartbeat. A stalled gang is first asked to
+    restart in place: these pods have no coordinator, so the ask is refused, and the pass that refusal's
+    write wakes recreates the gang."""
     c.now += timedelta(seconds=seconds)
     if "updated" in (training := c.job["status"].get("training") or {}):
         training["updated"] = format_time(c.now)
-    return c.reconcile()
+    decided = c.reconcile()
+    if any(isinstance(a, lifecycle.AskInPlace) for a in decided.actions):
+        assert c.status["inPlaceAsk"]["accepted"] is False
+        return c.reconcile()
+    return decided
 
 
 def unread_for(c: FakeCluster, seconds: float) -> lifecycle.Decision:

@@ -134,6 +134,8 @@ REASON_CONFIG: Final = "ConfigError"  # the config cannot run (78)
 REASON_OUT_OF_MEMORY: Final = "DeviceOutOfMemory"  # (77)
 REASON_HOST_OUT_OF_MEMORY: Final = "HostOutOfMemory"  # the kernel's OOM killer ended a worker (77)
 REASON_WORKERS_STUCK: Final = "WorkersStuck"  # (74)
+# the operator asked to restart a stalled gang in place and the round did not come (1): a disruption
+REASON_STALLED: Final = "Stalled"
 REASON_CONTRACT: Final = "ContractMismatch"  # the runtime library does not speak this contract's version (78)
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them

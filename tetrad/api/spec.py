@@ -789,6 +789,15 @@ class TrainerTimeStatus(TrainerAccount):
         return TrainerAccount.model_validate(self.model_dump(include=set(TrainerAccount.model_fields)))
 
 
+class InPlaceAsk(CamelModel):
+    restart: int = Field(description="The incarnation asked.")
+    round: int = Field(description="Its round the ask would end (the next one is round + 1).")
+    time: str = Field(description="When the operator asked (RFC 3339).")
+    cause: str = Field(description="Why: the stall the operator saw.")
+    accepted: bool | None = Field(None, description="Pod 0's coordinator's answer (false: it refused or did "
+                                  "not answer, and the gang is recreated).")
+
+
 class ElasticStatus(CamelModel):
     nodes: int = Field(description="The pods the current incarnation runs on (spec.nodes is the size asked "
                        "for).")
@@ -846,8 +855,13 @@ class ParallelTrainingJobStatus(CamelModel):
                              "eviction, a lost node or a deleted pod. They do not count against maxRestarts.")
     restarts_in_place: int = Field(0, description="Restarts of the whole gang in its own pods (a worker "
                                    "failed, the pods did not): new processes, a new rendezvous, the last "
-                                   "checkpoint. They count against maxRestarts.")
+                                   "checkpoint. They count against maxRestarts, except disruptionsInPlace.")
+    disruptions_in_place: int = Field(0, description="Of restartsInPlace, those the operator asked for "
+                                      "because the gang stalled: disruptions, counted against maxDisruptions "
+                                      "and not maxRestarts.")
     round: int = Field(0, description="The current incarnation's round of restarts in place (0: none yet).")
+    in_place_ask: InPlaceAsk | None = Field(None, description="The operator's last ask of pod 0's "
+                                            "coordinator to restart a stalled gang in place.")
     elastic: ElasticStatus | None = Field(None, description="An elastic job's current size (spec.elastic).")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")

@@ -8,6 +8,10 @@ reports. Once every node has reported it tells them all to go on to the next rou
 rendezvous, the workers resuming from the last checkpoint. So the processes of two rounds never run at
 once, and the gang restarts whole, as the operator's restarts do.
 
+The operator may ask for a round too (`ask`): a gang it saw stall (rank 0 completing no step) is restarted
+in place the same way when no failure is under way. Such a round is a disruption, not the job's failure: it
+spends nothing of the budget, and its cause is the operator's words (the operator counts it by them).
+
 Anything else ends the rounds, and each node exits as it would without them: a code that does not restart
 in place (a preemption, a config error, a permanent code), an empty budget, a node that finished, a node
 that was lost (its connection closed) or that did not report within STOP_TIMEOUT_S. A node that cannot
@@ -20,6 +24,7 @@ JSON lines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import socket
 import threading
@@ -29,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ABORT, GO, END = "abort", "go", "end"
+ASK_RESTART = "restart"  # what the operator asks of the coordinator
+OPERATOR = -1  # the node of a cause from outside the gang: the operator's ask
 RESTARTING = "restarting the gang in place"  # what a node's log says at each GO
 STOP_TIMEOUT_S = 90.0  # after an abort, how long the coordinator waits for every node's report
 CONNECT_RETRY_S = 0.2
@@ -49,13 +56,15 @@ class Report:
 @dataclass(frozen=True)
 class Word:
     """What the coordinator tells every node: ABORT round `round`, GO on to round `round`, or END the
-    rounds in round `round`; `node` and `code` say whose failure it is about."""
+    rounds in round `round`; `node` and `code` say whose failure it is about (node OPERATOR: the operator's
+    ask), `left` the restarts in place the budget has left."""
 
     kind: str
     round: int
     node: int | None = None
     code: int | None = None
     why: str | None = None
+    left: int | None = None
 
 
 @dataclass
@@ -87,6 +96,16 @@ class Rounds:
             return [Word(ABORT, self.round, report.node, report.code, report.why), *self._barrier()]
         return self._barrier()
 
+    def ask(self, round: int, why: str) -> list[Word]:
+        """The operator asks to restart `round` in place (the gang stalled): as a node's failure that
+        restarts in place would, when every node has joined and none has reported; otherwise nothing
+        (refused)."""
+        if (self.ended or round != self.round or self.cause is not None or self.reports
+                or len(self.joined) < self.nodes):
+            return []
+        self.cause = Report(OPERATOR, round, None, True, why)
+        return [Word(ABORT, self.round, OPERATOR, None, why)]
+
     def lost(self, node: int) -> list[Word]:
         """A node's connection closed: its supervisor is gone (a finished node's goes quietly)."""
         said = self.reports.get(node)
@@ -105,13 +124,15 @@ class Rounds:
         ended = [r for r in self.reports.values() if r.code is not None]
         if not all(r.in_place for r in ended):  # a node finished, or failed in a way that needs more
             return self._end(next((r for r in ended if not r.in_place and r.code), self.cause))
-        # the cause to name: a node that knows why it failed before the first to report (often a peer that
-        # only lost its connection to it)
-        cause = next((r for r in ended if r.why), self.cause)
-        self.left -= 1
+        cause = self.cause
+        if cause.node != OPERATOR:  # the operator's ask is a disruption: it spends nothing of the budget
+            self.left -= 1
+            # the cause to name: a node that knows why it failed before the first to report (often a peer
+            # that only lost its connection to it)
+            cause = next((r for r in ended if r.why), cause)
         self.round += 1
         self.reports, self.cause = {}, None
-        return [Word(GO, self.round, cause.node, cause.code, cause.why)]
+        return [Word(GO, self.round, cause.node, cause.code, cause.why, self.left)]
 
     def _end(self, report: Report) -> list[Word]:
         self.ended = True
@@ -183,8 +204,13 @@ class Coordinator:
         node = None
         for doc in _lines(sock):
             if node is None:
-                if doc.get("gang") != self.gang or not isinstance(doc.get("hello"), int):
+                if doc.get("gang") != self.gang:
                     break  # another gang's (an older incarnation's) member, or not one at all
+                if doc.get("ask") == ASK_RESTART:
+                    self._answer(sock, doc)
+                    break
+                if not isinstance(doc.get("hello"), int):
+                    break
                 node = doc["hello"]
                 with self.lock:
                     self.members[node] = sock
@@ -205,6 +231,18 @@ class Coordinator:
                     self._tell(self.rounds.lost(node))
             self.connections.discard(sock)
         _hang_up(sock)
+
+    def _answer(self, sock: socket.socket, doc: dict[str, Any]) -> None:
+        """The operator's ask, {"ask": "restart", "gang": id, "round": r, "why": text}: {"accepted": bool}."""
+        try:
+            round, why = int(doc["round"]), str(doc.get("why") or "the operator asked")
+        except (KeyError, TypeError, ValueError):
+            words = []
+        else:
+            with self.lock:
+                words = self.rounds.ask(round, why)
+                self._tell(words)
+        _send(sock, {"accepted": bool(words)})
 
     def _watch(self) -> None:
         while not self.closed.wait(0.5):
@@ -255,7 +293,7 @@ class Member:
         for doc in _lines(sock):
             with contextlib.suppress(TypeError, ValueError):
                 word = Word(str(doc["kind"]), int(doc["round"]), doc.get("node"), doc.get("code"),
-                            doc.get("why"))
+                            doc.get("why"), doc.get("left"))
                 with self.cond:
                     self.words[(word.kind, word.round)] = word
                     self.cond.notify_all()
@@ -292,3 +330,25 @@ class Member:
             sock, self.detached = self.sock, True
         if sock is not None:
             _hang_up(sock)
+
+
+def token(rdzv_id: str) -> str:
+    """What only an incarnation's pods (and the operator) know of its gang: from its rendezvous id."""
+    return hashlib.sha256(rdzv_id.encode()).hexdigest()[:16]
+
+
+def gang_id(rdzv_id: str, restart: int, secret: str) -> str:
+    """The id a member or an ask must give the coordinator."""
+    return f"{rdzv_id}/{restart}/{secret}"
+
+
+def ask(host: str, port: int, gang: str, round: int, why: str, timeout_s: float = 5.0) -> bool:
+    """Ask node 0's coordinator to restart `round` in place; whether it accepted."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            if not _send(sock, {"ask": ASK_RESTART, "gang": gang, "round": round, "why": why}):
+                return False
+            return any(bool(doc.get("accepted")) for doc in _lines(sock))
+    except OSError:
+        return False

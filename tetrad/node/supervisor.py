@@ -36,11 +36,12 @@ from tetrad.api.contract import (
     EXIT_PREFLIGHT,
     EXIT_WORKERS_STUCK,
     REASON_HOST_OUT_OF_MEMORY,
+    REASON_STALLED,
     REASON_WORKERS_STUCK,
 )
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import checks, collective, exits, oom_killer, rounds
-from tetrad.node.environment import NodeEnv, RoundSettings
+from tetrad.node.environment import NodeEnv
 from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 
@@ -92,7 +93,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
                         assert settings is not None
                         wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
                                                               settings.restarts + round)
-                        print(f"[tetrad] {restarting(word, settings, wait)}", file=sys.stderr, flush=True)
+                        print(f"[tetrad] {restarting(word, wait)}", file=sys.stderr, flush=True)
                         time.sleep(wait)
                         continue
             except StopRequested as stop:
@@ -150,6 +151,10 @@ def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None) -> tu
     if stop is not None:
         return 128 + stop, TerminationMessage(message=f"stopped by {signal.Signals(stop).name} between"
                                                       " restarts in place, its workers already gone")
+    if word is not None and word.node == rounds.OPERATOR:  # the operator read it as the stall it asked about
+        return 1, TerminationMessage(reason=REASON_STALLED, message=(
+            f"{word.why}; the gang was asked to restart in place, but a node did not stop within"
+            f" {rounds.STOP_TIMEOUT_S:g}s or was lost: the gang needs new pods"))
     return (word.code if word is not None and word.code else 1), TerminationMessage(message=stopped_for(word))
 
 
@@ -216,7 +221,7 @@ def joined_rounds(env: NodeEnv) -> Iterator[rounds.Member | None]:
     if settings is None:
         yield None
         return
-    gang = f"{env.rdzv_id}/{env.restart}/{settings.token}"
+    gang = rounds.gang_id(env.rdzv_id, env.restart, settings.token)
     coordinator = None
     if env.node_rank == 0:
         host = "" if env.in_pod else settings.host
@@ -251,9 +256,10 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
     return member.next_word(round)
 
 
-def restarting(word: rounds.Word, settings: RoundSettings, wait: float) -> str:
-    return (f"{failure(word)}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s"
-            f" (spec.runPolicy.maxRestarts: {settings.left - word.round} left)")
+def restarting(word: rounds.Word, wait: float) -> str:
+    budget = ("a disruption, spending no spec.runPolicy.maxRestarts" if word.node == rounds.OPERATOR
+              else f"spec.runPolicy.maxRestarts: {word.left} left")
+    return f"{failure(word)}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s ({budget})"
 
 
 def stopped_for(word: rounds.Word | None) -> str:
@@ -263,6 +269,8 @@ def stopped_for(word: rounds.Word | None) -> str:
 
 
 def failure(word: rounds.Word) -> str:
+    if word.node == rounds.OPERATOR:
+        return word.why or "the operator asked"
     return f"node {word.node} exited {word.code}" + (f" ({word.why})" if word.why else "")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tetrad.api import ParallelTrainingJob, ParallelTrainingJobSpec, ResolvedConfig, contract
 from tetrad.api.contract import API_VERSION, KIND
+from tetrad.node import rounds
 from tetrad.node.bundle import launcher
 from tetrad.render import gangs, names
 from tetrad.render.command import node_command
@@ -205,6 +205,12 @@ def rounds_port(spec: ParallelTrainingJobSpec) -> int:
     return spec.rendezvous.port + contract.ROUNDS_PORT_OFFSET
 
 
+def rounds_gang(job: ParallelTrainingJob, restart: int) -> str:
+    """The id incarnation `restart`'s coordinator of restarts in place asks of whoever connects."""
+    rdzv_id = names.rendezvous_id(job.metadata.name, job.metadata.uid, restart)
+    return rounds.gang_id(rdzv_id, restart, rounds.token(rdzv_id))
+
+
 def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: int,
         excluded_nodes: Sequence[str] = (), in_place_left: int | None = None) -> dict[str, Any]:
     """Pod `rank` of incarnation `restart`; its gang may restart in place `in_place_left` times (default:
@@ -215,7 +221,7 @@ def pod(job: ParallelTrainingJob, cfg: ResolvedConfig, *, rank: int, restart: in
     env = {**node_env(node_rank=rank, rdzv_id=rdzv_id, restart=restart),
            **rounds_env(policy, host=names.master_addr(name, job.metadata.namespace), port=rounds_port(spec),
                         left=policy.max_restarts if in_place_left is None else in_place_left,
-                        token=hashlib.sha256(rdzv_id.encode()).hexdigest()[:16], restarts=restart)}
+                        token=rounds.token(rdzv_id), restarts=restart)}
     env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
     env_list.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env_list.append({"name": contract.ENV_NODE_NAME,

@@ -25,6 +25,7 @@ from tetrad.api.spec import RunPolicy
 from tetrad_operator.lifecycle.actions import (
     Action,
     AnnotatePod,
+    AskInPlace,
     CreatePod,
     Decision,
     DeleteJob,
@@ -39,7 +40,7 @@ from tetrad_operator.lifecycle.machine import Settings
 from tetrad_operator.lifecycle.policy import backoff_seconds
 
 __all__ = [
-    "Action", "AnnotatePod", "CreatePod", "Decision", "DeleteJob", "DeletePod", "DeleteStaleGang", "Ensure",
-    "Event", "PodRejection", "ResolvedJob",
+    "Action", "AnnotatePod", "AskInPlace", "CreatePod", "Decision", "DeleteJob", "DeletePod",
+    "DeleteStaleGang", "Ensure", "Event", "PodRejection", "ResolvedJob",
     "RunPolicy", "Settings", "Ungate", "backoff_seconds", "decide", "resolve_job",
 ]

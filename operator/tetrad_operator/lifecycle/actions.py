@@ -62,6 +62,17 @@ class AnnotatePod:
 
 
 @dataclass(frozen=True)
+class AskInPlace:
+    """Ask pod 0's coordinator (pod `name`) to restart incarnation `restart`'s `round` in place."""
+
+    name: str
+    uid: str
+    restart: int
+    round: int
+    why: str
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """The TTL after finishing ran out."""
 
@@ -73,7 +84,7 @@ class Event:
     message: str
 
 
-Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | AnnotatePod | DeleteJob
+Action = Ensure | CreatePod | DeletePod | Ungate | DeleteStaleGang | AnnotatePod | AskInPlace | DeleteJob
 
 
 @dataclass

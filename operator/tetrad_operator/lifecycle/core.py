@@ -4,7 +4,7 @@ built-in gang (release.py) over one `JobPass` (machine.py)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -240,7 +240,10 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
             m.transition(Phase.RUNNING, "AllPodsRunning", f"all {spec.nodes} pods are running")
         elif (pods[0].phase == "Running"
                 and (stall := policy.stalled(m, run_policy, pods[0], policy.steps_of(spec))) is not None):
-            policy.on_failure(m, [stall], pods, restart, run_policy)  # 8. a hung gang: a disruption
+            # 8. a hung gang: restarted in place if pod 0's coordinator takes it, else a disruption
+            if not in_place.ask_for(m, stall.detail, pods[0], restart, run_policy):
+                stall = replace(stall, detail=stall.detail + in_place.not_in_place(m, restart))
+                policy.on_failure(m, [stall], pods, restart, run_policy)
         elif not elastic.grow(m, resolved.job, resolved.config_at, pods, restart, room):  # 9. room for more
             checkpoint.forward_request(m, job, pods[0])  # 10. a checkpoint-now token, to rank 0
     else:  # the queue's or the scheduler's reason, as it changes

@@ -3,7 +3,8 @@ pods, coordinated by pod 0's supervisor, without the operator. The operator give
 pods the budget they may spend (`left`), and learns what they spent as rounds: from rank 0's scrape
 (status.trainerTime.round, with the failure that began the round) or from the pods' termination
 messages (`round`), whichever it sees first. Each round counts in status.restartsInPlace and against
-maxRestarts, and is told in a RestartedInPlace Event.
+maxRestarts, and is told in a RestartedInPlace Event. A gang that stalls is asked to restart in place too
+(`ask_for`, tetrad.node.rounds.ask): such a round is a disruption (status.disruptionsInPlace).
 """
 
 from __future__ import annotations
@@ -11,24 +12,35 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 
-from tetrad.api.spec import ParallelTrainingJobStatus, Phase, RunPolicy
+from tetrad.api.spec import InPlaceAsk, ParallelTrainingJobStatus, Phase, RunPolicy
 from tetrad_operator.lifecycle import elastic, goodput
-from tetrad_operator.lifecycle.actions import Event
+from tetrad_operator.lifecycle.actions import AskInPlace, Event
 from tetrad_operator.lifecycle.machine import JobPass
-from tetrad_operator.observed import PodState, parse_time
+from tetrad_operator.observed import PodState, format_time, parse_time
 
 REASON = "RestartedInPlace"  # the Event's reason, and the label of the operator's restart counter
 
 
-def failures(restarts: int, disruptions: int, restarts_in_place: int, resizes: int) -> int:
+def failures(restarts: int, disruptions: int, failed_rounds: int, resizes: int) -> int:
     """Restarts that spent maxRestarts: the gang's restarts after failures, in new pods or in place (not
-    those the cluster caused, nor an elastic gang's resizes)."""
-    return restarts - disruptions - resizes + restarts_in_place
+    those the cluster caused or a stall began, nor an elastic gang's resizes)."""
+    return restarts - disruptions - resizes + failed_rounds
+
+
+def failed_rounds(status: ParallelTrainingJobStatus) -> int:
+    """Rounds in place after the job's failures: all but those the operator asked for after a stall."""
+    return status.restarts_in_place - status.disruptions_in_place
+
+
+def disruptions(status: ParallelTrainingJobStatus, restart: int) -> int:
+    """Restarts that spent maxDisruptions before incarnation `restart`'s next: in new pods (at most one an
+    incarnation) and in place."""
+    return min(status.disruptions, restart) + status.disruptions_in_place
 
 
 def left(status: ParallelTrainingJobStatus, policy: RunPolicy) -> int:
     """Restarts in place the next incarnation's pods may make: what is left of maxRestarts."""
-    spent = failures(status.restarts, status.disruptions, status.restarts_in_place, elastic.resizes(status))
+    spent = failures(status.restarts, status.disruptions, failed_rounds(status), elastic.resizes(status))
     return max(policy.max_restarts - spent, 0)
 
 
@@ -47,7 +59,11 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
     if seen <= m.status.round:
         return
     more = seen - m.status.round
+    asked = m.status.in_place_ask
+    stall = (asked is not None and asked.restart == restart and m.status.round <= asked.round < seen
+             and (asked.accepted or (asked.accepted is None and cause in (None, asked.cause))))
     m.status.restarts_in_place += more
+    m.status.disruptions_in_place += stall
     if m.phase == Phase.RUNNING:  # the ledger cuts the round it counts by rank 0's last account of it
         account = None
         if time is not None and time.restart == restart:
@@ -58,6 +74,8 @@ def observe(m: JobPass, restart: int, pods: Iterable[PodState], policy: RunPolic
     m.decision.events.append(Event("Warning", REASON, (
         f"the gang of restart {restart} restarted in its own pods ({rounds})"
         + (f" after {cause}" if cause else "")
+        + (f"; round {asked.round + 1} the operator asked for after a stall, a disruption"
+           if stall and asked is not None else "")
         + f"; {left(m.status, policy)} of spec.runPolicy.maxRestarts={policy.max_restarts} left")))
 
 
@@ -72,3 +90,38 @@ def round_began(m: JobPass) -> datetime | None:
     if m.status.round and m.ledger.round == m.status.round:
         return parse_time(m.ledger.since)
     return None
+
+
+def ask_for(m: JobPass, stall: str, rank0: PodState, restart: int, policy: RunPolicy) -> bool:
+    """A stalled gang (`stall` says how): ask pod 0's coordinator to restart it in place, once per round,
+    while maxDisruptions has a restart left; True while that ask may still be answered by a new round
+    (Settings.in_place_ask_seconds), False when the gang must be recreated instead. If a node does not
+    stop for the round, the nodes end with the stall as their reason (policy.failures)."""
+    asked = m.status.in_place_ask
+    if asked is not None and (asked.restart, asked.round) == (restart, m.status.round):
+        waited = (m.now - (parse_time(asked.time) or m.now)).total_seconds()
+        if asked.accepted is not False and waited < m.settings.in_place_ask_seconds:
+            m.decision.after(m.settings.in_place_ask_seconds - waited)
+            return True
+        return False
+    if disruptions(m.status, restart) >= policy.max_disruptions or rank0.ip is None:
+        return False  # the disruption budget is spent (the recreate fails the job), or pod 0 has no address
+    m.status.in_place_ask = InPlaceAsk(restart=restart, round=m.status.round, time=format_time(m.now),
+                                       cause=stall)
+    m.decision.actions.append(AskInPlace(rank0.name, rank0.uid, restart, m.status.round, stall))
+    m.decision.events.append(Event("Warning", "Stalled", (
+        f"{stall}; asked pod 0's coordinator to restart the gang in its own pods (round "
+        f"{m.status.round + 1}); if no round {m.status.round + 1} shows within "
+        f"{m.settings.in_place_ask_seconds:g}s the gang is recreated")))
+    m.decision.after(m.settings.in_place_ask_seconds)
+    return True
+
+
+def not_in_place(m: JobPass, restart: int) -> str:
+    """Why a stalled gang is recreated rather than restarted in place, as the end of the stall's words."""
+    asked = m.status.in_place_ask
+    if asked is None or (asked.restart, asked.round) != (restart, m.status.round):
+        return ""  # not asked: maxDisruptions is spent, or pod 0 has no address
+    if asked.accepted is False:
+        return "; pod 0's coordinator did not restart it in place (it refused, or did not answer)"
+    return f"; no round {asked.round + 1} in place came within {m.settings.in_place_ask_seconds:g}s of asking"

@@ -43,6 +43,8 @@ class Settings:
     stall_startup_factor: float = 2.0  # before the first step: at least this many times the last start-up
     # ... and at least runPolicy.collectiveTimeoutSeconds + this
     stall_collective_margin_seconds: float = 60.0
+    # a stalled gang asked to restart in place: recreated if no new round shows within this long
+    in_place_ask_seconds: float = 120.0
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]

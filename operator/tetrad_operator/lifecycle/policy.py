@@ -6,7 +6,8 @@ A failure is either the job's (a pod failed with an exit code) or a disruption (
 the pod away, or the trainer was preempted and saved a checkpoint): disruptions spend no
 maxRestarts budget, only their own, maxDisruptions. A rank whose pod is missing is a failure
 without a pod; nothing about it can be deleted. A gang whose rank 0 stops completing steps
-(`stalled`, judged from the heartbeat the scraper copies into status.training) is a disruption.
+(`stalled`, judged from the heartbeat the scraper copies into status.training) is a disruption; so is
+a node that ended because the restart in place asked for it did not come (in_place.ask_for).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from tetrad.api import restart_policy
-from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_OOM, EXIT_PREEMPTED, EXIT_PREFLIGHT
+from tetrad.api.contract import (
+    EXIT_COLLECTIVE_TIMEOUT,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_PREFLIGHT,
+    REASON_STALLED,
+)
 from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
 from tetrad_operator.lifecycle import elastic, in_place, preflight, release
 from tetrad_operator.lifecycle.actions import DeletePod
@@ -74,6 +81,8 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
                 out.append(Failure(rank, p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))
             elif p.exit_code == EXIT_PREFLIGHT:
                 out.append(preflight_failure(rank, p, current))
+            elif p.said.reason == REASON_STALLED:  # the restart in place asked for a stall did not come
+                out.append(Failure(rank, p, "Stalled", f"pod {p.name} ended: {p.said.message}", True))
             elif p.ended in START_ERRORS:
                 out.append(Failure(rank, p, "ContainerCannotStart",
                                    f"the container of pod {p.name} could not start:"
@@ -216,18 +225,19 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     first = disruption or found[0]
     disruptions = min(m.status.disruptions, restart)
     resizes = elastic.resizes(m.status)
-    failed = in_place.failures(restart, disruptions, m.status.restarts_in_place, resizes)
+    failed = in_place.failures(restart, disruptions, in_place.failed_rounds(m.status), resizes)
     if disruption is None and failed >= policy.max_restarts:
-        ours = m.status.restarts_in_place
+        ours = in_place.failed_rounds(m.status)
         m.fail("MaxRestartsExceeded",
                f"{first.detail}; the gang was already restarted {failed} times after failures"
                + (f", {ours} of them in place" if ours else "")
                + f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions"
                + (f" and {resizes} resizes" if resizes else "") + " not counted)", policy)
         return
-    if disruption is not None and disruptions >= policy.max_disruptions:
+    spent = in_place.disruptions(m.status, restart)
+    if disruption is not None and spent >= policy.max_disruptions:
         m.fail("DisruptionBudgetExceeded",
-               f"{first.detail}; the gang was already restarted {disruptions} times after disruptions"
+               f"{first.detail}; the gang was already restarted {spent} times after disruptions"
                f" (spec.runPolicy.maxDisruptions={policy.max_disruptions}); raise it if the cluster is"
                f" expected to take the job's pods this often", policy)
         return
