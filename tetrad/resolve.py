@@ -18,7 +18,7 @@ from tetrad.api.families import FAMILIES, HFModel, config_key
 from tetrad.api.manifest import parse
 from tetrad.api.podschema import check_pod_fields
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
-from tetrad.api.problems import InvalidJob, Problem, counted, errors
+from tetrad.api.problems import InvalidJob, Problem, errors
 from tetrad.api.quantity import parse_quantity
 from tetrad.api.resolved import Layout, ModelConfig, ResolvedConfig
 from tetrad.api.rules import (
@@ -50,7 +50,7 @@ from tetrad.api.spec import (
     ParallelTrainingJobSpec,
     Scheduler,
 )
-from tetrad.plan.elastic import degrees, resized_spec
+from tetrad.plan.elastic import indivisible, resized_spec
 from tetrad.plan.estimate import Estimate, GiB, MiB
 from tetrad.plan.solver import Solution, solve, usable_bytes
 
@@ -361,12 +361,9 @@ def check_smallest(spec: ParallelTrainingJobSpec, layout: Layout, problems: list
     e = spec.elastic
     if e is None or not e.min_nodes < spec.nodes or errors(problems):
         return
-    world = e.min_nodes * spec.nproc_per_node
-    if degrees(layout, world) is None:
-        problems.append(Problem("spec.elastic.minNodes", (
-            f"at minNodes={e.min_nodes} the job has {counted(world, 'process')}, which "
-            f"tp x cp x pp = {layout.tp * layout.cp * layout.pp} does not divide; use a minNodes they "
-            "divide")))
+    if (why := indivisible(layout, e.min_nodes * spec.nproc_per_node)) is not None:
+        problems.append(Problem("spec.elastic.minNodes", f"at minNodes={e.min_nodes}, {why}; use a minNodes"
+                                " they divide"))
         return
     smaller = check_spec(resized_spec(spec, layout, e.min_nodes)).problems
     problems.extend(Problem("spec.elastic.minNodes", f"at minNodes={e.min_nodes}, {p}")

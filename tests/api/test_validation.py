@@ -114,7 +114,7 @@ RULES = [
     ("elastic minNodes the fixed degrees divide",
      manifest(nodes=8, nprocPerNode=1, elastic={"minNodes": 2}, parallelism={"dpShard": "auto"}),
      manifest(nodes=8, nprocPerNode=1, elastic={"minNodes": 4}, parallelism={"dpShard": "auto"}),
-     "spec.elastic.minNodes", ["has 2 processes,", "tp x cp x pp = 4 does not divide"]),
+     "spec.elastic.minNodes", ["at minNodes=2, tp x cp x pp = 4 does not divide 2 processes; use a"]),
     ("exit code above 255", manifest(runPolicy={"retryableExitCodes": [300]}),
      manifest(runPolicy={"retryableExitCodes": [255]}),
      "spec.runPolicy.retryableExitCodes.0", ["less than or equal to 255", "300"]),

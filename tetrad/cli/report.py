@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tetrad.api import Layout, ParallelTrainingJob
-from tetrad.plan.elastic import degrees, resized_spec
+from tetrad.plan.elastic import indivisible, resized_spec
 from tetrad.plan.estimate import GiB, count_text
 from tetrad.plan.placement import placement
 from tetrad.plan.solver import no_fit_advice, solve, usable_bytes
@@ -34,9 +34,8 @@ def elastic_sizes(job: ParallelTrainingJob, layout: Layout) -> list[dict[str, An
     for n in range(spec.nodes - 1, e.min_nodes - 1, -1)[:ELASTIC_SIZES_SHOWN]:
         row: dict[str, Any] = {"nodes": n, "mesh": None, "peak_bytes": None, "tokens_per_second": None,
                                "problem": None}
-        if degrees(layout, n * spec.nproc_per_node) is None:
-            row["problem"] = (f"tp x cp x pp = {layout.tp * layout.cp * layout.pp} does not divide "
-                              f"{n * spec.nproc_per_node} processes")
+        if (why := indivisible(layout, n * spec.nproc_per_node)) is not None:
+            row["problem"] = why
         else:
             checked = check_spec(resized_spec(spec, layout, n))
             errors = [p for p in checked.problems if p.severity == "error"]

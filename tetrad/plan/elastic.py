@@ -10,16 +10,22 @@ the memory fits) is the resolver's to say: `tetrad.resolve.resolve` of `resized(
 
 from __future__ import annotations
 
+from tetrad.api.problems import counted
 from tetrad.api.resolved import Layout
 from tetrad.api.spec import ParallelTrainingJob, ParallelTrainingJobSpec
 
 
-def degrees(layout: Layout, world: int) -> Layout | None:
-    """The layout on `world` ranks, or None when tp x cp x pp does not divide it."""
+def indivisible(layout: Layout, world: int) -> str | None:
+    """Why the layout cannot run on `world` ranks at any data-parallel degree, or None when it can."""
     fixed = layout.tp * layout.cp * layout.pp
-    if world % fixed:
+    return f"tp x cp x pp = {fixed} does not divide {counted(world, 'process')}" if world % fixed else None
+
+
+def degrees(layout: Layout, world: int) -> Layout | None:
+    """The layout on `world` ranks, or None when it cannot run there (`indivisible`)."""
+    if indivisible(layout, world) is not None:
         return None
-    dp = world // fixed
+    dp = world // (layout.tp * layout.cp * layout.pp)
     shard, replicate = layout.dp_shard, layout.dp_replicate
     if dp % shard == 0:
         replicate = dp // shard
