@@ -153,3 +153,27 @@ def test_a_job_that_is_not_elastic_has_no_elastic_status_and_waits():
         c.reconcile()
         c.tick(5)
     assert "elastic" not in c.status and len(current(c)) == 4 and c.phase == "GangWaiting"
+
+
+def test_the_room_is_counted_only_while_a_shrink_or_a_grow_is_to_be_judged():
+    c = FakeCluster(elastic_job(), nodes=one_pod_per_node(4))
+    counted = []
+    room = c.controller.admission.room
+
+    def counting(*args: object) -> int | None:
+        counted.append(args)
+        return room(*args)  # type: ignore[arg-type]
+
+    c.controller.admission.room = counting  # type: ignore[method-assign]
+    running(c)
+    assert counted, "a gang waiting for its pods has its room counted"
+    counted.clear()
+    for _ in range(3):  # the whole gang runs at spec.nodes: nothing to judge, no count on a pass
+        c.tick(10)
+        c.reconcile()
+    assert not counted and c.status["elastic"] == {"nodes": 4, "room": 4}
+    lose_a_node(c)
+    for _ in range(3):  # the next gang waits for a fourth node: its room is counted again
+        c.reconcile()
+        c.tick(4)
+    assert counted and c.status["elastic"]["room"] == 3

@@ -803,8 +803,8 @@ class ElasticStatus(CamelModel):
                        "for).")
     resizes: int = Field(0, description="Restarts that changed the gang's size; like disruptions, they spend "
                          "no maxRestarts.")
-    room: int | None = Field(None, description="How many of the job's pods fit in the cluster now, as the "
-                             "gang admission last counted them.")
+    room: int | None = Field(None, description="How many of the job's pods fit in the cluster, as the gang "
+                             "admission last counted them (while the gang waits or runs below spec.nodes).")
     room_since: str | None = Field(None, description="Since when room for a larger gang has lasted (RFC "
                                    "3339).")
     grow_request: str | None = Field(None, description="The checkpoint-now token the operator sent rank 0 "
