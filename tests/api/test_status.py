@@ -84,6 +84,10 @@ def test_summary_counts_the_restarts_in_place_beside_the_restarts_in_new_pods():
     assert after == "In place:     3 (the gang restarted in its own pods; counted against maxRestarts)"
     assert not any(line.startswith("In place:") for line in format_summary(summarize(stored(RUNNING), NOW))
                    .splitlines())
+    stalls = stored(RUNNING | {"restartsInPlace": 3, "disruptionsInPlace": 1})
+    stalled = format_summary(summarize(stalls, NOW))
+    assert ("In place:     3 (the gang restarted in its own pods; 1 of them after a stall, disruptions not"
+            " counted against maxRestarts)") in stalled
 
 
 def test_summary_of_a_shrunken_elastic_job_shows_its_size_now_and_its_resizes():

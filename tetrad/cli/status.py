@@ -112,6 +112,7 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "restarts": status.get("restarts", 0),
         "disruptions": status.get("disruptions", 0),
         "restartsInPlace": status.get("restartsInPlace", 0),
+        "disruptionsInPlace": status.get("disruptionsInPlace", 0),
         "stepSeconds": None,
         "etaSeconds": None,
         "updatedSecondsAgo": None,
@@ -301,8 +302,10 @@ def format_summary(s: dict[str, Any]) -> str:
     uncounted = f" ({', '.join(free)}, not counted against maxRestarts)" if free else ""
     rows.append(("Restarts", f"{s['restarts']}{uncounted}"))
     if s["restartsInPlace"]:
-        in_place = "the gang restarted in its own pods; counted against maxRestarts"
-        rows.append(("In place", f"{s['restartsInPlace']} ({in_place})"))
+        stalls = s.get("disruptionsInPlace", 0)
+        budget = ("counted against maxRestarts" if not stalls else
+                  f"{stalls} of them after a stall, disruptions not counted against maxRestarts")
+        rows.append(("In place", f"{s['restartsInPlace']} (the gang restarted in its own pods; {budget})"))
     if s["runningSeconds"] is not None:
         rows.append(("Running for", duration(s["runningSeconds"])))
     if s["updatedSecondsAgo"] is not None:
