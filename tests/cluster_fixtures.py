@@ -295,6 +295,25 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
+def node_processes(pod_uid: str, workers_only: bool = False) -> list[int]:
+    """PIDs on this machine that belong to the pod's trainer container (its cgroup names the pod): the
+    supervisor, torchrun and the workers, or only the workers (torchrun gives them a LOCAL_RANK)."""
+    needle = f"pod{pod_uid}"
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cgroups = (proc / "cgroup").read_text()
+                cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes().split(b"\0") if workers_only else []
+            except OSError:
+                continue
+            if needle in cgroups and b"tetrad-node.pyz" in cmdline and (
+                    not workers_only or any(v.startswith(b"LOCAL_RANK=") for v in environ)):
+                pids.append(int(proc.name))
+    return pids
+
+
 FAKE_NODE_TAINT = "tetrad.dev/fake-node=true:NoSchedule"
 
 

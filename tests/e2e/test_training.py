@@ -31,7 +31,6 @@ from typing import Any
 
 import pytest
 import yaml
-from tetrad_operator.lifecycle import Settings as LifecycleSettings
 from tetrad_operator.settings import OperatorSettings
 
 from tests.cluster_fixtures import (
@@ -39,17 +38,19 @@ from tests.cluster_fixtures import (
     KubectlError,
     RealCluster,
     fresh_namespace,
+    node_processes,
     table_row,
     wait_until,
 )
-from tetrad.node.rounds import STOP_TIMEOUT_S
+from tetrad.node.rounds import RESTARTING
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.xdist_group("real-nodes")]
 
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 OPERATOR_NS = "tetrad-system"
 JOB_TIMEOUT = 1200.0
-# the interrupted job: four incarnations, each saving at least once, the third with steps left to stall in
+# the interrupted job: three incarnations and a round in place, each saving at least once, the third with
+# steps left to stall in
 STEPS = 48
 # seconds without a rank-0 step: steps take about 2 s here, and up to a minute when the other lane's
 # 16-process tests run beside them (a shorter timeout restarted a healthy gang as stalled)
@@ -59,7 +60,7 @@ SCRAPE = OperatorSettings().scrape_interval_seconds
 # What a reconcile itself may take on the loaded CI machine (a stall decided 120.5 s after the freeze
 # failed a bound of timeout + resync = 120 s there); two resyncs would still fail the bound.
 RECONCILE_LATENCY = 10
-# The interrupted job's fixture: four incarnations on two real nodes and the local reference run, about
+# The interrupted job's fixture: four runs of the workers on two real nodes and the local reference run, about
 # 10 minutes alone on two cores, 30 beside the other lane's 16-process tests.
 RESUME_TIMEOUT = pytest.mark.timeout(3600)
 
@@ -400,28 +401,16 @@ class InterruptedRun:
     preempted: dict[str, Any]  # the deleted pod as it terminated
     after_preemption: dict[str, Any]  # the job's status once the next incarnation was Running
     killed: dict[str, Any]  # the SIGKILLed pod as it terminated
-    stalled: dict[str, Any]  # the job's status when the operator restarted the frozen gang
-    frozen: float  # when the test froze a pod's processes
-    stall_seconds: float  # from the freeze to the operator's decision to recreate the gang
+    stalled: dict[str, Any]  # the job's status once the operator saw the frozen gang's round in place
+    frozen: float  # when the test froze a pod's workers
     events: list[dict[str, Any]]
     logs: dict[int, str]  # rank 0's log of each incarnation
     local: list[float]
 
-
-def node_processes(pod_uid: str) -> list[int]:
-    """PIDs on this machine that belong to the pod's trainer container (its cgroup names the pod)."""
-    needle = f"pod{pod_uid}"
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cgroups = (proc / "cgroup").read_text()
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if needle in cgroups and b"tetrad-node.pyz" in cmdline:  # the supervisor, torchrun, the workers
-                pids.append(int(proc.name))
-    return pids
+    def runs(self) -> list[list[dict[str, Any]]]:
+        """Rank 0's step records of each run of the workers: each incarnation's, split at its rounds of
+        restarts in place."""
+        return [json_lines(part) for r in sorted(self.logs) for part in self.logs[r].split(RESTARTING)]
 
 
 class ExitWatch:
@@ -465,10 +454,12 @@ class ExitWatch:
             self.proc.kill()
 
 
-def signal_pod(c: RealCluster, ns: str, job: str, restart: int, sig: signal.Signals) -> None:
-    """`sig` from the node to every trainer process of the job's second pod in that incarnation."""
+def signal_pod(c: RealCluster, ns: str, job: str, restart: int, sig: signal.Signals,
+               workers_only: bool = False) -> None:
+    """`sig` from the node to every trainer process of the job's second pod in that incarnation (or to its
+    workers only: not its supervisor, not torchrun)."""
     victim = trainer_pods(c, ns, job, restart)[1]
-    pids = node_processes(victim["metadata"]["uid"])
+    pids = node_processes(victim["metadata"]["uid"], workers_only)
     assert pids, f"no trainer process of {victim['metadata']['name']} found on the node"
     for pid in pids:
         os.kill(pid, sig)
@@ -519,10 +510,11 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
         step = logs.last_step(restart)
         assert step <= STEPS - 6, f"incarnation {restart} reached step {step} of {STEPS} before its fault"
 
-    def restarted(restart: int) -> dict[str, Any] | None:
+    def in_place(rounds: int) -> dict[str, Any] | None:
         status = job_status(c, ns, "resume")
         assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
-        return status if status.get("restarts", 0) >= restart else None
+        assert status.get("restarts", 0) == 2, f"the stalled gang got new pods: {status}\n{describe(c, ns)}"
+        return status if status.get("restartsInPlace", 0) >= rounds else None
 
     # A preemption: the pod is deleted, its trainer saves on SIGTERM and exits 75.
     wait_until(lambda: saved_since_start(0), timeout=JOB_TIMEOUT, interval=2,
@@ -539,26 +531,21 @@ def interrupted_run(installed: RealCluster, resume_ns: str,
     watch = ExitWatch(c, ns, "resume-r1-1")
     signal_pod(c, ns, "resume", 1, signal.SIGKILL)
     killed = watch.terminated()
-    # A hang: every process of one trainer container stopped (SIGSTOP), so its peers wait in a
-    # collective and rank 0 completes no step; the operator asks pod 0's coordinator to restart the gang in
-    # place, the frozen node cannot stop for it, and the gang is recreated as Stalled.
+    # A hang: the workers of one trainer container stopped (SIGSTOP; its supervisor and torchrun go on),
+    # so their peers wait in a collective and rank 0 completes no step. The operator asks pod 0's
+    # coordinator to restart the gang in place: every node's supervisor kills its workers, and the gang
+    # resumes in its own pods, round 1 of incarnation 2.
     wait_until(lambda: saved_since_start(2), timeout=JOB_TIMEOUT, interval=2,
                what="a new checkpoint in incarnation 2")
     room_to_fail(2)
-    signal_pod(c, ns, "resume", 2, signal.SIGSTOP)
+    signal_pod(c, ns, "resume", 2, signal.SIGSTOP, workers_only=True)
     frozen = time.time()
-    stalled = wait_until(lambda: restarted(3), timeout=STALL_TIMEOUT + 300, interval=1,
-                         what="the stall's restart")
-    # Timed by the operator's own Restarting transition (whole seconds, rounded down), not by when
-    # this test's poll happened to see it.
-    decided = next(c for c in stalled["conditions"] if c["type"] == "Restarting")["lastTransitionTime"]
-    stall_seconds = epoch(decided) - frozen
-    wait_until(lambda: saved_since_start(3) or job_status(c, ns, "resume").get("phase") == "Succeeded",
-               timeout=JOB_TIMEOUT, interval=1, what="incarnation 3 running")
+    stalled = wait_until(lambda: in_place(1), timeout=STALL_TIMEOUT + 300, interval=1,
+                         what="the stall's restart in place")
     status = wait_for_phase(c, ns, "resume", "Succeeded")
     events = c.kubectl_json("get", "events", "-n", ns, "--field-selector",
                             "involvedObject.name=resume")["items"]
-    return InterruptedRun(status, preempted, after_preemption, killed, stalled, frozen, stall_seconds, events,
+    return InterruptedRun(status, preempted, after_preemption, killed, stalled, frozen, events,
                           logs.rank0(), local_losses(job, tmp_path_factory.mktemp("local-resume")))
 
 
@@ -592,40 +579,45 @@ def epoch(stamp: str) -> float:
 
 
 @RESUME_TIMEOUT
-def test_a_frozen_pod_is_asked_to_restart_in_place_then_recreated_as_stalled(
-        interrupted_run: InterruptedRun) -> None:
+def test_a_stalled_gang_restarts_in_its_own_pods_as_a_disruption(interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
-    restarting = next(c for c in run.stalled["conditions"] if c["type"] == "Restarting")
-    assert restarting["status"] == "True" and restarting["reason"] == "Stalled", run.stalled["conditions"]
-    said = restarting["message"]
-    assert "completed no step" in said and "spec.runPolicy.stallTimeoutSeconds" in said
-    assert run.stalled["disruptions"] == 2  # the preemption and the stall; a stall spends no maxRestarts
-    # Pod 0's coordinator took the ask within the timeout plus a resync, counted from rank 0's last step,
-    # which came just before the freeze.
-    assert run.stalled["inPlaceAsk"]["accepted"] is True, run.stalled["inPlaceAsk"]
-    (asked,) = [e for e in run.events
-                if e["reason"] == "Stalled" and "asked pod 0's coordinator" in e["message"]]
-    assert asked["type"] == "Warning" and f"over the stall timeout of {STALL_TIMEOUT}s" in asked["message"]
-    asked_seconds = epoch(asked["firstTimestamp"]) - run.frozen
+    st = run.status
+    # no new pods: a disruption in place, which spends neither maxRestarts (1, spent by the SIGKILL) nor
+    # the pods' budget of restarts in place (0 left)
+    counts = (st["restarts"], st["disruptions"], st["restartsInPlace"], st["disruptionsInPlace"])
+    assert counts == (2, 1, 1, 1), st
+    assert run.stalled["phase"] == "Running", run.stalled  # the gang trained on in its pods
+    asked = st["inPlaceAsk"]
+    assert (asked["restart"], asked["round"], asked["accepted"]) == (2, 0, True), asked
+    # Asked within the timeout plus a resync, counted from rank 0's last step, which came just before the
+    # freeze; timed by the operator's Event (whole seconds, rounded down), not by this test's poll.
+    (stall,) = [e for e in run.events if e["reason"] == "Stalled"]
+    assert stall["type"] == "Warning" and f"over the stall timeout of {STALL_TIMEOUT}s" in stall["message"]
+    assert "asked pod 0's coordinator to restart the gang in its own pods (round 1)" in stall["message"]
+    asked_seconds = epoch(stall["firstTimestamp"]) - run.frozen
     assert asked_seconds <= STALL_TIMEOUT + RESYNC + RECONCILE_LATENCY, asked_seconds
-    # The frozen node never stops for the round: after the coordinator's stop timeout pod 0 ends with the
-    # stall as its reason (or the operator stops waiting first), and the gang gets new pods.
-    assert ("the gang was asked to restart in place, but a node did not stop" in said
-            or "in place came within" in said), said
-    waited = max(STOP_TIMEOUT_S, LifecycleSettings().in_place_ask_seconds)
-    assert run.stall_seconds - asked_seconds <= waited + RESYNC + RECONCILE_LATENCY, run.stall_seconds
-    assert run.stalled.get("restartsInPlace", 0) == 0
+    (told,) = [e for e in run.events if e["reason"] == "RestartedInPlace"]
+    assert "the gang of restart 2 restarted in its own pods (round 1)" in told["message"]
+    if " after " in told["message"]:  # the round's cause, as a scrape of rank 0 read it
+        assert f"after {asked['cause']}" in told["message"]
+    assert "round 1 the operator asked for after a stall, a disruption" in told["message"]
+    # every node's supervisor killed its workers (node 1's stopped ones too) and began round 1
+    said = re.escape(f"{asked['cause']}: {RESTARTING}, round 1, in ") + r"\d+s \(a disruption, spending no"
+    assert re.search(said, run.logs[2]), run.logs[2]
 
 
 @RESUME_TIMEOUT
-def test_the_job_resumed_across_four_incarnations_to_the_uninterrupted_loss(
+def test_the_job_resumed_across_three_incarnations_and_a_round_in_place_to_the_uninterrupted_loss(
         interrupted_run: InterruptedRun) -> None:
     run = interrupted_run
-    last = json_lines(run.logs[3])
-    assert last[0]["step"] == run.status["checkpoint"]["resumedFrom"] + 1
-    assert last[-1]["step"] == STEPS
-    # Every step's loss, across four incarnations, equals the uninterrupted local run's.
-    by_step = {s["step"]: s["loss"] for r in range(4) for s in json_lines(run.logs[r])}
+    runs = run.runs()
+    assert len(runs) == 4
+    last = runs[-1]
+    round_1 = run.logs[2].split(RESTARTING)[1]
+    resumed = [int(n) for n in re.findall(r"checkpoint: resumed step (\d+)", round_1)]
+    assert last[0]["step"] == resumed[0] + 1 and last[-1]["step"] == STEPS
+    # Every step's loss, across the four runs, equals the uninterrupted local run's.
+    by_step = {s["step"]: s["loss"] for steps in runs for s in steps}
     assert sorted(by_step) == list(range(1, STEPS + 1))
     assert [by_step[s] for s in range(1, STEPS + 1)] == pytest.approx(run.local, rel=1e-6)
 
@@ -647,7 +639,7 @@ def test_goodput_accounts_for_the_wall_time_across_the_faults(interrupted_run: I
                                                                                      "completionTime"))
     active = (ended - started).total_seconds()
     assert active <= g["wallSeconds"] <= active + 10  # from creation, a moment before the first pass
-    rows = [json_lines(run.logs[r]) for r in range(4)]
+    rows = run.runs()
     final = rows[3][-1]
     step_s = max(r["step_time_s"] for incarnation in rows for r in incarnation)
     # Training: no more than rank 0's steps, and at least the last incarnation's whole training
@@ -663,7 +655,7 @@ def test_goodput_accounts_for_the_wall_time_across_the_faults(interrupted_run: I
     stalls = sum(incarnation[-1]["checkpoint_stall_s"] for incarnation in rows)
     assert final["checkpoint_stall_s"] - 0.1 <= seconds["checkpoint"] <= stalls + 10, (seconds, stalls)
     assert seconds["startup"] + seconds["preflight"] >= rows[3][0]["startup_s"] - 5
-    # The frozen gang's time from its last step to the operator's restart is lost to the restart
+    # The frozen gang's time from its last step to the round in place is lost to the restart
     assert seconds["restarts"] >= STALL_TIMEOUT - SCRAPE - step_s, seconds
     assert seconds["suspended"] == 0 and 0 < g["fraction"] < 1
     header, row = installed.kubectl("get", "ptj", "resume", "-n", resume_ns, "-o", "wide").splitlines()
