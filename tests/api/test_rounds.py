@@ -25,6 +25,7 @@ from tetrad.api.contract import (
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
     EXIT_WORKERS_STUCK,
+    REASON_RESTART_ASKED,
     REASON_STALLED,
     REASON_WORKERS_STUCK,
 )
@@ -33,6 +34,7 @@ from tetrad.launch.local import restarts_row
 from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
+from tetrad.node.process import run_abortable
 from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
 
 DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
@@ -173,6 +175,86 @@ def test_an_asked_round_that_a_node_does_not_stop_for_ends_as_the_operators_stal
     assert said.message.startswith(f"{STALL}; the gang was asked to restart in place")
 
 
+ASKED = "a restart asked (tetrad.dev/restart-in-place='t1')"
+
+
+def test_a_users_ask_saves_first_and_its_round_spends_nothing() -> None:
+    rounds = gang(nodes=2, left=0)
+    assert rounds.ask(0, ASKED, save=True) == [Word(ABORT, 0, OPERATOR, None, ASKED, save=True)]
+    assert rounds.report(Report(0, 0, None)) == []
+    assert rounds.report(Report(1, 0, None)) == [Word(GO, 1, OPERATOR, None, ASKED, left=0, save=True)]
+    # the next round's failure is a plain one again: it neither saves nor is free
+    rounds.left = 1
+    assert rounds.report(failed(1, round=1)) == [Word(ABORT, 1, 1, 1)]
+    assert rounds.report(Report(0, 1, None)) == [Word(GO, 2, 1, 1, left=0)]
+    word = Word(GO, 1, OPERATOR, None, ASKED, left=0, save=True)
+    assert supervisor.restarting(word, 0.0) == (
+        f"{ASKED}: restarting the gang in place, round 1, in 0s (asked, saving first, spending no"
+        " spec.runPolicy.maxRestarts)")
+
+
+def test_an_asked_restart_that_a_node_does_not_stop_for_ends_with_the_reason_restart_asked() -> None:
+    rounds = gang(nodes=2)
+    rounds.ask(0, ASKED, save=True)
+    [end] = rounds.overdue()
+    assert end == Word(END, 0, OPERATOR, None, ASKED, save=True)
+    code, said = supervisor.last_word(supervisor.RoundEnd(None, TerminationMessage()), end, None)
+    assert code == 1 and said.reason == REASON_RESTART_ASKED  # a disruption, as a stall's
+
+
+@pytest.mark.parametrize(("save", "after"), [(False, (0.4, 2.0)), (True, (3.4, 6.0))])
+def test_a_saving_round_gives_the_nodes_its_save_time_more_to_report(
+        monkeypatch: pytest.MonkeyPatch, save: bool, after: tuple[float, float]) -> None:
+    monkeypatch.setattr(rounds_module, "STOP_TIMEOUT_S", 0.5)
+    port = free_port()
+    coordinator = Coordinator(Rounds(1, 0), "job/0/t", "127.0.0.1", port, save_s=3.0)
+    member = Member(0, "job/0/t", "127.0.0.1", port, connect_timeout_s=10)
+    try:
+        deadline = time.monotonic() + 10
+        while coordinator.rounds.joined != {0} and time.monotonic() < deadline:
+            time.sleep(0.01)
+        asked = time.monotonic()
+        assert rounds_module.ask("127.0.0.1", port, "job/0/t", 0, ASKED, save=save)
+        with member.cond:
+            assert member.cond.wait_for(lambda: member.aborted(0) is not None, timeout=10)
+            assert member.words[(ABORT, 0)].save is save
+            # nobody reports: the rounds end once the stop timeout, and the save's time, are over
+            assert member.cond.wait_for(lambda: (END, 0) in member.words, timeout=10)
+            assert member.words[(END, 0)].save is save
+        assert after[0] <= time.monotonic() - asked <= after[1]
+    finally:
+        member.close()
+        coordinator.close()
+
+
+# a torchrun stand-in: says it is up, then on SIGTERM saves (a file) and exits 75, or ignores SIGTERM
+CHILD = """
+import pathlib, signal, sys, time
+here = pathlib.Path(sys.argv[1])
+def save(*_):
+    (here / "saved").touch()
+    sys.exit(75)
+signal.signal(signal.SIGTERM, save if sys.argv[2] == "saves" else signal.SIG_IGN)
+(here / "up").touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("child", ["saves", "ignores SIGTERM"])
+def test_an_abort_that_saves_first_sigterms_the_round_and_sigkills_it_after_the_grace(
+        tmp_path: Path, child: str) -> None:
+    def abort() -> float | None:
+        return 2.0 if (tmp_path / "up").exists() else None
+
+    began = time.monotonic()
+    assert run_abortable([sys.executable, "-c", CHILD, str(tmp_path), child], None, abort) is None
+    took = time.monotonic() - began
+    if child == "saves":
+        assert (tmp_path / "saved").exists() and took < 2.0  # it exited by itself, in its grace
+    else:
+        assert not (tmp_path / "saved").exists() and 2.0 <= took < 10.0  # SIGKILLed once the grace ran out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -262,8 +344,8 @@ class Aborting:
     def __init__(self) -> None:
         self.reports: list[Report] = []
 
-    def aborted(self, round: int) -> bool:
-        return True
+    def aborted(self, round: int) -> Word:
+        return Word(ABORT, round, 1, 1)
 
     def report(self, report: Report) -> bool:
         self.reports.append(report)

@@ -1,11 +1,14 @@
 """Restarts in place under `tetrad run`: real supervisors, torchrun agents and trainers on this machine.
 A worker SIGKILLed mid-run restarts every node's workers as one gang, which resumes from the last
-checkpoint and computes the same losses as a run nobody disturbed."""
+checkpoint and computes the same losses as a run nobody disturbed; so does a restart asked of node 0's
+coordinator as the operator asks it for a tetrad.dev/restart-in-place token, where every worker saves
+first and no step is trained twice."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -18,6 +21,8 @@ from tests.trainer.test_launch import make_job
 from tetrad.api import ParallelTrainingJob
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_COLLECTIVE_TIMEOUT
 from tetrad.launch import run_local
+from tetrad.node import rounds
+from tetrad.node.environment import NodeEnv
 from tetrad.node.process import with_variable
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -56,13 +61,17 @@ def job(tmp_path: Path, max_restarts: int) -> ParallelTrainingJob:
                     runPolicy={"maxRestarts": max_restarts, "backoffSeconds": 1})
 
 
-def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undisturbed_run(
-        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    undisturbed = tmp_path / "undisturbed"
+@pytest.fixture(scope="module")
+def expected(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """The losses of a run nobody disturbed, by step."""
+    undisturbed = tmp_path_factory.mktemp("undisturbed")
     assert run_local(job(undisturbed, 1), steps=STEPS, jsonl=undisturbed / "out.jsonl",
                      workdir=undisturbed / "work") == 0
-    expected = dict(losses(undisturbed / "out.jsonl"))
+    return dict(losses(undisturbed / "out.jsonl"))
 
+
+def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undisturbed_run(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], expected: dict[int, float]) -> None:
     work, jsonl, killed = tmp_path / "work", tmp_path / "out.jsonl", []
     watcher = kill_rank_at(work, jsonl, rank=1, step=KILL_AT, killed=killed)
     code = run_local(job(tmp_path, 1), steps=STEPS, jsonl=jsonl, workdir=work)
@@ -114,4 +123,53 @@ def test_a_hung_collective_restarts_the_gang_in_place_and_the_run_completes(
     assert f"node 0 exited {EXIT_COLLECTIVE_TIMEOUT} (a collective timed out: rank 0:" in node0
     assert "not answering: rank 1): restarting the gang in place, round 1" in node0
     assert "test faults act in the first round of restarts in place only" in node0
+    assert not processes_mentioning(str(work))
+
+
+def ask_restart_at(workdir: Path, jsonl: Path, step: int, answers: list[bool]) -> threading.Thread:
+    """Once rank 0 has logged `step`, ask node 0's coordinator to restart round 0 in place, saving first,
+    with the address and gang id the nodes' environment gives (as the operator derives them)."""
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
+                pid = with_variable("TETRAD_CONFIG", str(workdir / "config.json"))[0]
+                env = NodeEnv.read(dict(line.split("=", 1) for line in
+                                        Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line))
+                settings = env.rounds
+                assert settings is not None
+                gang = rounds.gang_id(env.rdzv_id, env.restart, settings.token)
+                answers.append(rounds.ask(settings.host, settings.port, gang, 0, ASKED, save=True))
+                return
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+ASKED = "a restart asked (tetrad.dev/restart-in-place='now')"
+
+
+def test_an_asked_restart_saves_first_and_the_gang_trains_every_step_once_to_the_same_losses(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], expected: dict[int, float]) -> None:
+    work, jsonl, answers = tmp_path / "work", tmp_path / "out.jsonl", []
+    asker = ask_restart_at(work, jsonl, step=KILL_AT, answers=answers)
+    # maxRestarts 0: the asked round spends nothing
+    code = run_local(job(tmp_path, 0), steps=STEPS, jsonl=jsonl, workdir=work)
+    asker.join()
+    assert code == 0, (work / "node-0.log").read_text()[-3000:]
+    assert answers == [True]
+    seen = losses(jsonl)
+    # every step once: the workers saved the step they stopped after, and round 1 resumed from it
+    assert [s for s, _ in seen] == list(range(1, STEPS + 1))
+    for step, loss in seen:
+        assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-6), step
+    node0 = (work / "node-0.log").read_text()
+    stopped = next(int(m) for m in re.findall(r"stopped after step (\d+) on SIGTERM", node0))
+    assert KILL_AT <= stopped < STEPS
+    assert f"checkpoint: resumed step {stopped} from" in node0
+    for node in (0, 1):
+        assert (f"{ASKED}: restarting the gang in place, round 1, in 1s (asked, saving first, spending no"
+                " spec.runPolicy.maxRestarts)") in (work / f"node-{node}.log").read_text()
+    assert "1 in place" in capfd.readouterr().err  # the summary
     assert not processes_mentioning(str(work))

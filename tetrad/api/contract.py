@@ -71,6 +71,9 @@ GANG_GATE: Final = "tetrad.dev/gang"
 # stopping. The operator copies a new token onto rank 0's pod, whose POD_INFO volume projects it
 # into CHECKPOINT_REQUEST_FILE (ENV_CHECKPOINT_REQUEST_FILE names the path).
 ANNOTATION_CHECKPOINT_NOW: Final = "tetrad.dev/checkpoint-now"
+# A token on a job: restart the gang in its own pods, every worker saving a checkpoint first. The
+# operator asks pod 0's coordinator of restarts in place once per new token.
+ANNOTATION_RESTART_IN_PLACE: Final = "tetrad.dev/restart-in-place"
 
 # Where a pod finds its resolved config and the node launcher (a zip of tetrad.node that runs with the
 # image's python3 alone), and its own annotations the trainer reads (downward API).
@@ -136,6 +139,8 @@ REASON_HOST_OUT_OF_MEMORY: Final = "HostOutOfMemory"  # the kernel's OOM killer 
 REASON_WORKERS_STUCK: Final = "WorkersStuck"  # (74)
 # the operator asked to restart a stalled gang in place and the round did not come (1): a disruption
 REASON_STALLED: Final = "Stalled"
+# ... likewise a restart asked with ANNOTATION_RESTART_IN_PLACE (1): a disruption
+REASON_RESTART_ASKED: Final = "RestartAsked"
 REASON_CONTRACT: Final = "ContractMismatch"  # the runtime library does not speak this contract's version (78)
 
 # Prometheus gauges every trainer rank exports (name -> help). The operator reads some of them

@@ -108,6 +108,7 @@ class NodeEnv:
     round: int  # the round of restarts in place (a worker's; 0 for the supervisor)
     round_cause: str | None  # the failure that began that round (from round 1 on)
     termination_log: Path | None  # where the node's termination message goes; None: nowhere
+    shutdown_timeout_s: float | None  # torchrun's wait for its workers after SIGTERM; None: not known
 
     @classmethod
     def read(cls, env: Mapping[str, str] = os.environ) -> NodeEnv:
@@ -119,6 +120,7 @@ class NodeEnv:
                                          int(doc.get("allReduceMiB", 64)),
                                          float(doc.get("slowNodeFraction", 0.5)))
         log = env.get(ENV_TERMINATION_LOG)
+        shutdown = env.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
         return cls(
             node_rank=_int(env.get("PET_NODE_RANK")) or 0,
             nodes=_int(env.get("PET_NNODES")) or 1,
@@ -143,6 +145,7 @@ class NodeEnv:
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.
             termination_log=Path(log) if log else (Path(TERMINATION_LOG) if Path(TERMINATION_LOG).exists()
                                                    else None),
+            shutdown_timeout_s=float(shutdown) if shutdown.replace(".", "", 1).isdigit() else None,
         )
 
 
@@ -160,7 +163,6 @@ class WorkerEnv:
     jsonl: Path | None  # ENV_JSONL: where rank 0 appends its JSON lines (`tetrad run`)
     metrics_port: int | None  # ENV_METRICS_PORT: rank r serves Prometheus on this port + local_rank
     checkpoint_request_file: Path | None  # ENV_CHECKPOINT_REQUEST_FILE (checkpoint-now)
-    shutdown_timeout_s: float | None  # torchrun's wait for its workers after SIGTERM; None: not known
     test_fault: str | None  # ENV_TEST_FAULT, as given (tetrad_trainer.faults parses it)
     test_faults_allowed: bool  # ENV_TEST_FAULTS_ALLOWED=1: test faults act
     test_oom_at_step: int | None  # ENV_TEST_OOM_AT_STEP (tests only)
@@ -173,9 +175,12 @@ class WorkerEnv:
     def exit_dir(self) -> Path | None:
         return self.node.exit_dir
 
+    @property
+    def shutdown_timeout_s(self) -> float | None:
+        return self.node.shutdown_timeout_s
+
     @classmethod
     def read(cls, env: Mapping[str, str] = os.environ) -> WorkerEnv:
-        shutdown = env.get(ENV_TORCHRUN_SHUTDOWN_TIMEOUT, "")
         return cls(
             node=NodeEnv.read(env),
             rank=_int(env.get("RANK")) or 0,
@@ -186,7 +191,6 @@ class WorkerEnv:
             jsonl=_path(env.get(ENV_JSONL)),
             metrics_port=_int(env.get(ENV_METRICS_PORT)),
             checkpoint_request_file=_path(env.get(ENV_CHECKPOINT_REQUEST_FILE)),
-            shutdown_timeout_s=float(shutdown) if shutdown.replace(".", "", 1).isdigit() else None,
             test_fault=env.get(ENV_TEST_FAULT) or None,
             test_faults_allowed=env.get(ENV_TEST_FAULTS_ALLOWED) == "1",
             test_oom_at_step=_int(env.get(ENV_TEST_OOM_AT_STEP)),

@@ -70,9 +70,9 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
 
 
 def run_abortable(command: list[str], env: dict[str, str] | None,
-                  abort: Callable[[], bool] | None) -> int | None:
+                  abort: Callable[[], float | None] | None) -> int | None:
     """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S) said to stop the child: it is
-    SIGKILLed."""
+    SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
     forwarded = False
@@ -95,10 +95,21 @@ def run_abortable(command: list[str], env: dict[str, str] | None,
             try:
                 return child.wait(timeout=None if abort is None else ABORT_POLL_S)
             except subprocess.TimeoutExpired:
-                if abort is not None and abort():
-                    child.kill()
-                    child.wait()
+                if abort is not None and (grace := abort()) is not None:
+                    forwarded = True  # a stop signal from now on would cut the child's grace short
+                    stop(child, grace)
                     return None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def stop(child: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM `child` and give it `grace` seconds to exit (none: SIGKILL at once), then SIGKILL it."""
+    if grace > 0:
+        child.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=grace)
+            return
+    child.kill()
+    child.wait()

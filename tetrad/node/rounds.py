@@ -8,9 +8,12 @@ reports. Once every node has reported it tells them all to go on to the next rou
 rendezvous, the workers resuming from the last checkpoint. So the processes of two rounds never run at
 once, and the gang restarts whole, as the operator's restarts do.
 
-The operator may ask for a round too (`ask`): a gang it saw stall (rank 0 completing no step) is restarted
-in place the same way when no failure is under way. Such a round is a disruption, not the job's failure: it
-spends nothing of the budget, and its cause is the operator's words (the operator counts it by them).
+The operator may ask for a round too (`ask`), when no failure is under way: a gang it saw stall (rank 0
+completing no step) is restarted in place the same way; a restart a user asked for (the
+tetrad.dev/restart-in-place annotation) `save`s first: each node stops its workers with SIGTERM, on which
+they save a checkpoint and exit, as at a preemption, and is given its torchrun's shutdown timeout more to
+report. Such a round is not the job's failure: it spends nothing of the budget, and its cause is the
+operator's words (the operator counts it by them).
 
 Anything else ends the rounds, and each node exits as it would without them: a code that does not restart
 in place (a preemption, a config error, a permanent code), an empty budget, a node that finished, a node
@@ -65,6 +68,7 @@ class Word:
     code: int | None = None
     why: str | None = None
     left: int | None = None
+    save: bool = False  # the operator's ask: the workers stop with SIGTERM and save first
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Rounds:
     joined: set[int] = field(default_factory=set)
     reports: dict[int, Report] = field(default_factory=dict)  # this round's
     cause: Report | None = None  # the failure that aborted this round
+    save: bool = False  # the operator's ask that aborted it saves first
     ended: bool = False
 
     def join(self, node: int) -> None:
@@ -96,15 +101,15 @@ class Rounds:
             return [Word(ABORT, self.round, report.node, report.code, report.why), *self._barrier()]
         return self._barrier()
 
-    def ask(self, round: int, why: str) -> list[Word]:
-        """The operator asks to restart `round` in place (the gang stalled): as a node's failure that
-        restarts in place would, when every node has joined and none has reported; otherwise nothing
-        (refused)."""
+    def ask(self, round: int, why: str, save: bool = False) -> list[Word]:
+        """The operator asks to restart `round` in place (the gang stalled, or a user asked, to `save`
+        first): as a node's failure that restarts in place would, when every node has joined and none has
+        reported; otherwise nothing (refused)."""
         if (self.ended or round != self.round or self.cause is not None or self.reports
                 or len(self.joined) < self.nodes):
             return []
-        self.cause = Report(OPERATOR, round, None, True, why)
-        return [Word(ABORT, self.round, OPERATOR, None, why)]
+        self.cause, self.save = Report(OPERATOR, round, None, True, why), save
+        return [Word(ABORT, self.round, OPERATOR, None, why, save=save)]
 
     def lost(self, node: int) -> list[Word]:
         """A node's connection closed: its supervisor is gone (a finished node's goes quietly)."""
@@ -130,13 +135,15 @@ class Rounds:
             # the cause to name: a node that knows why it failed before the first to report (often a peer
             # that only lost its connection to it)
             cause = next((r for r in ended if r.why), cause)
+        save = self.save and cause.node == OPERATOR
         self.round += 1
-        self.reports, self.cause = {}, None
-        return [Word(GO, self.round, cause.node, cause.code, cause.why, self.left)]
+        self.reports, self.cause, self.save = {}, None, False
+        return [Word(GO, self.round, cause.node, cause.code, cause.why, self.left, save)]
 
     def _end(self, report: Report) -> list[Word]:
         self.ended = True
-        return [Word(END, self.round, report.node, report.code, report.why)]
+        return [Word(END, self.round, report.node, report.code, report.why,
+                     save=self.save and report.node == OPERATOR)]
 
 
 def _send(sock: socket.socket, doc: dict[str, Any]) -> bool:
@@ -166,14 +173,15 @@ def _lines(sock: socket.socket) -> Iterator[dict[str, Any]]:
 
 class Coordinator:
     """Node 0's: `Rounds` over TCP. Members say {"hello": node, "gang": id}, then their reports. The gang's
-    id (its rendezvous, restart and a token only its pods have) turns away anyone else's."""
+    id (its rendezvous, restart and a token only its pods have) turns away anyone else's. After an abort
+    every node must report within STOP_TIMEOUT_S, and `save_s` more when the abort saves first."""
 
-    def __init__(self, rounds: Rounds, gang: str, host: str, port: int):
-        self.rounds, self.gang = rounds, gang
+    def __init__(self, rounds: Rounds, gang: str, host: str, port: int, save_s: float = 0.0):
+        self.rounds, self.gang, self.save_s = rounds, gang, save_s
         self.lock = threading.Lock()
         self.members: dict[int, socket.socket] = {}
         self.connections: set[socket.socket] = set()  # accepted, joined or not
-        self.aborted_at: float | None = None
+        self.overdue_at: float | None = None  # when the nodes' reports of an abort are overdue
         self.server = socket.create_server((host, port), reuse_port=False)
         self.closed = threading.Event()
         threading.Thread(target=self._accept, daemon=True, name="rounds-accept").start()
@@ -233,27 +241,29 @@ class Coordinator:
         _hang_up(sock)
 
     def _answer(self, sock: socket.socket, doc: dict[str, Any]) -> None:
-        """The operator's ask, {"ask": "restart", "gang": id, "round": r, "why": text}: {"accepted": bool}."""
+        """The operator's ask, {"ask": "restart", "gang": id, "round": r, "why": text, "save": bool}:
+        {"accepted": bool}."""
         try:
             round, why = int(doc["round"]), str(doc.get("why") or "the operator asked")
         except (KeyError, TypeError, ValueError):
             words = []
         else:
             with self.lock:
-                words = self.rounds.ask(round, why)
+                words = self.rounds.ask(round, why, doc.get("save") is True)
                 self._tell(words)
         _send(sock, {"accepted": bool(words)})
 
     def _watch(self) -> None:
         while not self.closed.wait(0.5):
             with self.lock:
-                if self.aborted_at is not None and time.monotonic() - self.aborted_at > STOP_TIMEOUT_S:
+                if self.overdue_at is not None and time.monotonic() > self.overdue_at:
                     self._tell(self.rounds.overdue())
 
     def _tell(self, words: list[Word]) -> None:
         """Send `words` to every member (under the lock)."""
         for word in words:
-            self.aborted_at = time.monotonic() if word.kind == ABORT else None
+            self.overdue_at = (time.monotonic() + STOP_TIMEOUT_S + (self.save_s if word.save else 0.0)
+                               if word.kind == ABORT else None)
             for sock in list(self.members.values()):
                 _send(sock, asdict(word))
 
@@ -293,7 +303,7 @@ class Member:
         for doc in _lines(sock):
             with contextlib.suppress(TypeError, ValueError):
                 word = Word(str(doc["kind"]), int(doc["round"]), doc.get("node"), doc.get("code"),
-                            doc.get("why"), doc.get("left"))
+                            doc.get("why"), doc.get("left"), doc.get("save") is True)
                 with self.cond:
                     self.words[(word.kind, word.round)] = word
                     self.cond.notify_all()
@@ -304,9 +314,10 @@ class Member:
             self.detached = True
             self.cond.notify_all()
 
-    def aborted(self, round: int) -> bool:
+    def aborted(self, round: int) -> Word | None:
+        """The word that aborted `round`, if one did."""
         with self.cond:
-            return (ABORT, round) in self.words
+            return self.words.get((ABORT, round))
 
     def report(self, report: Report) -> bool:
         """Send this node's report; False when it is on its own (not connected within REPORT_WAIT_S)."""
@@ -342,12 +353,14 @@ def gang_id(rdzv_id: str, restart: int, secret: str) -> str:
     return f"{rdzv_id}/{restart}/{secret}"
 
 
-def ask(host: str, port: int, gang: str, round: int, why: str, timeout_s: float = 5.0) -> bool:
-    """Ask node 0's coordinator to restart `round` in place; whether it accepted."""
+def ask(host: str, port: int, gang: str, round: int, why: str, save: bool = False,
+        timeout_s: float = 5.0) -> bool:
+    """Ask node 0's coordinator to restart `round` in place, the workers saving first if `save`; whether
+    it accepted."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
-            if not _send(sock, {"ask": ASK_RESTART, "gang": gang, "round": round, "why": why}):
+            if not _send(sock, {"ask": ASK_RESTART, "gang": gang, "round": round, "why": why, "save": save}):
                 return False
             return any(bool(doc.get("accepted")) for doc in _lines(sock))
     except OSError:

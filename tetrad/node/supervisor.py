@@ -36,6 +36,7 @@ from tetrad.api.contract import (
     EXIT_PREFLIGHT,
     EXIT_WORKERS_STUCK,
     REASON_HOST_OUT_OF_MEMORY,
+    REASON_RESTART_ASKED,
     REASON_STALLED,
     REASON_WORKERS_STUCK,
 )
@@ -46,6 +47,8 @@ from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 
 WORKERS_GONE_TIMEOUT_S = 30.0
+TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's wait for its workers after SIGTERM, when the pod does not set it
+SAVE_MARGIN_S = 5.0  # more than that for torchrun to exit, before the supervisor SIGKILLs it
 SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
@@ -151,8 +154,8 @@ def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None) -> tu
     if stop is not None:
         return 128 + stop, TerminationMessage(message=f"stopped by {signal.Signals(stop).name} between"
                                                       " restarts in place, its workers already gone")
-    if word is not None and word.node == rounds.OPERATOR:  # the operator read it as the stall it asked about
-        return 1, TerminationMessage(reason=REASON_STALLED, message=(
+    if word is not None and word.node == rounds.OPERATOR:  # the operator reads it as the ask it made
+        return 1, TerminationMessage(reason=REASON_RESTART_ASKED if word.save else REASON_STALLED, message=(
             f"{word.why}; the gang was asked to restart in place, but a node did not stop within"
             f" {rounds.STOP_TIMEOUT_S:g}s or was lost: the gang needs new pods"))
     return (word.code if word is not None and word.code else 1), TerminationMessage(message=stopped_for(word))
@@ -179,11 +182,15 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
     An abort of the round kills it and waits until none of its workers is left. The workers learn the
     round and the `cause` that began it from their environment."""
     kills = oom_killer.oom_kills()
-    abort = (lambda: member.aborted(round)) if member is not None else None
+
+    def abort() -> float | None:  # how long torchrun has to stop once the round is aborted
+        word = member.aborted(round) if member is not None else None
+        return None if word is None else save_seconds(env) if word.save else 0.0
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         directory = Path(exit_dir)
         round_env = {ENV_ROUND: str(round), **({ENV_ROUND_CAUSE: cause} if cause else {})}
-        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env}, abort)
+        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
+                             abort if member is not None else None)
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
                 why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"
@@ -227,7 +234,7 @@ def joined_rounds(env: NodeEnv) -> Iterator[rounds.Member | None]:
         host = "" if env.in_pod else settings.host
         try:
             coordinator = rounds.Coordinator(rounds.Rounds(env.nodes, settings.left), gang, host,
-                                             settings.port)
+                                             settings.port, save_seconds(env))
         except OSError as e:  # every node is on its own: a failure ends the run as without rounds
             print(f"[tetrad] no restarts in place: port {settings.port} for them: {e}", file=sys.stderr,
                   flush=True)
@@ -256,8 +263,15 @@ def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: Rou
     return member.next_word(round)
 
 
+def save_seconds(env: NodeEnv) -> float:
+    """How long a round that saves first gives torchrun after its SIGTERM: torchrun's own wait for its
+    workers, which save and exit, and a margin."""
+    return (env.shutdown_timeout_s or TORCHRUN_SHUTDOWN_S) + SAVE_MARGIN_S
+
+
 def restarting(word: rounds.Word, wait: float) -> str:
-    budget = ("a disruption, spending no spec.runPolicy.maxRestarts" if word.node == rounds.OPERATOR
+    asked = "asked, saving first" if word.save else "a disruption"
+    budget = (f"{asked}, spending no spec.runPolicy.maxRestarts" if word.node == rounds.OPERATOR
               else f"spec.runPolicy.maxRestarts: {word.left} left")
     return f"{failure(word)}: {rounds.RESTARTING}, round {word.round}, in {wait:g}s ({budget})"
 
