@@ -606,15 +606,21 @@ class Controller:
 
     async def _ask_in_place(self, loop: JobLoop, pods: list[PodState], action: AskInPlace) -> None:
         """Ask pod 0's coordinator of restarts in place for the next round, and write its answer into
-        status.inPlaceAsk.accepted (a refusal, or no answer, and the lifecycle recreates the gang)."""
+        status.inPlaceAsk.accepted (a refusal, or no answer, and the lifecycle recreates a stalled gang;
+        a user's ask is told refused in a Warning Event)."""
         job = loop.resolved(loop.body or {}).job
         pod0 = next((p for p in pods if p.name == action.name and p.uid == action.uid), None)
         host = self.settings.scrape_host or (pod0.ip if pod0 is not None else None)
         gang = rounds_gang(job, action.restart) if job is not None else ""
         accepted = bool(job is not None and host and await asyncio.to_thread(
-            rounds.ask, host, rounds_port(job.spec), gang, action.round, action.why))
+            rounds.ask, host, rounds_port(job.spec), gang, action.round, action.why, action.save))
         log.info("%s/%s: pod 0's coordinator %s the restart in place of round %d", *loop.key,
                  "took" if accepted else "refused (or did not answer)", action.round)
+        if action.save and not accepted and loop.body is not None:
+            await self._post_event(loop.body, "Warning", "RestartNotInPlace", (
+                f"{action.why}: pod 0's coordinator did not take it (a failure or another restart in "
+                "place was under way, a node had not joined yet, or it did not answer); set a new token "
+                "to ask again"))
         held = ((loop.body or {}).get("status") or {}).get("inPlaceAsk") or {}
         if (held.get("restart"), held.get("round")) != (action.restart, action.round):
             return  # another ask since (the lifecycle's): this answer is not its

@@ -86,8 +86,12 @@ def test_summary_counts_the_restarts_in_place_beside_the_restarts_in_new_pods():
                    .splitlines())
     stalls = stored(RUNNING | {"restartsInPlace": 3, "disruptionsInPlace": 1})
     stalled = format_summary(summarize(stalls, NOW))
-    assert ("In place:     3 (the gang restarted in its own pods; 1 of them after a stall, disruptions not"
+    assert ("In place:     3 (the gang restarted in its own pods; 1 after a stall (disruptions): not"
             " counted against maxRestarts)") in stalled
+    asked = format_summary(summarize(stored(RUNNING | {"restartsInPlace": 3, "disruptionsInPlace": 1,
+                                                       "askedInPlace": 1}), NOW))
+    assert ("In place:     3 (the gang restarted in its own pods; 1 after a stall (disruptions) and 1 asked"
+            " with tetrad.dev/restart-in-place: not counted against maxRestarts)") in asked
 
 
 def test_summary_of_a_shrunken_elastic_job_shows_its_size_now_and_its_resizes():

@@ -1,6 +1,7 @@
 """Disruptions against a real API server: their budget, and stall detection, where the operator
 scrapes a real Prometheus endpoint standing in for rank 0 (TETRAD_OPERATOR_SCRAPE_HOST), whose
-heartbeat gauge the test keeps beating, then stops, as a trainer hung in a collective would."""
+heartbeat gauge the test keeps beating, then stops, as a trainer hung in a collective would; and a
+restart a user asks for in place."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tetrad.api import contract
+from tetrad.api import contract, parse
+from tetrad.node import rounds
+from tetrad.render.objects import rounds_gang
 
 from .conftest import free_port, operator_in_thread
-from .helpers import condition, finish_all, ptj, terminate, wait_events, wait_for, wait_phase, wait_running
+from .helpers import (
+    JOBS,
+    condition,
+    finish_all,
+    ptj,
+    terminate,
+    wait_events,
+    wait_for,
+    wait_phase,
+    wait_running,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -106,3 +119,38 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
             assert (st["restarts"], st["disruptions"]) == (1, 1)
     finally:
         rank0.close()
+
+
+def test_a_restart_asked_with_a_token_reaches_pod_0s_coordinator_saving_first(api, operator_cluster,
+                                                                             namespace):
+    """The tetrad.dev/restart-in-place annotation, through a real API server: the operator asks a real
+    coordinator on loopback standing in for pod 0's (TETRAD_OPERATOR_SCRAPE_HOST), which aborts the round
+    with its workers saving first; the ask, its token and its answer are kept in the status (the CRD's
+    schema holds them); a second token, with nobody to take it, is told refused and recreates nothing."""
+    ns, port = namespace, free_port()
+    path = f"{JOBS}/namespaces/{ns}/paralleltrainingjobs/asked"
+    with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
+        api.create_job(ns, ptj("asked", nodes=2, rendezvous={"port": port - contract.ROUNDS_PORT_OFFSET},
+                               checkpoint={"enabled": True, "path": "/ckpt"}))
+        wait_running(api, ns, "asked", 2)
+        job, _ = parse(api.job(ns, "asked"))
+        assert job is not None
+        served = rounds.Coordinator(rounds.Rounds(2, 0), rounds_gang(job, 0), "127.0.0.1", port)
+        try:
+            for node in (0, 1):
+                served.rounds.join(node)
+            api.patch(path, {"metadata": {"annotations": {contract.ANNOTATION_RESTART_IN_PLACE: "t1"}}})
+            asked = wait_for(lambda: (api.status(ns, "asked").get("inPlaceAsk") or {}).get("accepted"),
+                             what="the coordinator's answer") and api.status(ns, "asked")
+        finally:
+            served.close()
+        assert asked["inPlaceAsk"]["token"] == "t1" and asked["restartRequested"] == "t1"
+        assert served.rounds.cause is not None and served.rounds.save  # its workers save first
+        (event,) = wait_events(api, ns, "asked", "RestartAsked")
+        assert "tetrad.dev/restart-in-place='t1': asked pod 0's coordinator" in event["message"]
+
+        api.patch(path, {"metadata": {"annotations": {contract.ANNOTATION_RESTART_IN_PLACE: "t2"}}})
+        (refused,) = wait_events(api, ns, "asked", "RestartNotInPlace")
+        assert refused["type"] == "Warning" and "'t2'" in refused["message"]
+        st = api.status(ns, "asked")
+        assert (st["phase"], st["restarts"], st["inPlaceAsk"]["accepted"]) == ("Running", 0, False)

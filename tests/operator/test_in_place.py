@@ -268,3 +268,106 @@ def test_no_ask_once_the_disruption_budget_is_spent():
     stall(c)
     assert "inPlaceAsk" not in c.status
     assert c.phase == "Failed" and cond(c, "Failed")["reason"] == "DisruptionBudgetExceeded"
+
+
+# ----------------------------------------------------- a restart a user asked for, saving first
+
+ASKING = {**FAST, "maxRestarts": 1, "stallTimeoutSeconds": 30}
+
+
+def asking_job(**spec: object) -> FakeCluster:
+    c = FakeCluster(job_body(nodes=2, runPolicy=ASKING, rendezvous={"port": free_rendezvous_port()},
+                             **{"checkpoint": {"enabled": True, "path": "/ckpt"}, **spec}))
+    running(c)
+    c.tick(30)
+    return c
+
+
+def ask_restart(c: FakeCluster, token: str) -> None:
+    assert c.job is not None
+    c.job["metadata"].setdefault("annotations", {})[contract.ANNOTATION_RESTART_IN_PLACE] = token
+    c.reconcile()
+
+
+ASKED = "a restart asked (tetrad.dev/restart-in-place='t1')"
+
+
+def test_a_restart_asked_with_a_token_restarts_the_gang_in_place_saving_first_and_spends_nothing():
+    c = asking_job()
+    pods = sorted(c.pods)
+    with coordinator(c) as served:
+        ask_restart(c, "t1")
+        asked = c.status["inPlaceAsk"]
+        assert (asked["restart"], asked["round"], asked["token"], asked["cause"], asked["accepted"]) == (
+            0, 0, "t1", ASKED, True)
+        assert c.status["restartRequested"] == "t1"
+        assert served.rounds.cause is not None and served.rounds.save  # the workers save first
+        (event,) = [e for e in c.events if e.reason == "RestartAsked"]
+        assert event.message == (
+            "tetrad.dev/restart-in-place='t1': asked pod 0's coordinator to restart the gang in its own pods"
+            " (round 1); every worker saves a checkpoint first, and the round spends no budget")
+        c.tick(5)
+        c.reconcile()  # the same token is asked once
+        assert [e.reason for e in c.events].count("RestartAsked") == 1
+        # both nodes stopped (their workers saved): round 1 begins, and its rank 0 answers
+        assert served.rounds.report(rounds.Report(0, 0, None)) == []
+        assert served.rounds.report(rounds.Report(1, 0, None))[0].kind == rounds.GO
+        scraped_round(c, 1, 41, cause=ASKED)
+        c.reconcile()
+        s = c.status
+        assert (s["restartsInPlace"], s["askedInPlace"], s.get("disruptionsInPlace", 0), s["restarts"]) == (
+            1, 1, 0, 0)
+        assert sorted(c.pods) == pods and c.phase == "Running"
+        assert in_place_events(c) == [
+            f"the gang of restart 0 restarted in its own pods (round 1) after {ASKED}; round 1 the operator"
+            " asked for as tetrad.dev/restart-in-place asked, after every worker saved; 1 of"
+            " spec.runPolicy.maxRestarts=1 left"]
+        # a new token asks for the next round
+        ask_restart(c, "t2")
+        assert (c.status["inPlaceAsk"]["round"], c.status["inPlaceAsk"]["accepted"]) == (1, True)
+        assert served.rounds.cause is not None and served.rounds.cause.why == ASKED.replace("t1", "t2")
+
+
+def test_a_restart_the_coordinator_refuses_is_told_and_the_gang_runs_on():
+    c = asking_job()
+    ask_restart(c, "t1")  # nobody listens on pod 0's rounds port
+    assert c.status["inPlaceAsk"]["accepted"] is False
+    (refused,) = [e.message for e in c.events if e.reason == "RestartNotInPlace"]
+    assert refused.startswith(f"{ASKED}: pod 0's coordinator did not take it")
+    assert refused.endswith("set a new token to ask again")
+    c.tick(5)
+    c.reconcile()
+    assert (c.phase, c.status["restarts"]) == ("Running", 0)  # a refused restart recreates nothing
+    assert [e.reason for e in c.events].count("RestartAsked") == 1
+    # a stall in the same round makes its own ask (refused too), and only then is the gang recreated
+    now = format_time(c.now)
+    c.job["status"]["training"] = {"updated": now, "step": 50, "lastStepTime": now}
+    c.reconcile()
+    stall(c)
+    c.reconcile()
+    stalled = c.status["inPlaceAsk"]
+    assert "token" not in stalled and stalled["accepted"] is False and stalled["cause"].startswith("rank 0")
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled"
+    assert "pod 0's coordinator did not restart it in place" in c.status["message"]
+
+
+def test_a_restart_without_checkpoints_is_ignored_with_the_reason():
+    c = asking_job(checkpoint={"enabled": False})
+    ask_restart(c, "t1")
+    assert "inPlaceAsk" not in c.status and c.status["restartRequested"] == "t1"
+    (ignored,) = [e.message for e in c.events if e.reason == "RestartNotInPlace"]
+    assert ignored == ("tetrad.dev/restart-in-place='t1' ignored: checkpointing is off (spec.checkpoint."
+                       "enabled=false), so the restarted gang would begin again from step 0")
+
+
+def test_nodes_that_ended_because_the_asked_restart_did_not_come_are_a_disruption():
+    c = asking_job()
+    with coordinator(c):
+        ask_restart(c, "t1")
+    said = TerminationMessage(reason=contract.REASON_RESTART_ASKED, message=(
+        f"{ASKED}; the gang was asked to restart in place, but a node did not stop within 90s or was lost:"
+        " the gang needs new pods"))
+    c.finish(1, rank=0, message=json.dumps(said.to_json()))
+    c.reconcile()
+    assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "RestartAsked", c.status["message"]
+    assert (c.status["restarts"], c.status["disruptions"]) == (1, 1)

@@ -793,9 +793,11 @@ class InPlaceAsk(CamelModel):
     restart: int = Field(description="The incarnation asked.")
     round: int = Field(description="Its round the ask would end (the next one is round + 1).")
     time: str = Field(description="When the operator asked (RFC 3339).")
-    cause: str = Field(description="Why: the stall the operator saw.")
+    cause: str = Field(description="Why: the stall the operator saw, or the restart a user asked for.")
+    token: str | None = Field(None, description="The tetrad.dev/restart-in-place token asked for (the "
+                              "workers save first); none for a stall.")
     accepted: bool | None = Field(None, description="Pod 0's coordinator's answer (false: it refused or did "
-                                  "not answer, and the gang is recreated).")
+                                  "not answer; a stalled gang is then recreated).")
 
 
 class ElasticStatus(CamelModel):
@@ -855,13 +857,20 @@ class ParallelTrainingJobStatus(CamelModel):
                              "eviction, a lost node or a deleted pod. They do not count against maxRestarts.")
     restarts_in_place: int = Field(0, description="Restarts of the whole gang in its own pods (a worker "
                                    "failed, the pods did not): new processes, a new rendezvous, the last "
-                                   "checkpoint. They count against maxRestarts, except disruptionsInPlace.")
+                                   "checkpoint. They count against maxRestarts, except disruptionsInPlace "
+                                   "and askedInPlace.")
     disruptions_in_place: int = Field(0, description="Of restartsInPlace, those the operator asked for "
                                       "because the gang stalled: disruptions, counted against maxDisruptions "
                                       "and not maxRestarts.")
+    asked_in_place: int = Field(0, description="Of restartsInPlace, those a user asked for with the "
+                                "tetrad.dev/restart-in-place annotation: the workers saved first; they "
+                                "spend no budget.")
+    restart_requested: str | None = Field(None, description="The last tetrad.dev/restart-in-place token the "
+                                          "operator acted on.")
     round: int = Field(0, description="The current incarnation's round of restarts in place (0: none yet).")
     in_place_ask: InPlaceAsk | None = Field(None, description="The operator's last ask of pod 0's "
-                                            "coordinator to restart a stalled gang in place.")
+                                            "coordinator to restart the gang in place: after a stall, or "
+                                            "a user's tetrad.dev/restart-in-place token.")
     elastic: ElasticStatus | None = Field(None, description="An elastic job's current size (spec.elastic).")
     world_size: int | None = Field(None, description="Number of training processes.")
     mesh: str | None = Field(None, description="The resolved layout, e.g. pp2.dpr1.dps2.cp1.tp2.")

@@ -113,6 +113,7 @@ def summarize(job: dict[str, Any], now: datetime) -> dict[str, Any]:
         "disruptions": status.get("disruptions", 0),
         "restartsInPlace": status.get("restartsInPlace", 0),
         "disruptionsInPlace": status.get("disruptionsInPlace", 0),
+        "askedInPlace": status.get("askedInPlace", 0),
         "stepSeconds": None,
         "etaSeconds": None,
         "updatedSecondsAgo": None,
@@ -302,9 +303,11 @@ def format_summary(s: dict[str, Any]) -> str:
     uncounted = f" ({', '.join(free)}, not counted against maxRestarts)" if free else ""
     rows.append(("Restarts", f"{s['restarts']}{uncounted}"))
     if s["restartsInPlace"]:
-        stalls = s.get("disruptionsInPlace", 0)
-        budget = ("counted against maxRestarts" if not stalls else
-                  f"{stalls} of them after a stall, disruptions not counted against maxRestarts")
+        stalls, asked = s.get("disruptionsInPlace", 0), s.get("askedInPlace", 0)
+        free = ([f"{stalls} after a stall (disruptions)"] if stalls else []) + (
+            [f"{asked} asked with tetrad.dev/restart-in-place"] if asked else [])
+        budget = (f"{' and '.join(free)}: not counted against maxRestarts" if free
+                  else "counted against maxRestarts")
         rows.append(("In place", f"{s['restartsInPlace']} (the gang restarted in its own pods; {budget})"))
     if s["runningSeconds"] is not None:
         rows.append(("Running for", duration(s["runningSeconds"])))

@@ -63,13 +63,15 @@ class AnnotatePod:
 
 @dataclass(frozen=True)
 class AskInPlace:
-    """Ask pod 0's coordinator (pod `name`) to restart incarnation `restart`'s `round` in place."""
+    """Ask pod 0's coordinator (pod `name`) to restart incarnation `restart`'s `round` in place, the
+    workers saving a checkpoint first if `save` (a user's ask)."""
 
     name: str
     uid: str
     restart: int
     round: int
     why: str
+    save: bool = False
 
 
 @dataclass(frozen=True)

@@ -246,6 +246,7 @@ def _active(m: JobPass, job: ParallelTrainingJob, cfg: ResolvedConfig, queued: s
                 policy.on_failure(m, [stall], pods, restart, run_policy)
         elif not elastic.grow(m, resolved.job, resolved.config_at, pods, restart, room):  # 9. room for more
             checkpoint.forward_request(m, job, pods[0])  # 10. a checkpoint-now token, to rank 0
+            in_place.restart_asked(m, job, pods[0], restart)  # 11. a restart-in-place token, to pod 0
     else:  # the queue's or the scheduler's reason, as it changes
         scheduler = spec.gang.scheduler.value
         if queued:

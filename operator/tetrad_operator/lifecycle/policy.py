@@ -22,6 +22,7 @@ from tetrad.api.contract import (
     EXIT_OOM,
     EXIT_PREEMPTED,
     EXIT_PREFLIGHT,
+    REASON_RESTART_ASKED,
     REASON_STALLED,
 )
 from tetrad.api.spec import ParallelTrainingJobSpec, Phase, RunPolicy, TrainingStatus
@@ -81,8 +82,8 @@ def failures(m: JobPass, current: dict[int, PodState], nodes: int, expect_deleti
                 out.append(Failure(rank, p, "PodEvicted", f"pod {p.name} was evicted ({why})", True))
             elif p.exit_code == EXIT_PREFLIGHT:
                 out.append(preflight_failure(rank, p, current))
-            elif p.said.reason == REASON_STALLED:  # the restart in place asked for a stall did not come
-                out.append(Failure(rank, p, "Stalled", f"pod {p.name} ended: {p.said.message}", True))
+            elif p.said.reason in (REASON_STALLED, REASON_RESTART_ASKED):  # the round asked for did not come
+                out.append(Failure(rank, p, p.said.reason, f"pod {p.name} ended: {p.said.message}", True))
             elif p.ended in START_ERRORS:
                 out.append(Failure(rank, p, "ContainerCannotStart",
                                    f"the container of pod {p.name} could not start:"
@@ -223,14 +224,14 @@ def on_failure(m: JobPass, found: list[Failure], current: Sequence[PodState], re
     # A disruption's peers often fail too (a collective loses a rank): one disruption covers them.
     disruption = next((f for f in found if f.disruption), None)
     first = disruption or found[0]
-    disruptions = min(m.status.disruptions, restart)
+    disruptions = in_place.disruptions_in_new_pods(m.status, restart)
     resizes = elastic.resizes(m.status)
-    failed = in_place.failures(restart, disruptions, in_place.failed_rounds(m.status), resizes)
+    rounds = in_place.failed_rounds(m.status)
+    failed = in_place.failures(restart, disruptions, rounds, resizes)
     if disruption is None and failed >= policy.max_restarts:
-        ours = in_place.failed_rounds(m.status)
         m.fail("MaxRestartsExceeded",
                f"{first.detail}; the gang was already restarted {failed} times after failures"
-               + (f", {ours} of them in place" if ours else "")
+               + (f", {rounds} of them in place" if rounds else "")
                + f" (maxRestarts={policy.max_restarts}; {disruptions} disruptions"
                + (f" and {resizes} resizes" if resizes else "") + " not counted)", policy)
         return
