@@ -1,7 +1,9 @@
 """What users bring, end to end on the real nodes, through the chart's operator: (a) a plain DDP script
 in an image without Tetrad trains to Succeeded, and SIGKILLed workers restart the gang in its own pods,
 resuming from the script's own checkpoint; (b) a script using the runtime library shows live figures in
-`kubectl get ptj`, and a deleted pod makes it save, exit 75 and resume without spending maxRestarts;
+`kubectl get ptj`, a deleted pod makes it save, exit 75 and resume without spending maxRestarts, and a
+restart asked with the tetrad.dev/restart-in-place annotation makes it save and resume in its own pods,
+spending nothing either;
 (c) a model of one's own (the GPT-2 example) trains to `tetrad run`'s losses; (d) a Hugging Face
 `Trainer` script with TetradCallback trains to Succeeded with live figures.
 
@@ -164,14 +166,15 @@ def test_a_plain_ddp_script_without_tetrad_trains_and_a_killed_worker_restarts_t
 # ---------------------------------------------------------------- (b) level 2: the runtime library
 
 
-def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and_resumes(
+def test_a_runtime_library_script_shows_live_figures_and_saves_and_resumes_when_deleted_or_asked(
         installed: RealCluster, ns: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     c = installed
+    steps = 80
     store = shared_dir(tmp_path_factory, "runtime-ckpt")
     template = from_configmap(c, ns, "runtime-script", script_of("runtime"), "/app")
     c.apply(job("runtime", image=f"tetrad/trainer:{VERSION}", template=template,
                 checkpoint=checkpoints_in(store),
-                script={"path": "/app/train.py", "args": ["--steps", "60", "--step-seconds", "0.5"]},
+                script={"path": "/app/train.py", "args": ["--steps", str(steps), "--step-seconds", "0.5"]},
                 runPolicy={**FAST, "maxRestarts": 0}), namespace=ns)
     logs = PodLogs(c, ns, "runtime", 2, tmp_path_factory.mktemp("runtime-logs"))
 
@@ -189,16 +192,32 @@ def test_a_runtime_library_script_shows_live_figures_and_a_deleted_pod_saves_and
     c.kubectl("delete", "pod", "runtime-r0-1", "-n", ns, "--wait=false", "--ignore-not-found")
     deleted = watch.terminated()
     assert deleted["exitCode"] == 75, deleted
+
+    def trained_since_resuming(steps: int) -> bool:
+        status = job_status(c, ns, "runtime")
+        assert status.get("phase") != "Failed", f"{status}\n{describe(c, ns)}"
+        text = c.run_kubectl("logs", "-n", ns, "runtime-r1-0", "-c", "trainer").stdout
+        resumed = re.search(r"\[train\] resumed from step (\d+)", text)
+        return resumed is not None and max((r["step"] for r in json_lines(text)), default=0) >= int(
+            resumed[1]) + steps
+
+    wait_until(lambda: trained_since_resuming(4), timeout=JOB_TIMEOUT, interval=1, what="restart 1 training")
+    c.kubectl("annotate", "ptj", "runtime", "-n", ns, "tetrad.dev/restart-in-place=now", "--overwrite")
     status = wait_for_phase(c, ns, "runtime", "Succeeded")
-    # a disruption: maxRestarts 0 unspent
-    assert (status["restarts"], status["disruptions"]) == (1, 1), status
-    # on SIGTERM, every rank agreeing
+    # a disruption, then a restart asked in place: maxRestarts 0 unspent
+    assert (status["restarts"], status["disruptions"], status["restartsInPlace"], status["askedInPlace"]) == (
+        1, 1, 1, 1), status
+    assert status["inPlaceAsk"]["token"] == "now" and status["inPlaceAsk"]["accepted"], status
+    # on SIGTERM (the kubelet's, then the supervisors'), every rank agreeing; each step once
     saved = int(re.findall(r"\[train\] saved step (\d+)", logs.rank0()[0])[-1])
     resumed = c.kubectl("logs", "-n", ns, "runtime-r1-0", "-c", "trainer")
     assert f"[train] resumed from step {saved}" in resumed, resumed[-3000:]
-    steps = [r["step"] for r in json_lines(resumed)]
-    assert steps == list(range(saved + 1, 61)), steps
-    assert status["training"]["step"] == 60 and status["checkpoint"]["step"] == 60, status
+    before, restarting, after = resumed.partition("restarting the gang in place, round 1")
+    assert restarting and "(asked, saving first, spending no spec.runPolicy.maxRestarts)" in after, resumed
+    again = int(re.findall(r"\[train\] saved step (\d+)", before)[-1])
+    assert f"[train] resumed from step {again}" in after, resumed[-3000:]
+    assert [r["step"] for r in json_lines(resumed)] == list(range(saved + 1, steps + 1)), resumed[-3000:]
+    assert status["training"]["step"] == steps and status["checkpoint"]["step"] == steps, status
 
 
 # ---------------------------------------------------------------- (c) level 3: a model of one's own

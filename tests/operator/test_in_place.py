@@ -16,7 +16,7 @@ from tetrad_operator.observed import format_time, parse_time
 
 from tetrad.api import contract, parse
 from tetrad.api.termination import TerminationMessage
-from tetrad.node import rounds
+from tetrad.node import rounds, supervisor
 from tetrad.node.environment import RoundSettings
 from tetrad.render.objects import rounds_gang
 
@@ -248,15 +248,20 @@ def test_an_accepted_ask_whose_round_does_not_come_recreates_the_gang():
     assert (c.status["disruptions"], c.status.get("restartsInPlace", 0)) == (1, 0)
 
 
+def node_0_ends_as_the_asked_round_did_not_come(c: FakeCluster) -> None:
+    """Pod 0 exits as its supervisor does when the coordinator ends the rounds of the operator's ask."""
+    asked = c.status["inPlaceAsk"]
+    word = rounds.Word(rounds.END, 0, rounds.OPERATOR, None, asked["cause"], save="token" in asked)
+    code, said = supervisor.last_word(supervisor.RoundEnd(None, TerminationMessage()), word, None)
+    c.finish(code, rank=0, message=json.dumps(said.to_json()))
+    c.reconcile()
+
+
 def test_nodes_that_ended_because_the_asked_round_did_not_come_are_the_stalls_disruption():
     c = stalled_job()
     with coordinator(c):
         stall(c)
-    said = TerminationMessage(reason=contract.REASON_STALLED, message=(
-        f"{c.status['inPlaceAsk']['cause']}; the gang was asked to restart in place, but a node did not stop"
-        " within 90s or was lost: the gang needs new pods"))
-    c.finish(1, rank=0, message=json.dumps(said.to_json()))
-    c.reconcile()
+    node_0_ends_as_the_asked_round_did_not_come(c)
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "Stalled", c.status["message"]
     assert c.status["message"].startswith("pod job-r0-0 ended: rank 0 (job-r0-0) completed no step since")
     assert (c.status["restarts"], c.status["disruptions"]) == (1, 1), "maxRestarts is 0: no budget spent"
@@ -364,10 +369,6 @@ def test_nodes_that_ended_because_the_asked_restart_did_not_come_are_a_disruptio
     c = asking_job()
     with coordinator(c):
         ask_restart(c, "t1")
-    said = TerminationMessage(reason=contract.REASON_RESTART_ASKED, message=(
-        f"{ASKED}; the gang was asked to restart in place, but a node did not stop within 90s or was lost:"
-        " the gang needs new pods"))
-    c.finish(1, rank=0, message=json.dumps(said.to_json()))
-    c.reconcile()
+    node_0_ends_as_the_asked_round_did_not_come(c)
     assert c.phase == "Restarting" and cond(c, "Restarting")["reason"] == "RestartAsked", c.status["message"]
     assert (c.status["restarts"], c.status["disruptions"]) == (1, 1)
