@@ -126,10 +126,12 @@ def test_a_restart_asked_with_a_token_reaches_pod_0s_coordinator_saving_first(ap
     """The tetrad.dev/restart-in-place annotation, through a real API server: the operator asks a real
     coordinator on loopback standing in for pod 0's (TETRAD_OPERATOR_SCRAPE_HOST), which aborts the round
     with its workers saving first; the ask, its token and its answer are kept in the status (the CRD's
-    schema holds them); a second token, with nobody to take it, is told refused and recreates nothing."""
+    schema holds them); a second token, with nobody to take it, is told refused and recreates nothing.
+    The second is asked only once no round can answer the first any more (3 s here, 120 by default)."""
     ns, port = namespace, free_port()
     path = f"{JOBS}/namespaces/{ns}/paralleltrainingjobs/asked"
-    with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1"}):
+    with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1",
+                                       "TETRAD_OPERATOR_IN_PLACE_ASK_SECONDS": "3"}):
         api.create_job(ns, ptj("asked", nodes=2, rendezvous={"port": port - contract.ROUNDS_PORT_OFFSET},
                                checkpoint={"enabled": True, "path": "/ckpt"}))
         wait_running(api, ns, "asked", 2)
