@@ -255,6 +255,26 @@ def test_an_abort_that_saves_first_sigterms_the_round_and_sigkills_it_after_the_
         assert not (tmp_path / "saved").exists() and 2.0 <= took < 10.0  # SIGKILLed once the grace ran out
 
 
+def test_a_stop_signal_that_comes_while_a_round_is_aborted_is_the_callers_to_act_on(tmp_path: Path) -> None:
+    """The supervisor's handler (BetweenRounds) gets a SIGTERM the kubelet sent during the abort, so the
+    node stops rather than starting the next round."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+
+    def abort() -> float | None:
+        if not (tmp_path / "up").exists():
+            return None
+        os.kill(os.getpid(), signal.SIGTERM)  # the pod is deleted as its round is aborted
+        return 2.0
+
+    try:
+        assert run_abortable([sys.executable, "-c", CHILD, str(tmp_path), "saves"], None, abort) is None
+        time.sleep(0.1)  # Python runs the handler between bytecodes
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "saved").exists() and seen == [signal.SIGTERM]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -72,10 +72,12 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
 def run_abortable(command: list[str], env: dict[str, str] | None,
                   abort: Callable[[], float | None] | None) -> int | None:
     """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S) said to stop the child: it is
-    SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more."""
+    SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more. A stop
+    signal that came while aborting is raised again once the caller's handlers are back: the caller's to
+    act on."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
-    forwarded = False
+    forwarded = aborted = False
 
     def forward_once() -> None:
         nonlocal forwarded
@@ -96,12 +98,14 @@ def run_abortable(command: list[str], env: dict[str, str] | None,
                 return child.wait(timeout=None if abort is None else ABORT_POLL_S)
             except subprocess.TimeoutExpired:
                 if abort is not None and (grace := abort()) is not None:
-                    forwarded = True  # a stop signal from now on would cut the child's grace short
+                    forwarded = aborted = True  # a stop signal from now on would cut the child's grace short
                     stop(child, grace)
                     return None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if aborted and received:
+            signal.raise_signal(received[0])
 
 
 def stop(child: subprocess.Popen[bytes], grace: float) -> None:
