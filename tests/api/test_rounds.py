@@ -198,8 +198,10 @@ def test_an_asked_restart_that_a_node_does_not_stop_for_ends_with_the_reason_res
     rounds.ask(0, ASKED, save=True)
     [end] = rounds.overdue()
     assert end == Word(END, 0, OPERATOR, None, ASKED, save=True)
-    code, said = supervisor.last_word(supervisor.RoundEnd(None, TerminationMessage()), end, None)
+    code, said = supervisor.last_word(supervisor.RoundEnd(None, TerminationMessage()), end, None, 115.0)
     assert code == 1 and said.reason == REASON_RESTART_ASKED  # a disruption, as a stall's
+    # the coordinator waited the stop timeout and the save's time
+    assert said.message is not None and "a node did not stop within 205s or was lost" in said.message
 
 
 @pytest.mark.parametrize(("save", "after"), [(False, (0.4, 2.0)), (True, (3.4, 6.0))])

@@ -146,6 +146,12 @@ class Rounds:
                      save=self.save and report.node == OPERATOR)]
 
 
+def stop_timeout(word: Word, save_s: float) -> float:
+    """How long after `word` aborted a round every node must have reported: STOP_TIMEOUT_S, and `save_s`
+    more when the abort saves first."""
+    return STOP_TIMEOUT_S + (save_s if word.save else 0.0)
+
+
 def _send(sock: socket.socket, doc: dict[str, Any]) -> bool:
     try:
         sock.sendall(json.dumps(doc).encode() + b"\n")
@@ -262,8 +268,8 @@ class Coordinator:
     def _tell(self, words: list[Word]) -> None:
         """Send `words` to every member (under the lock)."""
         for word in words:
-            self.overdue_at = (time.monotonic() + STOP_TIMEOUT_S + (self.save_s if word.save else 0.0)
-                               if word.kind == ABORT else None)
+            self.overdue_at = (time.monotonic() + stop_timeout(word, self.save_s) if word.kind == ABORT
+                               else None)
             for sock in list(self.members.values()):
                 _send(sock, asdict(word))
 

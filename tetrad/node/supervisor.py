@@ -14,6 +14,7 @@ code, torchrun's code otherwise; 77 when the kernel's OOM killer ended a worker 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -102,7 +103,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
             except StopRequested as stop:
                 final, message = last_word(ended, None, stop.signum)
             else:
-                final, message = last_word(ended, word, None)
+                final, message = last_word(ended, word, None, save_seconds(env))
             write_termination_message(replace(message, round=round), env)
             return final
 
@@ -146,9 +147,11 @@ class BetweenRounds:
             self._raising = False
 
 
-def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None) -> tuple[int, TerminationMessage]:
+def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None,
+              save_s: float = 0.0) -> tuple[int, TerminationMessage]:
     """The node's exit code and termination message once its rounds are over: its own failure when it had
-    one, else why it stopped (a stop signal, or the word that ended the rounds)."""
+    one, else why it stopped (a stop signal, or the word that ended the rounds; `save_s`: the time the
+    rounds give an abort that saves first)."""
     if ended.final is not None:
         return ended.final, ended.message
     if stop is not None:
@@ -157,7 +160,7 @@ def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None) -> tu
     if word is not None and word.node == rounds.OPERATOR:  # the operator reads it as the ask it made
         return 1, TerminationMessage(reason=REASON_RESTART_ASKED if word.save else REASON_STALLED, message=(
             f"{word.why}; the gang was asked to restart in place, but a node did not stop within"
-            f" {rounds.STOP_TIMEOUT_S:g}s or was lost: the gang needs new pods"))
+            f" {rounds.stop_timeout(word, save_s):g}s or was lost: the gang needs new pods"))
     return (word.code if word is not None and word.code else 1), TerminationMessage(message=stopped_for(word))
 
 
@@ -183,14 +186,15 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
     round and the `cause` that began it from their environment."""
     kills = oom_killer.oom_kills()
 
-    def abort() -> float | None:  # how long torchrun has to stop once the round is aborted
-        word = member.aborted(round) if member is not None else None
+    def abort(member: rounds.Member) -> float | None:  # how long torchrun has to stop once aborted
+        word = member.aborted(round)
         return None if word is None else save_seconds(env) if word.save else 0.0
+
     with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
         directory = Path(exit_dir)
         round_env = {ENV_ROUND: str(round), **({ENV_ROUND_CAUSE: cause} if cause else {})}
         code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
-                             abort if member is not None else None)
+                             None if member is None else functools.partial(abort, member))
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
                 why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"
