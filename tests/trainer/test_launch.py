@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -379,17 +380,26 @@ def test_after_ctrl_c_the_progress_shows_the_last_step_and_the_stop_is_explained
             in text), out
 
 
-def test_active_deadline_seconds_stops_the_run_as_the_operator_fails_the_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("deadline", [1, 5], ids=["while-starting", "while-training"])
+def test_active_deadline_seconds_stops_the_run_as_the_operator_fails_the_job(tmp_path: Path,
+                                                                             deadline: int) -> None:
+    """Every node stops on the SIGTERM within the grace, and none restarts in place: a node told to stop
+    ends its rounds, also when its workers were still starting (they die without a word)."""
     job = write_job(tmp_path / "job.json",
-                    steps_job("deadline", runPolicy={"activeDeadlineSeconds": 5,
+                    steps_job("deadline", runPolicy={"activeDeadlineSeconds": deadline,
                                                      "terminationGracePeriodSeconds": 30}))
     start = time.monotonic()
     r = tetrad_run(job, "--workdir", str(tmp_path / "work"))
     assert r.returncode == EXIT_DEADLINE, r.stderr
     text = " ".join(r.stderr.split())
-    assert "spec.runPolicy.activeDeadlineSeconds: 5 s passed: stopping every node" in text, r.stderr
-    assert "stopped: every node exited" in text, r.stderr  # 75 once the script runs, 143 if still starting
-    assert time.monotonic() - start < 120
+    assert f"spec.runPolicy.activeDeadlineSeconds: {deadline} s passed: stopping every node" in text, r.stderr
+    # A node exits 75 once its script runs, 143 if its workers were starting, -15 if it was: on a loaded
+    # machine one deadline can find the nodes in different places.
+    stopped = re.search(r"stopped: (?:every node exited (-?\d+)|node 0 (-?\d+)\b.*, node 1 (-?\d+))", text)
+    assert stopped, r.stderr
+    assert {int(c) for c in stopped.groups() if c} <= {75, 143, -15}, r.stderr
+    assert "SIGKILLed" not in text and "restarting the gang in place" not in text, r.stderr
+    assert time.monotonic() - start < 60
     assert not processes_mentioning(str(tmp_path / "work"))
 
 

@@ -64,7 +64,7 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
     """Run `command` as a child that dies with this process; a stop signal (SIGTERM, SIGINT, SIGHUP) is
     passed on as one SIGTERM (a second would interrupt a graceful stop, as torchrun's wait for its
     workers). Returns the child's return code (negative: killed by that signal)."""
-    code = run_abortable(command, env, None)
+    code, _ = _run(command, env, None)
     assert code is not None
     return code
 
@@ -73,11 +73,20 @@ def run_abortable(command: list[str], env: dict[str, str] | None,
                   abort: Callable[[], float | None] | None) -> int | None:
     """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S) said to stop the child: it is
     SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more. A stop
-    signal that came while aborting is raised again once the caller's handlers are back: the caller's to
-    act on."""
+    signal that came while the child ran or was aborted is raised again once the caller's handlers are
+    back: the caller's to act on (a node told to stop does not go on to the next round)."""
+    code, stopped_by = _run(command, env, abort)
+    if stopped_by is not None:
+        signal.raise_signal(stopped_by)
+    return code
+
+
+def _run(command: list[str], env: dict[str, str] | None,
+         abort: Callable[[], float | None] | None) -> tuple[int | None, int | None]:
+    """The child's return code (None: aborted), and the first stop signal this process got meanwhile."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
-    forwarded = aborted = False
+    forwarded = False
 
     def forward_once() -> None:
         nonlocal forwarded
@@ -95,17 +104,18 @@ def run_abortable(command: list[str], env: dict[str, str] | None,
         forward_once()  # a signal that came before the child existed
         while True:
             try:
-                return child.wait(timeout=None if abort is None else ABORT_POLL_S)
+                code: int | None = child.wait(timeout=None if abort is None else ABORT_POLL_S)
+                break
             except subprocess.TimeoutExpired:
                 if abort is not None and (grace := abort()) is not None:
-                    forwarded = aborted = True  # a stop signal from now on would cut the child's grace short
+                    forwarded = True  # a stop signal from now on would cut the child's grace short
                     stop(child, grace)
-                    return None
+                    code = None
+                    break
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if aborted and received:
-            signal.raise_signal(received[0])
+    return code, received[0] if received else None
 
 
 def stop(child: subprocess.Popen[bytes], grace: float) -> None:

@@ -88,6 +88,10 @@ def supervise(command: list[str], env: NodeEnv) -> int:
         round, cause = 0, None
         while True:
             ended = run_round(command, env, round, member, cause)
+            if stops.received is not None and ended.final is not None:
+                ended = stopped_during(ended, stops.received)
+                if member is not None:  # the pod is going away: so do the rounds
+                    report(member, env, round, ended, stopping=True)
             try:
                 with stops.raised():  # between rounds no worker runs: a stop ends the node at once
                     word = next_word(member, env, round, ended)
@@ -162,6 +166,16 @@ def last_word(ended: RoundEnd, word: rounds.Word | None, stop: int | None,
             f"{word.why}; the gang was asked to restart in place, but a node did not stop within"
             f" {rounds.stop_timeout(word, save_s):g}s or was lost: the gang needs new pods"))
     return (word.code if word is not None and word.code else 1), TerminationMessage(message=stopped_for(word))
+
+
+def stopped_during(ended: RoundEnd, signum: int) -> RoundEnd:
+    """A round that a stop signal ended: workers that ended without a word (most likely still starting)
+    were stopped, not failed."""
+    if not ended.silent:
+        return ended
+    return RoundEnd(128 + signum, TerminationMessage(message=(
+        f"stopped by {signal.Signals(signum).name} before its workers could save: they ended without a"
+        " word, most likely still starting")))
 
 
 @dataclass(frozen=True)
@@ -254,17 +268,19 @@ def joined_rounds(env: NodeEnv) -> Iterator[rounds.Member | None]:
 def next_word(member: rounds.Member | None, env: NodeEnv, round: int, ended: RoundEnd) -> rounds.Word | None:
     """Report how this node's round ended and hear what the gang does next: None when it finished or is on
     its own."""
-    if member is None or ended.final == 0:
-        if member is not None:
-            member.report(rounds.Report(env.node_rank, round, 0))
-        return None
-    settings = env.rounds
-    assert settings is not None
-    in_place = ended.final is not None and restart_policy.in_place(
-        ended.final, retryable=settings.retryable, permanent=settings.permanent)
-    if not member.report(rounds.Report(env.node_rank, round, ended.final, in_place, ended.why)):
+    if member is None or not report(member, env, round, ended) or ended.final == 0:
         return None
     return member.next_word(round)
+
+
+def report(member: rounds.Member, env: NodeEnv, round: int, ended: RoundEnd, stopping: bool = False) -> bool:
+    """Tell the coordinator how this node's round ended: whether it heard. A node told to stop (`stopping`)
+    never restarts in place: its pod is going away."""
+    settings = env.rounds
+    assert settings is not None
+    in_place = not stopping and ended.final not in (None, 0) and restart_policy.in_place(
+        ended.final, retryable=settings.retryable, permanent=settings.permanent)
+    return member.report(rounds.Report(env.node_rank, round, ended.final, in_place, ended.why))
 
 
 def save_seconds(env: NodeEnv) -> float:
