@@ -32,6 +32,20 @@ def bound(api: Api, ns: str, job: str) -> list[dict[str, Any]]:
     return [p for p in api.pods(ns, job) if p["spec"].get("nodeName")]
 
 
+def placement(api: Api, ns: str, job: str) -> str:
+    """Where each pod of the gang is and what the scheduler last said, and the PodGroup's conditions:
+    what a timed-out wait shows."""
+    lines = []
+    for p in api.pods(ns, job):
+        said = next((c.get("message", "") for c in p["status"].get("conditions") or []
+                     if c["type"] == "PodScheduled"), "")
+        lines.append(f"{p['metadata']['name']}: node {p['spec'].get('nodeName')}, {p['status'].get('phase')}"
+                     f" {said}")
+    for pg in api.list(f"{WORKLOAD_API}/namespaces/{ns}/podgroups"):
+        lines.append(f"PodGroup {pg['metadata']['name']}: {pg.get('status', {}).get('conditions')}")
+    return "\n".join(lines)
+
+
 def stays_unbound(api: Api, ns: str, job: str, pods: int, seconds: float = 4) -> None:
     """Every pod exists and none is bound for `seconds` (the scheduler has had its tries)."""
     wait_for(lambda: len(api.pods(ns, job)) == pods, what=f"{pods} pods of {job}")
@@ -62,7 +76,10 @@ def test_the_kube_scheduler_binds_the_gang_only_when_all_of_it_fits(api, operato
     scheduled = next(c for c in pg["status"]["conditions"] if c["type"] == "PodGroupScheduled")
     assert scheduled["status"] == "False" and scheduled["reason"] == "Unschedulable"
     pool(1)
-    pods = wait_running(api, ns, "wl", 3, timeout=60)
+    try:  # the scheduler retries the gang at once on the new node; a loaded CI machine once took over 60 s
+        pods = wait_running(api, ns, "wl", 3, timeout=120)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}\n{placement(api, ns, 'wl')}") from None
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
 
 
