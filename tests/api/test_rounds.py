@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from tetrad.launch.local import restarts_row
 from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
-from tetrad.node.process import run_abortable
+from tetrad.node.process import run_abortable, run_forwarding
 from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
 
 DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
@@ -275,6 +276,34 @@ def test_a_stop_signal_that_comes_while_a_round_is_aborted_is_the_callers_to_act
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert (tmp_path / "saved").exists() and seen == [signal.SIGTERM]
+
+
+def test_a_stop_signal_while_the_round_runs_reaches_it_once_and_then_the_caller(tmp_path: Path) -> None:
+    """The pod is deleted (or a deadline passes) while torchrun runs: torchrun gets one SIGTERM, and the
+    supervisor's own handler hears it after the round, so the node ends instead of going on to the next
+    round. `run_forwarding` (a worker's command) only passes it on: its caller is the child's exit code."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+
+    def stop_once_up() -> float | None:
+        if (tmp_path / "up").exists() and not (tmp_path / "asked").exists():
+            (tmp_path / "asked").touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return None
+
+    try:
+        assert run_abortable([sys.executable, "-c", CHILD, str(tmp_path), "saves"], None, stop_once_up) == 75
+        time.sleep(0.1)  # Python runs the handler between bytecodes
+        assert (tmp_path / "saved").exists() and seen == [signal.SIGTERM]
+        for name in ("up", "saved"):
+            (tmp_path / name).unlink()
+        seen.clear()
+        threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+        assert run_forwarding([sys.executable, "-c", CHILD, str(tmp_path), "saves"]) == 75
+        time.sleep(0.1)
+        assert (tmp_path / "saved").exists() and seen == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:
