@@ -56,12 +56,14 @@ async def job_changed(namespace: str | None, name: str, body: kopf.Body, event: 
                       **_: Any) -> None:
     if event["type"] != "DELETED":
         memo.controller.job_seen((namespace, name), event["object"])  # the loop's next pass reads it
-    # Our own status writes come back here too; only a new spec generation or a new checkpoint-now
-    # token (an annotation: no new generation) needs a reconcile.
+    # Our own status writes come back here too; only a new spec generation or a new checkpoint-now or
+    # restart-in-place token (an annotation: no new generation) needs a reconcile.
     written = status.read(body.get("status"))
-    token = body.meta.annotations.get(contract.ANNOTATION_CHECKPOINT_NOW)
+    checkpoint = body.meta.annotations.get(contract.ANNOTATION_CHECKPOINT_NOW)
+    restart = body.meta.annotations.get(contract.ANNOTATION_RESTART_IN_PLACE)
     if body.meta.get("generation") != written.observed_generation or \
-            (token and token != (written.checkpoint and written.checkpoint.requested)):
+            (checkpoint and checkpoint != (written.checkpoint and written.checkpoint.requested)) or \
+            (restart and restart != written.restart_requested):
         memo.controller.wake((namespace, name))
 
 

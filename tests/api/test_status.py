@@ -262,12 +262,13 @@ def tetrad(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
                           cwd=ROOT, timeout=60, env=env)
 
 
-def test_status_without_the_kubernetes_client_says_what_to_install():
-    code = ("import sys; sys.modules['kubernetes'] = None; sys.argv = ['tetrad', 'status', 'j'];"
+@pytest.mark.parametrize("command", ["status", "checkpoint", "restart"])
+def test_status_without_the_kubernetes_client_says_what_to_install(command):
+    code = (f"import sys; sys.modules['kubernetes'] = None; sys.argv = ['tetrad', '{command}', 'j'];"
             " from tetrad.cli import main; main()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 1
-    assert r.stderr.strip() == ("error: `tetrad status` needs the kubernetes Python client:"
+    assert r.stderr.strip() == (f"error: `tetrad {command}` needs the kubernetes Python client:"
                                 " pip install 'tetrad[operator]' (or pip install kubernetes)")
 
 

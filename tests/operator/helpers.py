@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -205,3 +206,15 @@ def fake_node(name: str, *, cpu: str = "8", memory: str = "32Gi", gpus: int = 0,
         "spec": {"taints": taints or []},
         "status": {"capacity": alloc, "allocatable": alloc},
     }
+
+
+def tetrad_cli(*args: str) -> list[str]:
+    """The command line of `tetrad ARGS` (it reads KUBECONFIG, which operator_cluster sets)."""
+    return [sys.executable, "-m", "tetrad.cli", *args]
+
+
+def asked_token(stdout: str, annotation: str) -> str:
+    """The token `tetrad checkpoint` or `tetrad restart` set, from its first line."""
+    first = stdout.splitlines()[0]
+    assert first.startswith(f"asked: {annotation}="), stdout
+    return first.split("=", 1)[1]

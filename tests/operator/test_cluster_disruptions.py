@@ -5,6 +5,7 @@ restart a user asks for in place."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -18,10 +19,12 @@ from tetrad.render.objects import rounds_gang
 from .conftest import free_port, operator_in_thread
 from .helpers import (
     JOBS,
+    asked_token,
     condition,
     finish_all,
     ptj,
     terminate,
+    tetrad_cli,
     wait_events,
     wait_for,
     wait_phase,
@@ -127,11 +130,14 @@ def test_a_restart_asked_with_a_token_reaches_pod_0s_coordinator_saving_first(ap
     coordinator on loopback standing in for pod 0's (TETRAD_OPERATOR_SCRAPE_HOST), which aborts the round
     with its workers saving first; the ask, its token and its answer are kept in the status (the CRD's
     schema holds them); a second token, with nobody to take it, is told refused and recreates nothing.
+    `tetrad restart` asks and reads the answer; a new token wakes the job's loop (no waiting for a resync).
     The second is asked only once no round can answer the first any more (3 s here, 120 by default)."""
     ns, port = namespace, free_port()
     path = f"{JOBS}/namespaces/{ns}/paralleltrainingjobs/asked"
     with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1",
-                                       "TETRAD_OPERATOR_IN_PLACE_ASK_SECONDS": "3"}):
+                                       "TETRAD_OPERATOR_IN_PLACE_ASK_SECONDS": "3",
+                                       "TETRAD_OPERATOR_RESYNC_SECONDS": "60",
+                                       "TETRAD_OPERATOR_SCRAPE_INTERVAL_SECONDS": "60"}):
         api.create_job(ns, ptj("asked", nodes=2, rendezvous={"port": port - contract.ROUNDS_PORT_OFFSET},
                                checkpoint={"enabled": True, "path": "/ckpt"}))
         wait_running(api, ns, "asked", 2)
@@ -141,18 +147,29 @@ def test_a_restart_asked_with_a_token_reaches_pod_0s_coordinator_saving_first(ap
         try:
             for node in (0, 1):
                 served.rounds.join(node)
-            api.patch(path, {"metadata": {"annotations": {contract.ANNOTATION_RESTART_IN_PLACE: "t1"}}})
-            asked = wait_for(lambda: (api.status(ns, "asked").get("inPlaceAsk") or {}).get("accepted"),
-                             what="the coordinator's answer") and api.status(ns, "asked")
+            began = time.monotonic()
+            said = subprocess.run(tetrad_cli("restart", "asked", "-n", ns, "--wait", "30"),
+                                  capture_output=True, text=True, timeout=60)
+            took = time.monotonic() - began
         finally:
             served.close()
-        assert asked["inPlaceAsk"]["token"] == "t1" and asked["restartRequested"] == "t1"
+        assert said.returncode == 0, said.stderr
+        assert took < 20, f"answered after {took:.0f} s: the token did not wake the job's loop"
+        t1 = asked_token(said.stdout, contract.ANNOTATION_RESTART_IN_PLACE)
+        assert "accepted: the gang restarts in its own pods (round 1)" in said.stdout
+        asked = api.status(ns, "asked")
+        assert asked["inPlaceAsk"]["token"] == t1 and asked["inPlaceAsk"]["accepted"] is True
+        assert asked["restartRequested"] == t1
         assert served.rounds.cause is not None and served.rounds.save  # its workers save first
         (event,) = wait_events(api, ns, "asked", "RestartAsked")
-        assert "tetrad.dev/restart-in-place='t1': asked pod 0's coordinator" in event["message"]
+        assert f"tetrad.dev/restart-in-place='{t1}': asked pod 0's coordinator" in event["message"]
 
+        # kubectl annotate asks the same
         api.patch(path, {"metadata": {"annotations": {contract.ANNOTATION_RESTART_IN_PLACE: "t2"}}})
         (refused,) = wait_events(api, ns, "asked", "RestartNotInPlace")
         assert refused["type"] == "Warning" and "'t2'" in refused["message"]
+        said = subprocess.run(tetrad_cli("restart", "asked", "-n", ns, "--wait", "30"),
+                              capture_output=True, text=True, timeout=60)
+        assert said.returncode == 1 and "refused: pod 0's coordinator did not take it" in said.stderr, said
         st = api.status(ns, "asked")
         assert (st["phase"], st["restarts"], st["inPlaceAsk"]["accepted"]) == ("Running", 0, False)

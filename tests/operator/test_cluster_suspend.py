@@ -10,6 +10,7 @@ and status.checkpoint.resumedFrom is the step the new trainer reports."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -18,7 +19,18 @@ from prometheus_client import Gauge
 from tetrad.api import contract
 
 from .conftest import operator_in_thread
-from .helpers import JOBS, condition, ptj, terminate, wait_events, wait_for, wait_phase, wait_running
+from .helpers import (
+    JOBS,
+    asked_token,
+    condition,
+    ptj,
+    terminate,
+    tetrad_cli,
+    wait_events,
+    wait_for,
+    wait_phase,
+    wait_running,
+)
 from .test_cluster_checkpoint import Rank0
 
 pytestmark = pytest.mark.cluster
@@ -90,23 +102,27 @@ def test_checkpoint_now_reaches_rank_0_and_status_shows_its_commit(api, operator
             api.create_job(ns, ptj("now", nodes=2, metrics={"port": rank0.port},
                                    checkpoint={"enabled": True, "path": "/ckpt", "interval": 1000}))
             wait_running(api, ns, "now", 2)
-            token = "2030-01-01T00:00:00Z"
-            api.patch(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs/now",
-                      {"metadata": {"annotations": {contract.ANNOTATION_CHECKPOINT_NOW: token}}})
+            # `tetrad checkpoint` sets the annotation (as kubectl annotate would) and waits for the answer
+            asking = subprocess.Popen(tetrad_cli("checkpoint", "now", "-n", ns, "--wait", "60"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
             def annotation(rank: int) -> str | None:
                 pod = api.get(f"/api/v1/namespaces/{ns}/pods/now-r0-{rank}")
                 return (pod["metadata"].get("annotations") or {}).get(contract.ANNOTATION_CHECKPOINT_NOW)
 
-            wait_for(lambda: annotation(0) == token, what="the token on rank 0's pod")
+            token = wait_for(lambda: annotation(0), what="the token on rank 0's pod")
             assert annotation(1) is None
             assert api.status(ns, "now")["checkpoint"]["requested"] == token
             assert wait_events(api, ns, "now", "CheckpointRequested")
+            assert asking.poll() is None  # no answer yet: rank 0 has not saved
 
             request_step.labels(token).set(57)  # rank 0 saved step 57 for it, committed now
             request_time.labels(token).set(time.time())
-            st = wait_for(lambda: (api.status(ns, "now").get("checkpoint") or {}).get("requestCommitted"),
-                          what="status.checkpoint.requestCommitted")
+            out, err = asking.communicate(timeout=60)
+            assert asking.returncode == 0, err
+            assert asked_token(out, contract.ANNOTATION_CHECKPOINT_NOW) == token
+            assert "saved: rank 0 committed the checkpoint of step 57" in out
+            st = api.status(ns, "now")["checkpoint"]["requestCommitted"]
             assert st["token"] == token and st["step"] == 57 and st["time"].endswith("Z")
             assert api.status(ns, "now")["phase"] == "Running"
     finally:

@@ -14,7 +14,7 @@ import json
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -22,6 +22,11 @@ from tetrad.api import ParallelTrainingJob, Problem, parse
 from tetrad.api.manifest import MAX_MANIFEST_BYTES, ManifestError, load_manifests, shorten
 from tetrad.cli.examples import add_examples
 from tetrad.resolve import validate_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tetrad.cli.ask import Answer
 
 COMMANDS_GROUP = "tetrad.commands"
 
@@ -210,25 +215,80 @@ def run(
                                manifest=None if file == STDIN else file))
 
 
+_NAMESPACE = typer.Option(None, "--namespace", "-n", help="The job's namespace; defaults to the kubeconfig "
+                          "context's.")
+_WAIT = typer.Option(120.0, min=0, help="Seconds to wait for the operator's answer (0: ask and return).")
+_REQUEST_TIMEOUT = typer.Option(30.0, min=0.1, help="Seconds to wait for each of the API server's answers.")
+
+
 @app.command()
 def status(
     job: str = typer.Argument(..., help="The job's name (metadata.name)."),
-    namespace: str | None = typer.Option(None, "--namespace", "-n",
-                                         help="The job's namespace; defaults to the kubeconfig context's."),
+    namespace: str | None = _NAMESPACE,
     output: str = typer.Option("text", "--output", "-o", help="text, or json for scripts."),
-    request_timeout: float = typer.Option(30.0, min=0.1, help="Seconds to wait for the API server's answer."),
+    request_timeout: float = _REQUEST_TIMEOUT,
 ) -> None:
     """Show a running job: phase, mesh, step/total with ETA, tokens/s, MFU, loss, restarts (needs the kubernetes client)."""  # noqa: E501
-    from tetrad.cli.status import StatusError, format_summary, now, read_job, summarize
+    from tetrad.cli.cluster import ClusterError, jobs
+    from tetrad.cli.status import format_summary, now, summarize
 
     if output not in ("text", "json"):
         _fail([f"--output {shorten(output, 40)!r}: use text or json"])
     try:
-        summary = summarize(read_job(job, namespace, request_timeout), now())
-    except StatusError as e:
+        summary = summarize(jobs("status", namespace, request_timeout).get(job), now())
+    except ClusterError as e:
         _fail([str(e)])
     typer.echo(json.dumps(summary, indent=2) if output == "json" else format_summary(summary),
                nl=output == "json")
+
+
+def _ask(command: str, job: str, namespace: str | None, wait: float, request_timeout: float,
+         annotation: str, answer: Callable[[dict[str, Any], str], Answer | None], waiting: str) -> NoReturn:
+    from tetrad.cli.ask import ask
+    from tetrad.cli.cluster import ClusterError, jobs
+
+    try:
+        asked = ask(jobs(command, namespace, request_timeout), job, annotation, answer, wait)
+    except ClusterError as e:
+        _fail([str(e)])
+    if asked.token:
+        typer.echo(f"asked: {annotation}={asked.token}")
+    if asked.answer is None:
+        typer.echo(f"{'no answer within ' + format(wait, 'g') + ' s: ' if wait else ''}{waiting};"
+                   f" `tetrad status {job}` shows it")
+        raise typer.Exit(3 if wait else 0)
+    typer.echo(asked.answer.text, err=not asked.answer.done)
+    raise typer.Exit(0 if asked.answer.done else 1)
+
+
+@app.command()
+def checkpoint(job: str = typer.Argument(..., help="The job's name (metadata.name)."),
+               namespace: str | None = _NAMESPACE, wait: float = _WAIT,
+               request_timeout: float = _REQUEST_TIMEOUT) -> None:
+    """Save a checkpoint of a running job now, without stopping it (the tetrad.dev/checkpoint-now annotation).
+
+    Exit codes: 0 saved (or asked, with --wait 0); 1 ignored (checkpointing is off, the job ended) or the cluster cannot be asked; 3 no answer within --wait (the ask stands: rank 0 saves once it runs).
+    """  # noqa: E501
+    from tetrad.api.contract import ANNOTATION_CHECKPOINT_NOW
+    from tetrad.cli.ask import checkpoint_answer
+
+    _ask("checkpoint", job, namespace, wait, request_timeout, ANNOTATION_CHECKPOINT_NOW, checkpoint_answer,
+         "rank 0 saves at its next step once it runs")
+
+
+@app.command()
+def restart(job: str = typer.Argument(..., help="The job's name (metadata.name)."),
+            namespace: str | None = _NAMESPACE, wait: float = _WAIT,
+            request_timeout: float = _REQUEST_TIMEOUT) -> None:
+    """Restart a running job's gang in its own pods, every worker saving a checkpoint first (the tetrad.dev/restart-in-place annotation).
+
+    The round spends no maxRestarts and resumes from the step saved: to pick up a new script or data in a mounted volume, or to shake off a process in a bad state. Exit codes: 0 accepted (or asked, with --wait 0); 1 refused or ignored (docs/operator.md) or the cluster cannot be asked; 3 no answer within --wait (the ask stands: the operator asks once pod 0 runs).
+    """  # noqa: E501
+    from tetrad.api.contract import ANNOTATION_RESTART_IN_PLACE
+    from tetrad.cli.ask import restart_answer
+
+    _ask("restart", job, namespace, wait, request_timeout, ANNOTATION_RESTART_IN_PLACE, restart_answer,
+         "the operator asks pod 0's coordinator once the gang runs")
 
 
 @app.command()

@@ -16,6 +16,8 @@ EXAMPLES: dict[str, list[str]] = {
     "model": ["tetrad model ./Qwen3-1.7B", "tetrad model /mnt/models/Llama-3.2-1B"],
     "run": ["tetrad run examples/cpu-4d.yaml --steps 5 --jsonl metrics.jsonl"],
     "status": ["tetrad status llama3-8b -n team-a", "tetrad status llama3-8b -o json"],
+    "checkpoint": ["tetrad checkpoint llama3-8b -n team-a", "tetrad checkpoint llama3-8b --wait 0"],
+    "restart": ["tetrad restart llama3-8b -n team-a"],
     "convert": ["tetrad convert pytorchjob.yaml -o job.yaml",
                 "kubectl get pytorchjob mnist -o yaml | tetrad convert - | kubectl apply -f -"],
     "operator": ["tetrad operator --all-namespaces --standalone",

@@ -2,19 +2,15 @@
 
 `summarize` is a pure function of the job object as the apiserver returns it (defaults applied,
 status written by the operator) and the current time; `format_summary` turns its result into text.
-Reading the object needs the kubernetes client, an optional dependency (`tetrad[operator]`),
-imported only when the command runs. The raw object is read field by field rather than parsed
+Reading the object is tetrad.cli.cluster's. The raw object is read field by field rather than parsed
 into the model, so a status written by a newer operator still shows.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from typing import Any
 
-from tetrad.api.contract import GROUP, KIND, PLURAL, VERSION
-from tetrad.api.manifest import shorten
 from tetrad.api.presets import DEFAULT_PRESET, PRESETS, model_name
 from tetrad.api.problems import counted
 from tetrad.api.slow_nodes import slow_nodes
@@ -22,12 +18,7 @@ from tetrad.api.spec import Metrics, Preflight, Script, Training
 from tetrad.api.stragglers import is_slow
 
 GiB = 2**30
-REQUEST_TIMEOUT_S = 30.0  # the default bound of the one request `tetrad status` makes
 ENDED = ("Succeeded", "Failed")
-
-
-class StatusError(Exception):
-    """The job cannot be read; the message says why and what to do."""
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -315,82 +306,6 @@ def format_summary(s: dict[str, Any]) -> str:
         rows.append(("Figures from", f"{duration(s['updatedSecondsAgo'])} ago"))
     width = max(len(label) for label, _ in rows) + 1
     return "".join(f"{label + ':':<{width}} {value}\n" for label, value in rows)
-
-
-def read_job(name: str, namespace: str | None, timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
-    """The ParallelTrainingJob `name` from the cluster of the current kubeconfig context (KUBECONFIG),
-    or in-cluster config; the namespace defaults to the context's, as for kubectl. One request, bounded
-    by `timeout_s`; every way it can fail is a StatusError of one line."""
-    try:
-        import urllib3
-        import yaml
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
-        from kubernetes.config.kube_config import KUBE_CONFIG_DEFAULT_LOCATION
-    except ImportError:
-        raise StatusError("`tetrad status` needs the kubernetes Python client: pip install 'tetrad[operator]'"
-                          " (or pip install kubernetes)") from None
-    kubeconfig = os.environ.get("KUBECONFIG") or KUBE_CONFIG_DEFAULT_LOCATION
-    try:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-        if namespace is None:
-            _, active = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
-            namespace = _get(active, "context", "namespace")
-    except (ConfigException, OSError) as kube_error:  # none, or not usable: a pod's own account may do
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except ConfigException:
-            raise StatusError(f"no cluster to ask ({one_line(kube_error)}): set KUBECONFIG or a context in"
-                              " ~/.kube/config, or run inside a pod") from None
-        namespace = namespace or _incluster_namespace()
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} is not valid YAML{where}:"
-                          f" {one_line(getattr(e, 'problem', None) or e)}; fix it or point KUBECONFIG"
-                          " at another") from None
-    except Exception as e:  # a kubeconfig of the wrong shape (a list for a mapping, ...)
-        raise StatusError(f"the kubeconfig {shorten(kubeconfig, 200)} cannot be used: {type(e).__name__}:"
-                          f" {one_line(e)}; fix it or point KUBECONFIG at another") from None
-    namespace = namespace if isinstance(namespace, str) and namespace else "default"
-    settings = client.Configuration.get_default_copy()
-    settings.retries = False  # one try, bounded by the timeout (urllib3 would try 4 times)
-    api = client.CustomObjectsApi(client.ApiClient(settings))
-    server = f"the API server at {settings.host}"
-    try:
-        job: Any = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                    _request_timeout=timeout_s)
-    except client.ApiException as e:
-        if e.status == 404:
-            raise StatusError(f"{KIND} {namespace}/{name} not found (or the CRD is not installed); "
-                              f"list the jobs with `kubectl get {PLURAL} -n {namespace}`") from None
-        raise StatusError(f"{server} refused to read {namespace}/{name}: {e.status} {e.reason}") from None
-    except urllib3.exceptions.TimeoutError as e:
-        # urllib3 counts a refused connection as a timeout
-        if isinstance(e, urllib3.exceptions.NewConnectionError):
-            raise StatusError(f"cannot reach {server}: {one_line(e)}") from None
-        raise StatusError(f"{server} did not answer within {timeout_s:g} s (--request-timeout);"
-                          " is it up, and is this the right cluster?") from None
-    except Exception as e:  # urllib3: connection refused, TLS, a name that does not resolve
-        why = one_line(getattr(e, "reason", None) or e)
-        raise StatusError(f"cannot reach {server}: {why}") from None
-    if not isinstance(job, dict):  # a body that is not JSON: a proxy's HTML page, say
-        raise StatusError(f"{server} answered with something other than a Kubernetes object"
-                          f" ({shorten(one_line(job), 80)}); is a proxy in the way?")
-    return job
-
-
-def one_line(what: object) -> str:
-    """An error's text on one line, cut at 200 characters."""
-    return shorten(" ".join(str(what).split()), 200)
-
-
-def _incluster_namespace() -> str | None:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
 
 
 def now() -> datetime:
