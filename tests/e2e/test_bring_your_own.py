@@ -2,8 +2,8 @@
 in an image without Tetrad trains to Succeeded, and SIGKILLed workers restart the gang in its own pods,
 resuming from the script's own checkpoint; (b) a script using the runtime library shows live figures in
 `kubectl get ptj`, a deleted pod makes it save, exit 75 and resume without spending maxRestarts, and a
-restart asked with the tetrad.dev/restart-in-place annotation makes it save and resume in its own pods,
-spending nothing either;
+restart asked with `tetrad restart` (the tetrad.dev/restart-in-place annotation) makes it save and resume
+in its own pods, spending nothing either;
 (c) a model of one's own (the GPT-2 example) trains to `tetrad run`'s losses; (d) a Hugging Face
 `Trainer` script with TetradCallback trains to Succeeded with live figures.
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,12 +204,17 @@ def test_a_runtime_library_script_shows_live_figures_and_saves_and_resumes_when_
             resumed[1]) + steps
 
     wait_until(lambda: trained_since_resuming(4), timeout=JOB_TIMEOUT, interval=1, what="restart 1 training")
-    c.kubectl("annotate", "ptj", "runtime", "-n", ns, "tetrad.dev/restart-in-place=now", "--overwrite")
+    # `tetrad restart` sets the tetrad.dev/restart-in-place annotation and waits for the coordinator's yes
+    said = subprocess.run([sys.executable, "-m", "tetrad.cli", "restart", "runtime", "-n", ns,
+                           "--wait", "120"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KUBECONFIG": str(c.kubeconfig)})
+    assert said.returncode == 0 and "accepted: the gang restarts in its own pods" in said.stdout, said
+    token = said.stdout.splitlines()[0].removeprefix("asked: tetrad.dev/restart-in-place=")
     status = wait_for_phase(c, ns, "runtime", "Succeeded")
     # a disruption, then a restart asked in place: maxRestarts 0 unspent
     assert (status["restarts"], status["disruptions"], status["restartsInPlace"], status["askedInPlace"]) == (
         1, 1, 1, 1), status
-    assert status["inPlaceAsk"]["token"] == "now" and status["inPlaceAsk"]["accepted"], status
+    assert status["inPlaceAsk"]["token"] == token and status["inPlaceAsk"]["accepted"], status
     # on SIGTERM (the kubelet's, then the supervisors'), every rank agreeing; each step once
     saved = int(re.findall(r"\[train\] saved step (\d+)", logs.rank0()[0])[-1])
     resumed = c.kubectl("logs", "-n", ns, "runtime-r1-0", "-c", "trainer")
