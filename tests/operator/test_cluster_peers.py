@@ -113,3 +113,28 @@ def test_the_recovery_benchmark_times_a_whole_gang_restart_of_tetrad_and_of_jobs
     assert [jobset[k] for k in PHASES] == sorted(jobset[k] for k in PHASES) and jobset["running"] < 60
     restarts = (api.get(f"{peer.jobs(namespace)}/j") or {}).get("status", {}).get("restarts")
     assert restarts == 1, restarts
+
+
+def test_the_recovery_benchmark_counts_a_restart_in_place_with_every_pod_kept(operator_cluster, api,
+                                                                              operator, namespace):
+    """bench/recovery.py --in-place on a real API server and operator: rank 0's stand-in reports round 1,
+    the status counts it, and no pod was touched meanwhile (the bench checks each poll)."""
+    import os
+
+    from bench.recovery import Rank0, restart_in_place
+
+    from .helpers import ptj, wait_running
+
+    rank0 = Rank0()
+    try:
+        api.create_job(namespace, ptj("ip", nodes=WORKERS, cpu="100m", metrics={"port": rank0.port}))
+        pods = {p["metadata"]["uid"] for p in wait_running(api, namespace, "ip", WORKERS)}
+        r = restart_in_place(api, namespace, "ip", rank0, os.getpid())
+    finally:
+        rank0.close()
+    assert 0 < r["counted"] < 30 and r["restarts"] == 0, r  # a scrape (1 s here) and a pass
+    assert {p["metadata"]["uid"] for p in api.pods(namespace, "ip")} == pods
+    status = api.status(namespace, "ip")
+    assert status["restartsInPlace"] == 1
+    assert status["trainerTime"]["roundCause"].startswith("node 1 exited 137"), status["trainerTime"]
+
