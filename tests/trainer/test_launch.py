@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,25 @@ def make_job(name: str, **spec: object) -> ParallelTrainingJob:
     job, problems = parse(doc)
     assert job is not None, problems
     return job
+
+
+def test_a_free_port_is_below_the_ephemeral_range_where_no_outgoing_connection_takes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tetrad.launch import local
+
+    ranges = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(local, "EPHEMERAL_PORTS", ranges)
+    ranges.write_text("40000\t60999\n")
+    ports = {local.free_port() for _ in range(50)}
+    assert all(20000 <= p < 40000 for p in ports) and len(ports) > 40, sorted(ports)
+    with socket.socket() as taken:  # a port in use is not given
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert local.free_port() != taken.getsockname()[1]
+    ranges.write_text("1500 60999\n")  # no room below: any free port, as the kernel picks
+    assert local.free_port() >= 1500
+    ranges.unlink()  # not Linux: the default range
+    assert 16384 <= local.free_port() < 32768
 
 
 def test_local_command_is_the_pods_command() -> None:

@@ -95,7 +95,23 @@ EXIT_REFUSED = 1  # refused before anything started, saying why
 EXIT_DEADLINE = 124  # runPolicy.activeDeadlineSeconds passed: every node was stopped (as timeout(1) exits)
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port() -> int:
+    """A free TCP port on MASTER_ADDR for a listener torchrun or the rounds open later: below the kernel's
+    ephemeral range when there is room, where no outgoing connection on this machine takes it meanwhile
+    (one did once, and torchrun's store failed with EADDRINUSE in every round)."""
+    try:
+        low = int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    pick = secrets.SystemRandom()
+    for _ in range(64 if low // 2 >= 1024 else 0):
+        port = pick.randrange(low // 2, low)
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((MASTER_ADDR, port))
+            return port
     with socket.socket() as s:
         s.bind((MASTER_ADDR, 0))
         return int(s.getsockname()[1])
