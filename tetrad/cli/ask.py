@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tetrad.cli.cluster import Jobs
+from tetrad.cli.status import ENDED
 
 POLL_S = 1.0
-ENDED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
