@@ -420,20 +420,23 @@ def test_workers_that_outlive_their_sigkill_end_the_rounds_so_the_gang_gets_new_
 
 
 @contextlib.contextmanager
-def node_0_failing_once_joined(tmp_path: Path,
-                               then: str = "") -> Iterator[tuple[subprocess.Popen[str], Member]]:
+def node_0_failing_once_joined(tmp_path: Path, then: str = "", as_file: bool = False,
+                               **node_env: str) -> Iterator[tuple[subprocess.Popen[str], Member]]:
     """Node 0's real supervisor, whose worker (its torchrun) exits 3 in round 0 once node 1 (a bare Member)
     joined and the test touched `tmp_path/go`, and runs `then` in later rounds; its termination message goes
-    to `tmp_path/termination`."""
+    to `tmp_path/termination`. The worker is `python -c CODE`, or `python FILE` (`as_file`: one a spare can
+    run)."""
     port = free_port()
     settings = RoundSettings("127.0.0.1", port, 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
     env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "2", "PET_NODE_RANK": "0",
-           "PET_RDZV_ID": "job", "TETRAD_TERMINATION_LOG": str(tmp_path / "termination")}
+           "PET_RDZV_ID": "job", "TETRAD_TERMINATION_LOG": str(tmp_path / "termination"), **node_env}
     go = str(tmp_path / "go")
     worker = (f"import os, sys, time\nif os.environ['{ENV_ROUND}'] == '0':\n"
               f"    while not os.path.exists({go!r}): time.sleep(0.05)\n    sys.exit(3)\n{then}")
-    node0 = subprocess.Popen([sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable, "-c",
-                              worker], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (tmp_path / "worker.py").write_text(worker)
+    command = [str(tmp_path / "worker.py")] if as_file else ["-c", worker]
+    node0 = subprocess.Popen([sys.executable, "-m", "tetrad.node", "supervise", "--", sys.executable,
+                              *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     node1 = Member(1, "job/0/t", "127.0.0.1", port, connect_timeout_s=120)
     try:
         with node1.cond:
@@ -476,6 +479,23 @@ def test_the_next_rounds_workers_learn_its_cause_and_the_node_says_its_last_roun
     assert seen.read_text() == "1|node 0 exited 3"
     assert TerminationMessage.parse((tmp_path / "termination").read_text()) == TerminationMessage(round=1), \
         "the operator counts the round even if no scrape saw it"
+
+
+@pytest.mark.parametrize("spare", ["1", "0"])
+def test_the_next_round_runs_forked_from_a_spare_that_imported_torch_unless_turned_off(
+        tmp_path: Path, spare: str) -> None:
+    seen = tmp_path / "seen"  # in round 1, node 0's worker says whether torch came with it, and its parent
+    then = (f"parent = open(f'/proc/{{os.getppid()}}/cmdline').read().split(chr(0))\n"
+            f"open({str(seen)!r}, 'w').write(repr(('torch' in sys.modules, parent)))")
+    with node_0_failing_once_joined(tmp_path, then, as_file=True, TETRAD_SPARE=spare) as (node0, node1):
+        assert node1.report(Report(1, 0, None))
+        assert node1.next_word(0) == Word(GO, 1, 0, 3, left=2)
+        assert node0.wait(timeout=120) == 0, said(node0)
+    warm, parent = eval(seen.read_text())
+    if spare == "1":  # forked from the spare: torch is there before the worker imports anything
+        assert warm and "spare" in parent, parent
+    else:
+        assert not warm and "supervise" in parent, parent
 
 
 def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:

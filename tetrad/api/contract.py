@@ -23,6 +23,7 @@ ENV_RESTART: Final = "TETRAD_RESTART"  # the operator's restart count of this ga
 # Restarts in place (tetrad.node.rounds) as JSON: {"address": node 0's coordinator host:port, "left": restarts
 # left in the budget, "retryable": [...], "permanent": [...]} (spec.runPolicy's exit codes); unset: off.
 ENV_ROUNDS: Final = "TETRAD_ROUNDS"
+ENV_SPARE: Final = "TETRAD_SPARE"  # "0": no spare interpreter for the next round (tetrad.node.spare)
 ENV_ROUND: Final = "TETRAD_ROUND"  # the round of restarts in place this worker runs in (0: the first)
 ENV_ROUND_CAUSE: Final = "TETRAD_ROUND_CAUSE"  # from round 1 on: the failure that restarted the gang in place
 # In a pod, node 0's coordinator of restarts in place listens on spec.rendezvous.port + this.

@@ -1,19 +1,24 @@
-"""The launcher's command line: `supervise` (a pod's first process) and `worker` (each training process).
+"""The launcher's command line: `supervise` (a pod's first process) and `worker` (each training process),
+and the supervisor's own `spare` and `relay` (tetrad.node.spare).
 
     python3 tetrad-node.pyz supervise -- python3 -m torch.distributed.run ... tetrad-node.pyz worker ...
     python3 tetrad-node.pyz worker (--trainer | --path FILE | --module MODULE | --command) [--workdir DIR]
         -- ARGS
+    python3 tetrad-node.pyz spare FD
+    python3 tetrad-node.pyz relay -- PYTHON-ARGS
 
 After `--` come the entry point's arguments; for --command, the executable and all of its arguments.
+A worker started with the spare's socket in its environment is a relay of itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
-from tetrad.node import exits
+from tetrad.node import exits, spare
 from tetrad.node.environment import NodeEnv, WorkerEnv
 from tetrad.node.process import die_with_parent
 from tetrad.node.supervisor import supervise
@@ -59,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
             print("usage: tetrad-node.pyz supervise -- COMMAND...", file=sys.stderr)
             return 2
         return supervise(command, NodeEnv.read())
+    if verb == "worker" and (socket := os.environ.get(spare.ENV_SPARE_SOCKET)):
+        env = {k: v for k, v in os.environ.items() if k != spare.ENV_SPARE_SOCKET}
+        spare.relay(socket, spare.own_args(), env)
+    if verb == "relay":
+        return spare.relay(os.environ.get(spare.ENV_SPARE_SOCKET, ""), _split(args)[1], dict(os.environ))
+    if verb == "spare" and len(args) == 1 and args[0].isdigit():
+        return spare.serve(int(args[0]))
     if verb == "worker":
         entry, workdir = worker_entry(args)
         code = run_worker(entry, WorkerEnv.read(), workdir)

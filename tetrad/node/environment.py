@@ -34,6 +34,7 @@ from tetrad.api.contract import (
     ENV_ROUND,
     ENV_ROUND_CAUSE,
     ENV_ROUNDS,
+    ENV_SPARE,
     ENV_TERMINATION_LOG,
     ENV_TEST_FAULT,
     ENV_TEST_FAULTS_ALLOWED,
@@ -105,6 +106,7 @@ class NodeEnv:
     contract: int | None
     exit_dir: Path | None  # where the node's workers leave their reports for its supervisor
     rounds: RoundSettings | None  # restarts in place; None: off (a failed node exits)
+    spare: bool  # a spare interpreter readies each next round (tetrad.node.spare), unless TETRAD_SPARE=0
     round: int  # the round of restarts in place (a worker's; 0 for the supervisor)
     round_cause: str | None  # the failure that began that round (from round 1 on)
     termination_log: Path | None  # where the node's termination message goes; None: nowhere
@@ -140,6 +142,7 @@ class NodeEnv:
             contract=_int(env.get(ENV_CONTRACT)),
             exit_dir=_path(env.get(ENV_EXIT_DIR)),
             rounds=RoundSettings.parse(env[ENV_ROUNDS]) if env.get(ENV_ROUNDS) else None,
+            spare=env.get(ENV_SPARE, "1").strip() != "0",
             round=_int(env.get(ENV_ROUND)) or 0,
             round_cause=env.get(ENV_ROUND_CAUSE) or None,
             # Kubernetes' file exists only in a container; elsewhere nothing is written unless asked.

@@ -46,10 +46,12 @@ from tetrad.node import checks, collective, exits, oom_killer, rounds
 from tetrad.node.environment import NodeEnv
 from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
+from tetrad.node.spare import ENV_SPARE_SOCKET, Spare, runnable
 
 WORKERS_GONE_TIMEOUT_S = 30.0
 TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's wait for its workers after SIGTERM, when the pod does not set it
 SAVE_MARGIN_S = 5.0  # more than that for torchrun to exit, before the supervisor SIGKILLs it
+SPARE_AFTER_S = 5.0  # into a round, the next round's spare starts its imports (not beside the round's own)
 SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
@@ -84,10 +86,12 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     node's exit code."""
     if (failed := before_torchrun(env)) is not None:
         return failed
-    with joined_rounds(env) as member, BetweenRounds() as stops:
+    spares = Spares(env.rounds is not None and env.spare and runnable(command[1:]),
+                    ahead=env.rounds is not None and env.rounds.left > 0)
+    with joined_rounds(env) as member, BetweenRounds() as stops, spares:
         round, cause = 0, None
         while True:
-            ended = run_round(command, env, round, member, cause)
+            ended = run_round(command, env, round, member, cause, spares)
             if stops.received is not None and ended.final is not None:
                 ended = stopped_during(ended, stops.received)
                 if member is not None:  # the pod is going away: so do the rounds
@@ -102,6 +106,8 @@ def supervise(command: list[str], env: NodeEnv) -> int:
                         wait = restart_policy.backoff_seconds(settings.backoff_s, settings.backoff_max_s,
                                                               settings.restarts + round)
                         print(f"[tetrad] {restarting(word, wait)}", file=sys.stderr, flush=True)
+                        spares.prepare()
+                        spares.ahead = (word.left or 0) > 0
                         time.sleep(wait)
                         continue
             except StopRequested as stop:
@@ -110,6 +116,36 @@ def supervise(command: list[str], env: NodeEnv) -> int:
                 final, message = last_word(ended, word, None, save_seconds(env))
             write_termination_message(replace(message, round=round), env)
             return final
+
+
+class Spares:
+    """The next round's spare interpreter (tetrad.node.spare): started while this round runs when the budget
+    has a restart left (`ahead`), else when the gang restarts in place (an operator's ask spends none), and
+    taken by the next round; none when restarts in place are off, TETRAD_SPARE=0, or the command is not one
+    a spare can run."""
+
+    def __init__(self, enabled: bool, ahead: bool = True) -> None:
+        self.enabled, self.ahead = enabled, ahead
+        self.next: Spare | None = None
+
+    def __enter__(self) -> Spares:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.next is not None:
+            self.next.close()
+
+    def prepare(self) -> None:
+        if self.enabled and self.next is None:
+            try:
+                self.next = Spare()
+            except OSError as e:  # the round starts as the first did
+                print(f"[tetrad] no spare interpreter for the next round: {e}", file=sys.stderr, flush=True)
+                self.enabled = False
+
+    def take(self) -> Spare | None:
+        spare, self.next = self.next, None
+        return spare
 
 
 class StopRequested(Exception):
@@ -194,19 +230,30 @@ class RoundEnd:
 
 
 def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None,
-              cause: str | None = None) -> RoundEnd:
+              cause: str | None = None, spares: Spares | None = None) -> RoundEnd:
     """One torchrun, and what it and its workers reported: the node's exit code and termination message.
     An abort of the round kills it and waits until none of its workers is left. The workers learn the
-    round and the `cause` that began it from their environment."""
+    round and the `cause` that began it from their environment. A spare started during the last round
+    forks this round's processes; this round starts the next one's after SPARE_AFTER_S."""
     kills = oom_killer.oom_kills()
+    spare = spares.take() if spares is not None else None
+    began = time.monotonic()
 
     def abort(member: rounds.Member) -> float | None:  # how long torchrun has to stop once aborted
+        if spares is not None and spares.ahead and time.monotonic() - began > SPARE_AFTER_S:
+            spares.prepare()
         word = member.aborted(round)
         return None if word is None else save_seconds(env) if word.save else 0.0
 
-    with tempfile.TemporaryDirectory(prefix="tetrad-exit-") as exit_dir:
-        directory = Path(exit_dir)
+    with contextlib.ExitStack() as stack:
         round_env = {ENV_ROUND: str(round), **({ENV_ROUND_CAUSE: cause} if cause else {})}
+        if spare is not None:
+            stack.callback(spare.close)
+            exit_dir, command = spare.exit_dir, spare.command(command)
+            round_env[ENV_SPARE_SOCKET] = spare.socket
+        else:
+            exit_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tetrad-exit-"))
+        directory = Path(exit_dir)
         code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
                              None if member is None else functools.partial(abort, member))
         if code is None:
