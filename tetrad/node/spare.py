@@ -50,8 +50,9 @@ _ENDED = struct.Struct("!ci")  # spare -> relay: b"E" exit code, or b"K" killed 
 
 
 def launcher() -> list[str]:
-    """The arguments after `python` that run this launcher: its zip, or the installed package."""
-    bundle = next((p for p in Path(__file__).resolve().parents if p.suffix == ".pyz"), None)
+    """The arguments after `python` that run this launcher: its zip, or the installed package. The zip's path
+    as given, not resolved: in a pod it is a ConfigMap key, whose resolved path changes with the volume."""
+    bundle = next((p for p in Path(__file__).parents if p.suffix == ".pyz"), None)
     return [str(bundle)] if bundle is not None else ["-m", "tetrad.node"]
 
 
@@ -114,9 +115,9 @@ def serve(fd: int) -> int:
     end would."""
     die_with_parent(signal.SIGKILL)
     listener = socket.socket(fileno=fd)
-    for module in PRELOAD:
-        with contextlib.suppress(Exception):
-            importlib.import_module(module)
+    preload = threading.Thread(target=_preload, name="tetrad-preload")
+    preload.start()
+    preload.join()
     ended_r, ended_w = os.pipe()  # SIGCHLD wakes the loop through it: no polling while a round trains
     for fd in (ended_r, ended_w):
         os.set_blocking(fd, False)
@@ -158,6 +159,16 @@ def serve(fd: int) -> int:
                     os.close(fd)
                 relays[pid] = conn
             _reap(relays)
+
+
+def _preload() -> None:
+    """Import PRELOAD in this thread at the lowest priority (on Linux a thread's own), so the round that
+    runs meanwhile keeps the CPUs; the thread that forks, and so every child, keeps the spare's."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    for module in PRELOAD:
+        with contextlib.suppress(Exception):
+            importlib.import_module(module)
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, object], list[int]]:

@@ -51,7 +51,6 @@ from tetrad.node.spare import ENV_SPARE_SOCKET, Spare, runnable
 WORKERS_GONE_TIMEOUT_S = 30.0
 TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's wait for its workers after SIGTERM, when the pod does not set it
 SAVE_MARGIN_S = 5.0  # more than that for torchrun to exit, before the supervisor SIGKILLs it
-SPARE_AFTER_S = 5.0  # into a round, the next round's spare starts its imports (not beside the round's own)
 SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
@@ -119,8 +118,8 @@ def supervise(command: list[str], env: NodeEnv) -> int:
 
 
 class Spares:
-    """The next round's spare interpreter (tetrad.node.spare): started while this round runs when the budget
-    has a restart left (`ahead`), else when the gang restarts in place (an operator's ask spends none), and
+    """The next round's spare interpreter (tetrad.node.spare): started with this round when the budget has
+    a restart left (`ahead`), else when the gang restarts in place (an operator's ask spends none), and
     taken by the next round; none when restarts in place are off, TETRAD_SPARE=0, or the command is not one
     a spare can run."""
 
@@ -233,15 +232,14 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
               cause: str | None = None, spares: Spares | None = None) -> RoundEnd:
     """One torchrun, and what it and its workers reported: the node's exit code and termination message.
     An abort of the round kills it and waits until none of its workers is left. The workers learn the
-    round and the `cause` that began it from their environment. A spare started during the last round
-    forks this round's processes; this round starts the next one's after SPARE_AFTER_S."""
+    round and the `cause` that began it from their environment. The spare the last round started forks
+    this round's processes, and this round starts the next one's."""
     kills = oom_killer.oom_kills()
     spare = spares.take() if spares is not None else None
-    began = time.monotonic()
+    if spares is not None and spares.ahead:
+        spares.prepare()
 
     def abort(member: rounds.Member) -> float | None:  # how long torchrun has to stop once aborted
-        if spares is not None and spares.ahead and time.monotonic() - began > SPARE_AFTER_S:
-            spares.prepare()
         word = member.aborted(round)
         return None if word is None else save_seconds(env) if word.save else 0.0
 
