@@ -21,6 +21,11 @@ second checkpoint and logged a step after it, pod 1 meets the case's fault (CASE
   JobSet recreates its child Jobs.
 - a stall (pod 1's workers SIGSTOPped; stallTimeoutSeconds 30): the operator asks pod 0's coordinator to
   restart the gang in place. JobSet cannot express it (it has no stall detection).
+- a lost node (pod 1's node dies: every process of it, kubelet, containerd and containers, is SIGKILLed
+  and its bridge goes down, so no peer hears a reset): Tetrad recreates the gang once the node has been
+  NotReady for TETRAD_OPERATOR_NODE_LOST_SECONDS (60 s) or pod 0 fails first; JobSet once the node
+  controller evicts the pod (its unreachable toleration, 300 s). The cluster gets one real node more for
+  each such trial, as the new gang needs two live nodes and a lost node stays lost.
 
 From the fault (this machine's clock, which the nodes share), the seconds until the end of each phase,
 read from the API's timestamps (whole seconds) and rank 0's container log (`kubectl logs --timestamps`):
@@ -39,6 +44,7 @@ disk of the hostPath.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -70,6 +76,7 @@ from tests.cluster_fixtures import (  # noqa: E402
     wait_until,
 )
 from tetrad.node.rounds import RESTARTING  # noqa: E402
+from tetrad.node.spare import READY  # noqa: E402
 
 NAME = "bench-recovery"
 
@@ -90,6 +97,8 @@ CASES = {
     "tetrad-deleted": Case("delete-pod", False, False, "pod deleted | Tetrad (saves on SIGTERM)"),
     "jobset-deleted": Case("delete-pod", True, False, "pod deleted | JobSet"),
     "tetrad-stall": Case("stall", False, True, "stall (workers stopped) | Tetrad, in place"),
+    "tetrad-node-lost": Case("lose-node", False, False, "node lost (killed, network down) | Tetrad"),
+    "jobset-node-lost": Case("lose-node", True, False, "node lost | JobSet"),
 }
 STALL_TIMEOUT_S = 30
 IN_PLACE_PHASES = ("stopped", "rendezvous", "loaded", "first_step")
@@ -108,6 +117,7 @@ def the_job(ns: str, store: Path) -> dict[str, Any]:
     job["spec"]["training"] = {**job["spec"].get("training", {}), "steps": 2000}
     job["spec"]["checkpoint"] = {"enabled": True, "interval": 4,
                                  "volume": {"hostPath": {"path": str(store), "type": "Directory"}}}
+    job["spec"]["resources"] = {**job["spec"]["resources"], "memory": "4Gi"}  # room for a spare (1 GiB)
     job["spec"]["runPolicy"] = {"maxRestarts": 3, "backoffSeconds": 0, "terminationGracePeriodSeconds": 30,
                                 "stallTimeoutSeconds": STALL_TIMEOUT_S}
     return job
@@ -217,8 +227,44 @@ def checkpoint_bytes(store: Path) -> int:
 # ---------------------------------------------------------------------------- one fault, one system
 
 
+def node_pids(index: int) -> set[int]:
+    """Every process of real node `index`: what its cgroup (hack/cluster/real-nodes.sh) holds, in any
+    hierarchy."""
+    pids: set[int] = set()
+    for mount in Path("/sys/fs/cgroup").iterdir():
+        if mount.is_symlink() or not (mount / f"tetrad-{NAME}-n{index}").is_dir():
+            continue
+        for procs in (mount / f"tetrad-{NAME}-n{index}").rglob("cgroup.procs"):
+            try:
+                pids.update(int(pid) for pid in procs.read_text().split())
+            except OSError:
+                continue
+    return pids
+
+
+def lose_node(index: int) -> None:
+    """Real node `index` dies as a machine does: its network goes down first (no peer hears a reset), then
+    every process of it is SIGKILLed until none is left."""
+    addresses = subprocess.run(["ip", "-o", "-4", "addr", "show"], check=True, capture_output=True,
+                               text=True).stdout.splitlines()
+    bridge = next(line.split()[1] for line in addresses if f" 198.18.{index}.1/24 " in line)
+    subprocess.run(["ip", "link", "set", bridge, "down"], check=True)
+    deadline = time.monotonic() + 20
+    while pids := node_pids(index):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"real-node-{index} still has processes {sorted(pids)} after 20 s of SIGKILL")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.2)
+
+
 def fault(c: RealCluster, ns: str, pod: dict[str, Any], kind: str) -> float:
     """The fault `kind` to `pod`; when (epoch seconds)."""
+    if kind == "lose-node":
+        at = time.time()
+        lose_node(int(pod["spec"]["nodeName"].rsplit("-", 1)[1]))
+        return at
     if kind == "delete-pod":
         at = time.time()
         c.kubectl("delete", "pod", pod["metadata"]["name"], "-n", ns, "--wait=false")
@@ -277,7 +323,8 @@ def in_new_pods(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: fl
                               for p in new for s in p["status"]["containerStatuses"]])
     rank0 = next(p for p in new if rank(p) == 0)["metadata"]["name"]
     seen.update(log_marks(c, ns, rank0, fault))
-    return {phase: seen[phase] - fault for phase in NEW_POD_PHASES}
+    return {phase: seen[phase] - fault for phase in NEW_POD_PHASES if phase in seen}  # a lost node's pod:
+    # never torn down, unless force-deleted
 
 
 def trial(c: RealCluster, name: str, work: Path) -> dict[str, Any]:
@@ -297,11 +344,17 @@ def trial(c: RealCluster, name: str, work: Path) -> dict[str, Any]:
         rank0 = next(p for p in before if rank(p) == 0)["metadata"]["name"]
         wait_until(lambda: trained_past_a_checkpoint(c, ns, rank0), timeout=TIMEOUT_S, interval=2,
                    what="a step after the second checkpoint")
+        if case.in_place:  # a failure long after the start, as most are: each node's spare is ready
+            wait_until(lambda: all(READY in c.run_kubectl("logs", "-n", ns, p["metadata"]["name"], "-c",
+                                                          "trainer").stdout for p in before),
+                       timeout=TIMEOUT_S, interval=2, what="the spares ready")
         victim = next(p for p in before if rank(p) == 1)
         at = fault(c, ns, victim, case.fault)
         phases = (in_place if case.in_place else in_new_pods)(c, ns, before, at)
         return {"case": name, "phases": phases, "checkpoint_bytes": checkpoint_bytes(store)}
     finally:
+        if CASES[name].fault == "lose-node":  # its pod there stays Terminating: no kubelet confirms it
+            c.run_kubectl("delete", "pods", "--all", "-n", ns, "--force", "--grace-period=0")
         c.run_kubectl("delete", "namespace", ns, "--wait=true", "--timeout=300s")
 
 
@@ -342,8 +395,10 @@ def main() -> None:
     if not args.reuse:
         stop_cluster(NAME, missing_ok=True)
     t0 = time.monotonic()
+    lost = args.rounds * sum(CASES[name].fault == "lose-node" for name in cases)
     c = RealCluster(**vars(start_cluster(NAME, extra_env={
-        "TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES), "TETRAD_NODE_TAINT": FAKE_NODE_TAINT})))
+        "TETRAD_NODES": "1", "TETRAD_REAL_NODES": str(REAL_NODES + lost),
+        "TETRAD_NODE_TAINT": FAKE_NODE_TAINT})))
     try:
         subprocess.run([str(HACK / "e2e.sh"), "install"], check=True, stdin=subprocess.DEVNULL,
                        env={**os.environ, "TETRAD_CLUSTER_NAME": NAME})

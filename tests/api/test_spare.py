@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -161,6 +162,22 @@ def test_without_a_spare_to_reach_the_relay_runs_its_command_itself(script: Path
     out, err = r.communicate(timeout=120)
     assert r.returncode == 6, err
     assert out.startswith("cold") and "to stderr" in err
+
+
+def test_a_spare_gone_before_it_forked_leaves_the_relay_to_run_its_command_itself(
+        script: Path, tmp_path: Path) -> None:
+    path = str(tmp_path / "socket")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as dying:  # takes the request, then dies
+        dying.bind(path)
+        dying.listen(1)
+        r = relay(path, [str(script), "exit", "6"])
+        conn, _ = dying.accept()
+        conn.recv(1 << 20)
+        conn.close()
+    out, err = r.communicate(timeout=120)
+    assert r.returncode == 6, err
+    assert out.startswith("cold"), "the command did not run, or ran twice"
+    assert out.count("cold") == 1
 
 
 def test_a_closed_spare_leaves_no_process_and_no_file() -> None:

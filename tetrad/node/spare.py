@@ -1,7 +1,7 @@
 """A spare interpreter: Python with torch already imported, that forks the next round's processes.
 
 A restart in place starts torchrun and every worker again, and on a node each of them spends seconds
-importing torch before it does anything. So while a round runs, the supervisor starts a spare for the
+importing torch before it does anything. So with each round, the supervisor starts a spare for the
 next one (`Spare`): a process that imports torch and waits on a Unix socket. When the next round
 starts, its torchrun and its workers are relays (`relay`): each sends its command line, environment,
 working directory and standard streams to the spare, which forks a child that becomes that process,
@@ -11,7 +11,9 @@ relay takes its child with it. Without a spare to reach, a relay runs its comman
 
 The spare is started with the next round's exit directory in its environment, so every process of
 that round, forked or not, carries it where `process.kill_all_with` looks (/proc/PID/environ). A spare
-serves one round and is killed at its end.
+serves one round and is killed at its end. It must not touch CUDA (a forked child could not use it):
+torch asks NVML, not the driver, whether there is a GPU, and a spare that finds CUDA initialized after
+its imports serves nothing.
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from tetrad.node.process import die_with_parent
 ENV_SPARE_SOCKET = "TETRAD_SPARE_SOCKET"  # where a relay finds the spare; only the round's processes have it
 PRELOAD = ("torch", "torch.distributed.run", "torch.distributed.fsdp", "torch.distributed.tensor",
            "torch.distributed.checkpoint", "torch.distributed.pipelining")
+READY = "spare for the next round ready"  # its log line
 STREAMS = (0, 1, 2)
 REQUEST_MAX = 1 << 20
 RELAYED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                    signal.SIGUSR2)
 _SIGNAL = struct.Struct("!i")  # relay -> child: a signal to raise
-_ENDED = struct.Struct("!ci")  # spare -> relay: b"E" exit code, or b"K" killed by a signal
+_NEWS = struct.Struct("!ci")  # spare -> relay: b"S" the child's pid (started), then b"E" its exit code, or
+# b"K" the signal that killed it
 
 
 def launcher() -> list[str]:
@@ -83,7 +87,7 @@ class Spare:
         self.exit_dir = self._dir.name
         self._socket_dir = tempfile.TemporaryDirectory(prefix="tetrad-spare-")
         self.socket = os.path.join(self._socket_dir.name, "socket")
-        env = {**os.environ, ENV_EXIT_DIR: self.exit_dir}
+        env = {**os.environ, ENV_EXIT_DIR: self.exit_dir, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
         # Bound here, so a relay can connect as soon as the round starts: it waits in the backlog until
         # the spare has imported torch and accepts.
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
@@ -115,9 +119,17 @@ def serve(fd: int) -> int:
     end would."""
     die_with_parent(signal.SIGKILL)
     listener = socket.socket(fileno=fd)
+    began = time.monotonic()
     preload = threading.Thread(target=_preload, name="tetrad-preload")
     preload.start()
     preload.join()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        print("[tetrad] spare: CUDA was initialized while importing, so no child could use it: the round"
+              " starts cold", file=sys.stderr, flush=True)
+        return 0
+    print(f"[tetrad] {READY} (torch imported in {time.monotonic() - began:.1f}s)", file=sys.stderr,
+          flush=True)
     ended_r, ended_w = os.pipe()  # SIGCHLD wakes the loop through it: no polling while a round trains
     for fd in (ended_r, ended_w):
         os.set_blocking(fd, False)
@@ -157,6 +169,8 @@ def serve(fd: int) -> int:
                     _become(conn, request, fds)  # returns only by raising SystemExit
                 for fd in fds:
                     os.close(fd)
+                with contextlib.suppress(OSError):  # a relay gone already: its child follows it
+                    conn.send(_NEWS.pack(b"S", pid))
                 relays[pid] = conn
             _reap(relays)
 
@@ -191,8 +205,8 @@ def _reap(relays: dict[int, socket.socket]) -> None:
         conn = relays.pop(pid, None)
         if conn is None:
             continue
-        ended = (_ENDED.pack(b"K", os.WTERMSIG(status)) if os.WIFSIGNALED(status)
-                 else _ENDED.pack(b"E", os.waitstatus_to_exitcode(status)))
+        ended = (_NEWS.pack(b"K", os.WTERMSIG(status)) if os.WIFSIGNALED(status)
+                 else _NEWS.pack(b"E", os.waitstatus_to_exitcode(status)))
         with contextlib.suppress(OSError):
             conn.send(ended)
         conn.close()
@@ -253,7 +267,7 @@ def _follow_relay(conn: socket.socket) -> None:
 
 def relay(path: str, args: Sequence[str], env: dict[str, str]) -> NoReturn:
     """Have the spare at `path` run `python ARGS` with `env`, pass it this process's signals, and end as
-    it ended. Without a spare to reach (none, or gone), exec `python ARGS` here instead."""
+    it ended. Without a spare to reach, or one that is gone before it forked, exec `python ARGS` here."""
     die_with_parent(signal.SIGKILL)  # as a worker would: torchrun gone, nobody waits for it
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     request = json.dumps({"args": list(args), "env": env, "cwd": os.getcwd()}).encode()
@@ -265,28 +279,44 @@ def relay(path: str, args: Sequence[str], env: dict[str, str]) -> NoReturn:
     except OSError:
         conn.close()
         os.execve(sys.executable, [sys.executable, *args], env)
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        received.append(signum)
+        with contextlib.suppress(OSError):  # the child raises it once forked
+            conn.send(_SIGNAL.pack(signum))
+
     for sig in RELAYED_SIGNALS:
-        signal.signal(sig, lambda signum, frame: _pass_on(conn, signum))
-    ended = b""
-    while len(ended) < _ENDED.size:
-        try:
-            ended = conn.recv(_ENDED.size)
-        except InterruptedError:
-            continue
-        if not ended:
-            break
-    kind, value = _ENDED.unpack(ended) if len(ended) == _ENDED.size else (b"K", int(signal.SIGKILL))
+        signal.signal(sig, on_signal)
+    started = _news(conn)
+    if started is None:  # the spare died before it forked: nothing of the command ran yet
+        conn.close()
+        if received:
+            _end_by_signal(received[0])
+        os.execve(sys.executable, [sys.executable, *args], env)
+    kind, value = _news(conn) or (b"K", int(signal.SIGKILL))  # the spare gone: so is its child
     if kind == b"E":
         sys.stdout.flush()
         os._exit(value)
+    _end_by_signal(value)
+
+
+def _news(conn: socket.socket) -> tuple[bytes, int] | None:
+    """The spare's next message, or None when it is gone."""
+    try:
+        data = conn.recv(_NEWS.size)
+    except OSError:
+        return None
+    if len(data) != _NEWS.size:
+        return None
+    kind, value = _NEWS.unpack(data)
+    return bytes(kind), int(value)
+
+
+def _end_by_signal(signum: int) -> NoReturn:
     with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
-        signal.signal(value, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [value])
-    os.kill(os.getpid(), value)
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+    os.kill(os.getpid(), signum)
     time.sleep(1)
-    os._exit(128 + value)
-
-
-def _pass_on(conn: socket.socket, signum: int) -> None:
-    with contextlib.suppress(OSError):
-        conn.send(_SIGNAL.pack(signum))
+    os._exit(128 + signum)

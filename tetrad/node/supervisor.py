@@ -51,6 +51,8 @@ from tetrad.node.spare import ENV_SPARE_SOCKET, Spare, runnable
 WORKERS_GONE_TIMEOUT_S = 30.0
 TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's wait for its workers after SIGTERM, when the pod does not set it
 SAVE_MARGIN_S = 5.0  # more than that for torchrun to exit, before the supervisor SIGKILLs it
+SPARE_AFTER_S = 60.0  # into a round, once its start-up is likely over, the next round's spare starts
+SPARE_ROOM_BYTES = 1 << 30  # the room a spare needs: torch imported (0.4-0.7 GiB), and a margin
 SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
@@ -118,14 +120,15 @@ def supervise(command: list[str], env: NodeEnv) -> int:
 
 
 class Spares:
-    """The next round's spare interpreter (tetrad.node.spare): started with this round when the budget has
-    a restart left (`ahead`), else when the gang restarts in place (an operator's ask spends none), and
-    taken by the next round; none when restarts in place are off, TETRAD_SPARE=0, or the command is not one
-    a spare can run."""
+    """The next round's spare interpreter (tetrad.node.spare): started during this round when the budget
+    has a restart left (`ahead`), else when the gang restarts in place (an operator's ask spends none), and
+    taken by the next round. None when restarts in place are off, TETRAD_SPARE=0, the command is not one a
+    spare can run, or the pod's memory has no room for it (said once)."""
 
     def __init__(self, enabled: bool, ahead: bool = True) -> None:
         self.enabled, self.ahead = enabled, ahead
         self.next: Spare | None = None
+        self.said_no_room = False
 
     def __enter__(self) -> Spares:
         return self
@@ -135,12 +138,20 @@ class Spares:
             self.next.close()
 
     def prepare(self) -> None:
-        if self.enabled and self.next is None:
-            try:
-                self.next = Spare()
-            except OSError as e:  # the round starts as the first did
-                print(f"[tetrad] no spare interpreter for the next round: {e}", file=sys.stderr, flush=True)
-                self.enabled = False
+        if not self.enabled or self.next is not None:
+            return
+        if (room := oom_killer.room_bytes()) is not None and room < SPARE_ROOM_BYTES:
+            if not self.said_no_room:
+                print(f"[tetrad] no spare interpreter for the next round: {room / 2**30:.1f} GiB of memory"
+                      f" left, it needs {SPARE_ROOM_BYTES / 2**30:g} GiB (a restart in place starts cold)",
+                      file=sys.stderr, flush=True)
+                self.said_no_room = True
+            return
+        try:
+            self.next = Spare()
+        except OSError as e:  # the round starts as the first did
+            print(f"[tetrad] no spare interpreter for the next round: {e}", file=sys.stderr, flush=True)
+            self.enabled = False
 
     def take(self) -> Spare | None:
         spare, self.next = self.next, None
@@ -233,13 +244,14 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
     """One torchrun, and what it and its workers reported: the node's exit code and termination message.
     An abort of the round kills it and waits until none of its workers is left. The workers learn the
     round and the `cause` that began it from their environment. The spare the last round started forks
-    this round's processes, and this round starts the next one's."""
+    this round's processes, and this round starts the next one's SPARE_AFTER_S in."""
     kills = oom_killer.oom_kills()
     spare = spares.take() if spares is not None else None
-    if spares is not None and spares.ahead:
-        spares.prepare()
+    began = time.monotonic()
 
     def abort(member: rounds.Member) -> float | None:  # how long torchrun has to stop once aborted
+        if spares is not None and spares.ahead and time.monotonic() - began > SPARE_AFTER_S:
+            spares.prepare()
         word = member.aborted(round)
         return None if word is None else save_seconds(env) if word.save else 0.0
 
