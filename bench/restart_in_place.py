@@ -3,16 +3,20 @@ baseline in the same run.
 
     .venv/bin/python bench/restart_in_place.py [--rounds 3] [--nodes 2]
 
-Both systems train the debug model (fp32, CPU/gloo, `--nodes` nodes of one process, a checkpoint every 5
-steps) and SIGKILL rank 1's worker once rank 0 has logged step 8:
-- in place: `maxRestarts: 1, backoffSeconds: 0`; the gang restarts inside the same nodes
-  (tetrad.node.rounds). Phases: the kill to node 0's "restarting the gang in place" line (the failure
-  seen, every node's workers stopped), then to the next completed step (a new torchrun, rendezvous,
+Every system trains the debug model (fp32, CPU/gloo, `--nodes` nodes of one process, a checkpoint every 5
+steps) and SIGKILLs rank 1's worker once rank 0 has logged step 8:
+- in place, the spares ready: `maxRestarts: 2, backoffSeconds: 0`; the gang restarts inside the same nodes
+  (tetrad.node.rounds), and the kill waits until every node's spare interpreter has imported torch
+  (tetrad.node.spare: it starts 60 s into a round), as for a failure long after the start. Phases: the
+  kill to node 0's "restarting the gang in place" line (the failure seen, every node's workers stopped),
+  then to the next completed step (the round's torchrun and workers forked from the spares, rendezvous,
   the checkpoint loaded, the step);
+- in place, an early failure: the same at step 8, before the spares started (they start at the restart,
+  and the round's processes wait for their imports);
 - baseline, a restart from outside: `maxRestarts: 0`; the run fails, and a new `tetrad run` resumes from
   the same checkpoint at once (what recreating the nodes costs on one machine, without a cluster).
   Phases: the kill to the failed run's exit, then to the new run's first step.
-Each figure is the median of --rounds, the two systems alternating.
+Each figure is the median of --rounds, the systems alternating; a run is stopped once it has measured.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tetrad.node.process import with_variable  # noqa: E402
 from tetrad.node.rounds import RESTARTING  # noqa: E402
+from tetrad.node.spare import READY  # noqa: E402
 
-KILL_AT, STEPS, POLL_S = 8, 12, 0.02
+KILL_AT, STEPS, POLL_S = 8, 100000, 0.02
 TETRAD = [sys.executable, "-m", "tetrad.cli"]
 
 
@@ -72,6 +77,11 @@ def start(job: Path, workdir: Path, jsonl: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def spares_ready(workdir: Path, nodes: int) -> bool:
+    return all(READY in (workdir / f"node-{n}.log").read_text(errors="replace") for n in range(nodes)
+               if (workdir / f"node-{n}.log").exists())
+
+
 def kill_rank_1(workdir: Path, jsonl: Path) -> float:
     """SIGKILL rank 1's worker once rank 0 has logged KILL_AT; when."""
     until(lambda: max(steps(jsonl), default=0) >= KILL_AT)
@@ -84,16 +94,32 @@ def kill_rank_1(workdir: Path, jsonl: Path) -> float:
     return time.monotonic()
 
 
-def in_place(tmp: Path, nodes: int) -> tuple[float, float]:
-    job = manifest(tmp / "job.yaml", "in-place", nodes, tmp / "ckpt", max_restarts=1)
+def stop(run: subprocess.Popen[bytes], workdir: Path) -> None:
+    """End a run that has measured what it had to: SIGTERM, which it must obey at once."""
+    run.send_signal(signal.SIGTERM)
+    if run.wait(timeout=120) not in (0, 75, 143):
+        raise RuntimeError(f"the run did not stop cleanly ({run.returncode}); see {workdir}")
+
+
+def in_place(tmp: Path, nodes: int, spares_first: bool) -> tuple[float, float]:
+    job = manifest(tmp / "job.yaml", "in-place", nodes, tmp / "ckpt", max_restarts=2)
     work, jsonl = tmp / "work", tmp / "out.jsonl"
     run = start(job, work, jsonl)
+    if spares_first:
+        until(lambda: spares_ready(work, nodes))
     killed = kill_rank_1(work, jsonl)
     seen = until(lambda: RESTARTING in (work / "node-0.log").read_text(errors="replace"))
     first = until(lambda: (s := steps(jsonl)) != sorted(s))  # a step again: the next round's first
-    if run.wait() != 0:
-        raise RuntimeError(f"the in-place run failed; see {work}")
+    stop(run, work)
     return seen - killed, first - seen
+
+
+def in_place_ready(tmp: Path, nodes: int) -> tuple[float, float]:
+    return in_place(tmp, nodes, spares_first=True)
+
+
+def in_place_early(tmp: Path, nodes: int) -> tuple[float, float]:
+    return in_place(tmp, nodes, spares_first=False)
 
 
 def from_outside(tmp: Path, nodes: int) -> tuple[float, float]:
@@ -105,8 +131,7 @@ def from_outside(tmp: Path, nodes: int) -> tuple[float, float]:
     exited = time.monotonic()
     again = start(job, tmp / "again", tmp / "again.jsonl")
     first = until(lambda: bool(steps(tmp / "again.jsonl")))
-    if again.wait() != 0:
-        raise RuntimeError(f"the resumed run failed; see {tmp / 'again'}")
+    stop(again, tmp / "again")
     return exited - killed, first - exited
 
 
@@ -115,9 +140,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--nodes", type=int, default=2)
     a = p.parse_args()
-    figures: dict[str, list[tuple[float, float]]] = {"in place": [], "from outside": []}
+    systems = {"in place, the spares ready": in_place_ready, "in place, an early failure": in_place_early,
+               "from outside": from_outside}
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in systems}
     for r in range(a.rounds):
-        for name, system in (("in place", in_place), ("from outside", from_outside)):
+        for name, system in systems.items():
             with tempfile.TemporaryDirectory(prefix="tetrad-bench-") as tmp:
                 figures[name].append(system(Path(tmp), a.nodes))
             stopped, started = figures[name][-1]

@@ -498,6 +498,22 @@ def test_the_next_round_runs_forked_from_a_spare_that_imported_torch_unless_turn
         assert not warm and "supervise" in parent, parent
 
 
+def test_a_pod_without_room_for_a_spare_says_so_once_and_starts_its_next_round_cold(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(supervisor.oom_killer, "room_bytes", lambda: 300 << 20)
+    spares = supervisor.Spares(True)
+    spares.prepare()
+    spares.prepare()
+    assert spares.take() is None
+    said = capsys.readouterr().err
+    assert said.count("no spare interpreter for the next round: 0.3 GiB of memory left, it needs 1 GiB") == 1
+    monkeypatch.setattr(supervisor.oom_killer, "room_bytes", lambda: 8 << 30)
+    with supervisor.Spares(True) as roomy:
+        roomy.prepare()
+        assert roomy.next is not None and roomy.next.process.poll() is None
+    assert roomy.next.process.poll() is not None, "the spare outlived its node's rounds"
+
+
 def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:
     lines = [supervisor.restarting(Word(GO, 1, 1, 1, supervisor.SILENT_WORKER, left=2), 1.0),
              supervisor.restarting(Word(GO, 2, 0, 79, "a collective timed out: rank 0: gloo: x", left=1),

@@ -105,3 +105,24 @@ def test_the_oom_killers_counter_is_read_from_the_nodes_cgroup(tmp_path: Path) -
     v1_file.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n")
     assert oom_killer.oom_kills(v1, tmp_path) == (7, v1_file)
     assert oom_killer.oom_kills("", tmp_path) is not None  # /proc/vmstat's machine-wide count
+
+
+def test_the_room_before_the_oom_killer_is_the_cgroups_limit_less_its_usage_else_the_machines(
+        tmp_path: Path) -> None:
+    v1, v2 = "4:memory:/pod1/c1\n", "0::/pod1/c1\n"
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   2000000 kB\n")
+    d1, d2 = tmp_path / "memory/pod1/c1", tmp_path / "pod1/c1"
+    d1.mkdir(parents=True)
+    d2.mkdir(parents=True)
+    (d1 / "memory.limit_in_bytes").write_text(f"{3 << 30}\n")
+    (d1 / "memory.usage_in_bytes").write_text(f"{(3 << 30) - (300 << 20)}\n")
+    assert oom_killer.room_bytes(v1, tmp_path, meminfo) == 300 << 20
+    (d1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1 without a limit
+    assert oom_killer.room_bytes(v1, tmp_path, meminfo) == 2000000 * 1024
+    (d2 / "memory.max").write_text(f"{4 << 30}\n")
+    (d2 / "memory.current").write_text(f"{5 << 30}\n")  # above the limit (page cache): no room
+    assert oom_killer.room_bytes(v2, tmp_path, meminfo) == 0
+    (d2 / "memory.max").write_text("max\n")
+    assert oom_killer.room_bytes(v2, tmp_path, meminfo) == 2000000 * 1024
+    assert oom_killer.room_bytes("", tmp_path, tmp_path / "none") is None

@@ -21,7 +21,7 @@ from tests.trainer.test_launch import make_job
 from tetrad.api import ParallelTrainingJob
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_COLLECTIVE_TIMEOUT
 from tetrad.launch import run_local
-from tetrad.node import rounds
+from tetrad.node import rounds, spare
 from tetrad.node.environment import NodeEnv
 from tetrad.node.process import with_variable
 
@@ -92,8 +92,10 @@ def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undi
     assert ("node 1 exited 1 (a worker ended without a word: killed by a signal, or crashed): restarting the"
             " gang in place, round 1, in 1s (spec.runPolicy.maxRestarts: 0 left)") in said
     assert "restarts" in said and "1 in place" in said  # the summary
-    for node in (0, 1):  # both supervisors took part in the one restart
-        assert "restarting the gang in place, round 1" in (work / f"node-{node}.log").read_text()
+    for node in (0, 1):  # both supervisors took part in the one restart, its round forked from their spares
+        log = (work / f"node-{node}.log").read_text()
+        assert "restarting the gang in place, round 1" in log
+        assert log.count(spare.READY) == 1 and "no spare interpreter" not in log, log[-3000:]
     assert not processes_mentioning(str(work))
 
 
