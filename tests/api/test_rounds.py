@@ -35,8 +35,10 @@ from tetrad.launch.local import restarts_row
 from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
+from tetrad.node.failure import FirstFailure
 from tetrad.node.process import run_abortable, run_forwarding
 from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
+from tetrad.node.spare import READY
 
 DEFAULT = {"retryable": (), "permanent": (EXIT_OOM, EXIT_CONFIG_ERROR)}
 
@@ -246,7 +248,7 @@ time.sleep(60)
 @pytest.mark.parametrize("child", ["saves", "ignores SIGTERM"])
 def test_an_abort_that_saves_first_sigterms_the_round_and_sigkills_it_after_the_grace(
         tmp_path: Path, child: str) -> None:
-    def abort() -> float | None:
+    def abort(pid: int) -> float | None:
         return 2.0 if (tmp_path / "up").exists() else None
 
     began = time.monotonic()
@@ -264,7 +266,7 @@ def test_a_stop_signal_that_comes_while_a_round_is_aborted_is_the_callers_to_act
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
 
-    def abort() -> float | None:
+    def abort(pid: int) -> float | None:
         if not (tmp_path / "up").exists():
             return None
         os.kill(os.getpid(), signal.SIGTERM)  # the pod is deleted as its round is aborted
@@ -285,7 +287,7 @@ def test_a_stop_signal_while_the_round_runs_reaches_it_once_and_then_the_caller(
     seen: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
 
-    def stop_once_up() -> float | None:
+    def stop_once_up(pid: int) -> float | None:
         if (tmp_path / "up").exists() and not (tmp_path / "asked").exists():
             (tmp_path / "asked").touch()
             os.kill(os.getpid(), signal.SIGTERM)
@@ -521,3 +523,68 @@ def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:
     assert restarts_row(lines) == ("2 in place: node 1 exited 1 (a worker ended without a word: killed by a"
                                    " signal, or crashed); node 0 exited 79 (a collective timed out: rank 0:"
                                    " gloo: x)")
+
+
+def test_the_first_failed_worker_is_one_that_ended_without_a_report_or_with_a_failing_code(
+        tmp_path: Path) -> None:
+    proc, exit_dir = tmp_path / "proc", tmp_path / "exit"
+    exit_dir.mkdir()
+
+    def workers(*pids: int) -> None:
+        (proc / "100" / "task" / "100").mkdir(parents=True, exist_ok=True)
+        (proc / "100" / "task" / "100" / "children").write_text(" ".join(map(str, pids)))
+        for pid in pids:
+            (proc / str(pid)).mkdir(exist_ok=True)
+            (proc / str(pid) / "environ").write_bytes(f"A=1\0RANK={pid - 200}\0LOCAL_RANK=0\0".encode())
+
+    first = FirstFailure(exit_dir, proc)
+    workers(200, 201, 202)
+    assert first.check([100]) is None and first.ranks == {200: 0, 201: 1, 202: 2}
+    (exit_dir / "rank-0").write_text("0")  # rank 0 finished
+    workers(201, 202)
+    assert first.check([100]) is None
+    (exit_dir / "rank-1").write_text(str(EXIT_PREEMPTED))  # rank 1 was preempted and saved
+    workers(202)
+    assert first.check([100]) is None
+    workers()
+    assert first.check([100]) == "rank 2's worker ended without a word"
+    again = FirstFailure(exit_dir, proc)
+    workers(203)
+    assert again.check([100]) is None
+    (exit_dir / "rank-3").write_text("77")
+    workers()
+    assert again.check([100]) == "rank 3's worker exited 77"
+
+
+WORKER_0_KILLED = """\
+import os, signal, sys, time
+if os.environ["TETRAD_ROUND"] in ("0", "1"):  # round 1's workers are forked from the spare
+    if os.environ["RANK"] == "0":
+        time.sleep(2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stuck, as in a collective with a live peer
+    time.sleep(120)
+"""
+
+
+def test_a_dead_worker_stops_its_stuck_peers_at_once_rather_than_after_torchruns_30_s(tmp_path: Path) -> None:
+    """Rank 0 dies in rounds 0 (cold) and 1 (forked from the spare) while rank 1 is stuck; round 2 ends."""
+    (tmp_path / "worker.py").write_text(WORKER_0_KILLED)
+    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "1", "PET_NODE_RANK": "0",
+           "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
+    began = time.monotonic()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(tmp_path / "worker.py")]
+    node = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
+                          env=env, capture_output=True, text=True, timeout=180)
+    took = time.monotonic() - began
+    assert node.returncode == 0, node.stderr[-3000:]
+    said = node.stderr
+    stopping = "rank 0's worker ended without a word: stopping the round's other workers at once"
+    assert said.count(stopping) == 2, said
+    for round in (1, 2):
+        restarting = f"{rounds_module.RESTARTING}, round {round}"
+        assert f"a worker ended without a word: killed by a signal, or crashed): {restarting}" in said, said
+    assert said.count(READY) == 2, said[-3000:]
+    assert took < 40, f"{took:.1f}s: a round waited for torchrun's 30 s"

@@ -70,8 +70,9 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
 
 
 def run_abortable(command: list[str], env: dict[str, str] | None,
-                  abort: Callable[[], float | None] | None) -> int | None:
-    """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S) said to stop the child: it is
+                  abort: Callable[[int], float | None] | None) -> int | None:
+    """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S, with the child's pid) said to stop
+    the child: it is
     SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more. A stop
     signal that came while the child ran or was aborted is raised again once the caller's handlers are
     back: the caller's to act on (a node told to stop does not go on to the next round)."""
@@ -82,7 +83,7 @@ def run_abortable(command: list[str], env: dict[str, str] | None,
 
 
 def _run(command: list[str], env: dict[str, str] | None,
-         abort: Callable[[], float | None] | None) -> tuple[int | None, int | None]:
+         abort: Callable[[int], float | None] | None) -> tuple[int | None, int | None]:
     """The child's return code (None: aborted), and the first stop signal this process got meanwhile."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
@@ -107,7 +108,7 @@ def _run(command: list[str], env: dict[str, str] | None,
                 code: int | None = child.wait(timeout=None if abort is None else ABORT_POLL_S)
                 break
             except subprocess.TimeoutExpired:
-                if abort is not None and (grace := abort()) is not None:
+                if abort is not None and (grace := abort(child.pid)) is not None:
                     forwarded = True  # a stop signal from now on would cut the child's grace short
                     stop(child, grace)
                     code = None

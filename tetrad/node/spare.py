@@ -232,6 +232,7 @@ def _become(conn: socket.socket, request: dict[str, object], fds: list[int]) -> 
             if isinstance(text, io.TextIOWrapper):
                 text.reconfigure(write_through=True)
     if command[0] == "-m":
+        sys.modules.pop(command[1], None)  # preloaded (torch.distributed.run): runs afresh as __main__
         sys.argv = [command[1], *command[2:]]
         sys.path[0:0] = [os.getcwd()]
         runpy.run_module(command[1], run_name="__main__", alter_sys=True)

@@ -44,6 +44,7 @@ from tetrad.api.contract import (
 from tetrad.api.termination import TerminationMessage
 from tetrad.node import checks, collective, exits, oom_killer, rounds
 from tetrad.node.environment import NodeEnv
+from tetrad.node.failure import FirstFailure, children
 from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 from tetrad.node.spare import ENV_SPARE_SOCKET, Spare, runnable
@@ -53,6 +54,7 @@ TORCHRUN_SHUTDOWN_S = 30.0  # torchrun's wait for its workers after SIGTERM, whe
 SAVE_MARGIN_S = 5.0  # more than that for torchrun to exit, before the supervisor SIGKILLs it
 SPARE_AFTER_S = 60.0  # into a round, once its start-up is likely over, the next round's spare starts
 SPARE_ROOM_BYTES = 1 << 30  # the room a spare needs: torch imported (0.4-0.7 GiB), and a margin
+TORCHRUN_FAILED = 1  # torchrun's exit code when a worker failed
 SILENT_WORKER = "a worker ended without a word: killed by a signal, or crashed"
 
 
@@ -248,12 +250,21 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
     kills = oom_killer.oom_kills()
     spare = spares.take() if spares is not None else None
     began = time.monotonic()
+    failed: list[str] = []  # the first failed worker, when the supervisor saw it before torchrun ended
 
-    def abort(member: rounds.Member) -> float | None:  # how long torchrun has to stop once aborted
+    def abort(member: rounds.Member, first: FirstFailure, torchrun: int) -> float | None:
+        """How long torchrun (or its relay) has to stop, once the round is aborted or has failed; None: let it
+        run."""
         if spares is not None and spares.ahead and time.monotonic() - began > SPARE_AFTER_S:
             spares.prepare()
-        word = member.aborted(round)
-        return None if word is None else save_seconds(env) if word.save else 0.0
+        if (word := member.aborted(round)) is not None:
+            return save_seconds(env) if word.save else 0.0
+        if (why := first.check([torchrun] if spare is None else children(spare.process.pid))) is not None:
+            print(f"[tetrad] {why}: stopping the round's other workers at once (none can save without it)",
+                  file=sys.stderr, flush=True)
+            failed.append(why)
+            return 0.0
+        return None
 
     with contextlib.ExitStack() as stack:
         round_env = {ENV_ROUND: str(round), **({ENV_ROUND_CAUSE: cause} if cause else {})}
@@ -265,7 +276,8 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
             exit_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tetrad-exit-"))
         directory = Path(exit_dir)
         code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
-                             None if member is None else functools.partial(abort, member))
+                             None if member is None else functools.partial(abort, member,
+                                                                           FirstFailure(directory)))
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
                 why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"
@@ -273,7 +285,9 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
                 print(f"[tetrad] error: {why}", file=sys.stderr, flush=True)
                 return RoundEnd(EXIT_WORKERS_STUCK, TerminationMessage(reason=REASON_WORKERS_STUCK,
                                                                        message=why))
-            return RoundEnd(None, TerminationMessage())
+            if not failed:
+                return RoundEnd(None, TerminationMessage())
+            code = TORCHRUN_FAILED  # as torchrun would have exited, its workers stopped
         codes = list(exits.reported_codes(directory).values())
         messages = exits.reported_messages(directory)
         timeouts = {rank: m.collective_timeout for rank, m in messages.items() if m.collective_timeout}
