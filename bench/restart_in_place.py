@@ -78,8 +78,8 @@ def start(job: Path, workdir: Path, jsonl: Path) -> subprocess.Popen[bytes]:
 
 
 def spares_ready(workdir: Path, nodes: int) -> bool:
-    return all(READY in (workdir / f"node-{n}.log").read_text(errors="replace") for n in range(nodes)
-               if (workdir / f"node-{n}.log").exists())
+    logs = [workdir / f"node-{n}.log" for n in range(nodes)]
+    return all(log.exists() and READY in log.read_text(errors="replace") for log in logs)
 
 
 def kill_rank_1(workdir: Path, jsonl: Path) -> float:
