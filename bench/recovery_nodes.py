@@ -8,10 +8,11 @@ It brings up hack/cluster.sh's real-node cluster `bench-recovery` (a control pla
 with containerd, as the e2e tests have), builds or takes the images and installs the chart (hack/e2e.sh
 install), and starts JobSet beside it (hack/cluster.sh peer jobset). Every case trains the same job:
 examples/quickstart.yaml (the debug model, 2 pods x 4 processes, CPU/gloo, fp32; 4Gi pods, room for a
-spare interpreter) with a checkpoint every 4 steps on a hostPath both nodes see and backoffSeconds 0 (the default 10 s is a policy; JobSet has
-none). JobSet runs it as Tetrad's pods would (`jobset_of`: the same image, command, config and volumes;
-one replicated Job of 2 indexed pods, failurePolicy.maxRestarts 3). Once rank 0 has committed its
-second checkpoint and logged a step after it, pod 1 meets the case's fault (CASES):
+spare interpreter) with a checkpoint every 4 steps on a hostPath both nodes see and backoffSeconds 0 (the
+default 10 s is a policy; JobSet has none). JobSet runs it as Tetrad's pods would (`jobset_of`: the same
+image, command, config and volumes; one replicated Job of 2 indexed pods, failurePolicy.maxRestarts 3).
+Once rank 0 has committed its second checkpoint and logged a step after it, pod 1 meets the case's fault
+(CASES):
 
 - a worker's SIGKILL (one worker process; its supervisor and torchrun stay): Tetrad restarts the gang in
   its own pods; under JobSet torchrun and the container exit, and JobSet recreates its child Jobs. The
