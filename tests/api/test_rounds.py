@@ -538,14 +538,16 @@ def test_the_first_failed_worker_is_one_that_ended_without_a_report_or_with_a_fa
             (proc / str(pid) / "environ").write_bytes(f"A=1\0RANK={pid - 200}\0LOCAL_RANK=0\0".encode())
 
     first = FirstFailure(exit_dir, proc)
-    workers(200, 201, 202)
-    assert first.check([100]) is None and first.ranks == {200: 0, 201: 1, 202: 2}
+    workers(200, 201, 202, 204)
+    for rank in (0, 1, 2):  # the launcher runs ranks 0-2; rank 4 is a bare script
+        (exit_dir / f"started-rank-{rank}").write_text("")
+    assert first.check([100]) is None and first.ranks == {200: 0, 201: 1, 202: 2, 204: 4}
     (exit_dir / "rank-0").write_text("0")  # rank 0 finished
-    workers(201, 202)
+    workers(201, 202, 204)
     assert first.check([100]) is None
     (exit_dir / "rank-1").write_text(str(EXIT_PREEMPTED))  # rank 1 was preempted and saved
     workers(202)
-    assert first.check([100]) is None
+    assert first.check([100]) is None, "a bare script says nothing when it ends: only its code would tell"
     workers()
     assert first.check([100]) == "rank 2's worker ended without a word"
     again = FirstFailure(exit_dir, proc)
@@ -575,7 +577,8 @@ def test_a_dead_worker_stops_its_stuck_peers_at_once_rather_than_after_torchruns
            "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
     began = time.monotonic()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(tmp_path / "worker.py")]
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tetrad.node", "worker",
+                "--path", str(tmp_path / "worker.py")]
     node = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
                           env=env, capture_output=True, text=True, timeout=180)
     took = time.monotonic() - began
@@ -588,3 +591,26 @@ def test_a_dead_worker_stops_its_stuck_peers_at_once_rather_than_after_torchruns
         assert f"a worker ended without a word: killed by a signal, or crashed): {restarting}" in said, said
     assert said.count(READY) == 2, said[-3000:]
     assert took < 40, f"{took:.1f}s: a round waited for torchrun's 30 s"
+
+
+WORKER_1_EXITS_AT_ONCE = """\
+import os, sys, time
+if os.environ["RANK"] == "1":
+    os._exit(0)  # done, skipping its teardown
+time.sleep(3)
+"""
+
+
+def test_a_worker_that_ends_with_os_exit_0_is_not_a_failure(tmp_path: Path) -> None:
+    (tmp_path / "worker.py").write_text(WORKER_1_EXITS_AT_ONCE)
+    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "1", "PET_NODE_RANK": "0",
+           "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tetrad.node", "worker",
+                "--path", str(tmp_path / "worker.py")]
+    node = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert node.returncode == 0, node.stderr[-3000:]
+    assert "ended without a word" not in node.stderr and rounds_module.RESTARTING not in node.stderr, \
+        node.stderr[-3000:]

@@ -21,6 +21,8 @@ ENVIRONMENT_READERS = {
     "tetrad/node/exits.py": "the exit files also serve processes outside torchrun (no RANK: the pid)",
     "tetrad/node/supervisor.py": "passes its whole environment on to torchrun",
     "tetrad/node/worker.py": "names PATH in the error for a missing command",
+    "tetrad/node/__main__.py": "a worker started with the spare's socket relays itself, without it",
+    "tetrad/node/spare.py": "a spare's child takes its relay's whole environment, as exec would",
 }
 
 

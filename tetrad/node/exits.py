@@ -30,6 +30,7 @@ from tetrad.api.contract import (
 from tetrad.api.termination import NodeFailure, TerminationMessage
 
 CODE_PREFIX = "rank-"
+STARTED_PREFIX = "started-rank-"  # a worker the launcher runs: it reports its code whenever it ends itself
 MESSAGE_PREFIX = "message-rank-"
 
 
@@ -46,6 +47,17 @@ def _write(directory: Path, name: str, text: str) -> None:
 def _exit_dir() -> Path | None:
     directory = os.environ.get(ENV_EXIT_DIR)
     return Path(directory) if directory else None
+
+
+def report_start() -> None:
+    """This worker runs under the launcher, which reports its exit code however it ends, short of a signal
+    (os._exit included: `report_on_exit`)."""
+    if (directory := _exit_dir()) is not None:
+        _write(directory, f"{STARTED_PREFIX}{_rank()}", "")
+
+
+def started_ranks(directory: Path) -> set[int]:
+    return set(_by_rank(directory, STARTED_PREFIX))
 
 
 def report_exit(code: int) -> None:

@@ -57,11 +57,12 @@ class FirstFailure:
         if not ended:
             return None
         codes = exits.reported_codes(self.exit_dir)
+        started = exits.started_ranks(self.exit_dir)
         for pid in ended:
             rank = self.ranks.pop(pid)
             code = codes.get(rank)
-            if code is None:
+            if code is None and rank in started:
                 return f"rank {rank}'s worker ended without a word"
-            if code not in (0, EXIT_PREEMPTED):
+            if code is not None and code not in (0, EXIT_PREEMPTED):
                 return f"rank {rank}'s worker exited {code}"
         return None

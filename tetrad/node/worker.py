@@ -15,6 +15,7 @@ installed (the trainer, a script using the runtime library) imports its own copy
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import runpy
@@ -24,6 +25,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from tetrad.api.contract import (
     EXIT_COLLECTIVE_TIMEOUT,
@@ -171,6 +173,23 @@ def run_worker(entry: Entry, worker: WorkerEnv, workdir: str | None = None) -> i
             print(f"[tetrad] preflight failed on the gang: {e}", file=sys.stderr, flush=True)
             exits.leave(TerminationMessage(preflight=tuple(e.failures)))
             return EXIT_PREFLIGHT
+    exits.report_start()
+    report_on_exit()
     if entry.command:
         return run_command(entry)
     return run_in_process(entry, worker)
+
+
+def report_on_exit() -> None:
+    """Have os._exit in this process (an entry point's way to skip its teardown) report its code first, as
+    a return does: the supervisor reads a worker that ended without a report as killed (tetrad.node.failure).
+    A child forked from it (a data loader's worker) exits without reporting."""
+    real_exit, worker = os._exit, os.getpid()
+
+    def exit_reported(status: int) -> NoReturn:
+        if os.getpid() == worker:
+            with contextlib.suppress(OSError):
+                exits.report_exit(status)
+        real_exit(status)
+
+    os._exit = exit_reported
