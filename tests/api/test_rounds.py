@@ -558,6 +558,20 @@ def test_the_first_failed_worker_is_one_that_ended_without_a_report_or_with_a_fa
     assert again.check([100]) == "rank 3's worker exited 77"
 
 
+def one_node_of_two_workers(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """A real supervisor (restarts in place on, 3 left) around a real torchrun whose two workers run
+    `script` through the launcher, to its end."""
+    (tmp_path / "worker.py").write_text(script)
+    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "1", "PET_NODE_RANK": "0",
+           "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tetrad.node", "worker",
+                "--path", str(tmp_path / "worker.py")]
+    return subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
 WORKER_0_KILLED = """\
 import os, signal, sys, time
 if os.environ["TETRAD_ROUND"] in ("0", "1"):  # round 1's workers are forked from the spare
@@ -571,16 +585,8 @@ if os.environ["TETRAD_ROUND"] in ("0", "1"):  # round 1's workers are forked fro
 
 def test_a_dead_worker_stops_its_stuck_peers_at_once_rather_than_after_torchruns_30_s(tmp_path: Path) -> None:
     """Rank 0 dies in rounds 0 (cold) and 1 (forked from the spare) while rank 1 is stuck; round 2 ends."""
-    (tmp_path / "worker.py").write_text(WORKER_0_KILLED)
-    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
-    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "1", "PET_NODE_RANK": "0",
-           "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
     began = time.monotonic()
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tetrad.node", "worker",
-                "--path", str(tmp_path / "worker.py")]
-    node = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
-                          env=env, capture_output=True, text=True, timeout=180)
+    node = one_node_of_two_workers(tmp_path, WORKER_0_KILLED)
     took = time.monotonic() - began
     assert node.returncode == 0, node.stderr[-3000:]
     said = node.stderr
@@ -602,15 +608,7 @@ time.sleep(3)
 
 
 def test_a_worker_that_ends_with_os_exit_0_is_not_a_failure(tmp_path: Path) -> None:
-    (tmp_path / "worker.py").write_text(WORKER_1_EXITS_AT_ONCE)
-    settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
-    env = {**os.environ, "TETRAD_ROUNDS": settings.encode(), "PET_NNODES": "1", "PET_NODE_RANK": "0",
-           "PET_NPROC_PER_NODE": "2", "PET_RDZV_ID": "job"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tetrad.node", "worker",
-                "--path", str(tmp_path / "worker.py")]
-    node = subprocess.run([sys.executable, "-m", "tetrad.node", "supervise", "--", *torchrun],
-                          env=env, capture_output=True, text=True, timeout=180)
+    node = one_node_of_two_workers(tmp_path, WORKER_1_EXITS_AT_ONCE)
     assert node.returncode == 0, node.stderr[-3000:]
     assert "ended without a word" not in node.stderr and rounds_module.RESTARTING not in node.stderr, \
         node.stderr[-3000:]

@@ -26,6 +26,14 @@ def _counter(text: str, key: str = "oom_kill") -> int | None:
 UNLIMITED = 1 << 60  # cgroup v1 reports no limit as a number near 2**63
 
 
+def own_cgroup() -> str:
+    """This process's /proc/self/cgroup ("" when it cannot be read)."""
+    try:
+        return Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 def memory_dirs(proc_cgroup: str, root: Path = CGROUP_ROOT) -> list[tuple[int, Path]]:
     """This process's memory cgroup directories with their cgroup version: v1's memory controller, v2's
     (at the root, or under unified/ on a hybrid host)."""
@@ -53,12 +61,7 @@ def room_bytes(proc_cgroup: str | None = None, root: Path = CGROUP_ROOT,
                meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """How much more memory this process's cgroup may take before the OOM killer acts (its limit less its
     usage, page cache included), else, without a limit, the machine's MemAvailable; None when unknown."""
-    if proc_cgroup is None:
-        try:
-            proc_cgroup = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            proc_cgroup = ""
-    for version, d in memory_dirs(proc_cgroup, root):
+    for version, d in memory_dirs(own_cgroup() if proc_cgroup is None else proc_cgroup, root):
         names = ("memory.limit_in_bytes", "memory.usage_in_bytes") if version == 1 else (
             "memory.max", "memory.current")
         try:
@@ -78,12 +81,7 @@ def room_bytes(proc_cgroup: str | None = None, root: Path = CGROUP_ROOT,
 def oom_kills(proc_cgroup: str | None = None, root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
     """(processes the OOM killer has killed, where that was read), from the first counter that exists;
     None when none can be read."""
-    if proc_cgroup is None:
-        try:
-            proc_cgroup = Path("/proc/self/cgroup").read_text()
-        except OSError:
-            proc_cgroup = ""
-    for path in counter_files(proc_cgroup, root):
+    for path in counter_files(own_cgroup() if proc_cgroup is None else proc_cgroup, root):
         try:
             count = _counter(path.read_text())
         except OSError:
