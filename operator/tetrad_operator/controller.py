@@ -544,13 +544,16 @@ class Controller:
 
     def _room(self, loop: JobLoop, spec: lifecycle.ResolvedJob, pods: list[PodState]) -> int | None:
         """An elastic job's room (GangAdmitter.room), counted on a pod of its newest incarnation while a
-        shrink or a grow is to be judged: not for a gang that runs whole at spec.nodes."""
+        shrink or a grow is to be judged, and once for a gang first seen running whole at spec.nodes (its
+        pods ran before a pass saw them wait); not again while it runs whole."""
         job = spec.job
         if job is None or job.spec.elastic is None or not pods:
             return None
         newest = max(pods, key=lambda p: p.restart)
         gang = [p for p in pods if p.restart == newest.restart]
-        if len(gang) == job.spec.nodes and all(p.phase == "Running" for p in gang):
+        last = status.read((loop.body or {}).get("status")).elastic
+        counted = last is not None and last.room is not None
+        if counted and len(gang) == job.spec.nodes and all(p.phase == "Running" for p in gang):
             return None  # status.elastic.room keeps its last count
         return self.admission.room(loop.key, newest, job.spec.nodes)
 

@@ -177,3 +177,22 @@ def test_the_room_is_counted_only_while_a_shrink_or_a_grow_is_to_be_judged():
         c.reconcile()
         c.tick(4)
     assert counted and c.status["elastic"]["room"] == 3
+
+
+def test_a_gang_first_seen_running_whole_has_its_room_counted_once():
+    """Pods that ran before any pass saw them wait (fast nodes, a busy operator) still get a room."""
+    c = FakeCluster(elastic_job(), nodes=one_pod_per_node(4))
+    running(c)
+    c.status["elastic"].pop("room")  # as written by a pass that never saw the gang wait
+    counted = []
+    room = c.controller.admission.room
+
+    def counting(*args: object) -> int | None:
+        counted.append(args)
+        return room(*args)  # type: ignore[arg-type]
+
+    c.controller.admission.room = counting  # type: ignore[method-assign]
+    for _ in range(3):
+        c.tick(10)
+        c.reconcile()
+    assert len(counted) == 1 and c.status["elastic"] == {"nodes": 4, "room": 4}
