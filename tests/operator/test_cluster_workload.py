@@ -137,15 +137,15 @@ def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, 
     for r in range(4):  # room for four pods, one per rack
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
     # Gated for longer than the gang timeout, which must not fire; once released, the scheduler gets
-    # the timeout to bind the four pods (2 s, 8 s and then 15 s were too short on a loaded CI machine:
-    # a stage's second pod waits for its first one to be bound, with the scheduler's backoff between
-    # tries).
+    # the timeout to bind the four pods (2 s, 8 s, 15 s and then 30 s were too short on a loaded CI
+    # machine: a stage's second pod waits for its first one to be bound, with the scheduler's backoff
+    # between tries).
     spec = {"parallelism": {"pp": 2, "dpShard": "auto"},
-            "gang": {"scheduler": "builtin", "topologyKey": RACK, "timeoutSeconds": 30}}
+            "gang": {"scheduler": "builtin", "topologyKey": RACK, "timeoutSeconds": 45}}
     api.create_job(ns, pool_job("bi", pool, nodes=4, **spec))
     st = wait_phase(api, ns, "bi", "GangWaiting")
     assert condition(st, "GangReleased")["reason"] == "WaitingForCapacity"
-    stays_unbound(api, ns, "bi", 4, seconds=33)
+    stays_unbound(api, ns, "bi", 4, seconds=48)
     assert all(p["spec"].get("schedulingGates") for p in api.pods(ns, "bi"))
     for r in range(2):
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
