@@ -110,6 +110,9 @@ MARKS = {"stopped": RESTARTING, "rendezvous": ": mesh ", "loaded": "checkpoint: 
          "first_step": "first step after"}
 JOBSET_INDEX = "batch.kubernetes.io/job-completion-index"
 TIMEOUT_S = 900.0
+# A lost node's pods are evicted 300 s after it goes NotReady (the default unreachable toleration): a
+# system that has not recovered 300 s after that will not without an operator's hand.
+LOST_NODE_TIMEOUT_S = 700.0
 
 
 def the_job(ns: str, store: Path) -> dict[str, Any]:
@@ -290,7 +293,20 @@ def in_place(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: float
     return {phase: marks[phase] - fault for phase in IN_PLACE_PHASES}
 
 
-def in_new_pods(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: float) -> dict[str, float]:
+def stuck(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: float) -> str:
+    """What the job's pods are, for a recovery that never came: the old ones' phase and deletion."""
+    old = {p["metadata"]["uid"] for p in before}
+    says = []
+    for p in pods_of(c, ns):
+        gone = deleted(p)
+        says.append(f"{p['metadata']['name']} ({'old' if p['metadata']['uid'] in old else 'new'}, "
+                    f"{p['status'].get('phase')}"
+                    + (f", deleted at +{gone - fault:.0f}s" if gone is not None else "") + ")")
+    return "; ".join(says) or "no pod"
+
+
+def in_new_pods(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: float,
+                timeout: float = TIMEOUT_S) -> dict[str, float]:
     old = {p["metadata"]["uid"] for p in before}
     seen: dict[str, float] = {}
 
@@ -311,7 +327,7 @@ def in_new_pods(c: RealCluster, ns: str, before: list[dict[str, Any]], fault: fl
             return None
         return new
 
-    new = wait_until(new_gang_ran_a_step, timeout=TIMEOUT_S, interval=0.5, what="the new gang's first step")
+    new = wait_until(new_gang_ran_a_step, timeout=timeout, interval=0.5, what="the new gang's first step")
     seen.setdefault("detected", seen.get("torn_down", time.time()))
 
     def latest(times: list[float | None]) -> float:
@@ -351,7 +367,16 @@ def trial(c: RealCluster, name: str, work: Path) -> dict[str, Any]:
                        timeout=TIMEOUT_S, interval=2, what="the spares ready")
         victim = next(p for p in before if rank(p) == 1)
         at = fault(c, ns, victim, case.fault)
-        phases = (in_place if case.in_place else in_new_pods)(c, ns, before, at)
+        if case.in_place:
+            phases = in_place(c, ns, before, at)
+        elif case.fault == "lose-node":  # a system may never recover from it: say what is stuck
+            try:
+                phases = in_new_pods(c, ns, before, at, timeout=LOST_NODE_TIMEOUT_S)
+            except TimeoutError:
+                return {"case": name, "phases": {}, "checkpoint_bytes": checkpoint_bytes(store),
+                        "stuck": stuck(c, ns, before, at)}
+        else:
+            phases = in_new_pods(c, ns, before, at)
         return {"case": name, "phases": phases, "checkpoint_bytes": checkpoint_bytes(store)}
     finally:
         if CASES[name].fault == "lose-node":  # its pod there stays Terminating: no kubelet confirms it
@@ -365,14 +390,20 @@ def report(results: list[dict[str, Any]], cases: list[str]) -> None:
     print("|---|---|" + "---|" * (len(NEW_POD_PHASES) + 1))
     medians = {}
     for name in cases:
-        runs = [r["phases"] for r in results if r["case"] == name]
-        medians[name] = {p: statistics.median(r[p] for r in runs) for p in runs[0]}
+        if runs := [r["phases"] for r in results if r["case"] == name and "stuck" not in r]:
+            medians[name] = {p: statistics.median(r[p] for r in runs) for p in runs[0]}
     base = medians.get("tetrad-in-place", {}).get("first_step")
     for name in cases:
+        for r in results:
+            if r["case"] == name and "stuck" in r:
+                print(f"| {CASES[name].says} | no recovery within {LOST_NODE_TIMEOUT_S:.0f}s: {r['stuck']} |")
+        if name not in medians:
+            continue
         cells = [f"{medians[name][p]:.1f}" if p in medians[name] else "" for p in NEW_POD_PHASES]
         if "stopped" in medians[name]:
             cells[0] = f"stopped {medians[name]['stopped']:.1f}"
-        each = " / ".join(f"{r['phases']['first_step']:.1f}" for r in results if r["case"] == name)
+        each = " / ".join(f"{r['phases']['first_step']:.1f}" for r in results
+                          if r["case"] == name and "stuck" not in r)
         cells[-1] = f"**{cells[-1]}** ({each})"
         ratio = f"{medians[name]['first_step'] / base:.2f}x" if base else ""
         print(f"| {CASES[name].says} | " + " | ".join(cells) + f" | {ratio} |")
