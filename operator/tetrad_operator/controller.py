@@ -690,18 +690,12 @@ class Controller:
                                             {"status": patch})
             if written is not None and (loop := self.jobs.get(key)) is not None:
                 loop.keep(written, read=True)
-                if (read_round(patch) or 0) > ((held.get("status") or {}).get("round") or 0):
-                    loop.wake.set()  # a new round in place: counted (status, Event) now, not a scrape later
+                if scrape.judged_at_once(patch, held.get("status") or {}):
+                    loop.wake.set()
             self.metrics.scrapes.labels("ok").inc()
         except ApiError as e:
             self.metrics.scrapes.labels("error").inc()
             log.warning("could not write training figures of %s/%s: %s", key[0], key[1], e)
-
-
-def read_round(patch: Mapping[str, Any]) -> int | None:
-    """The round of restarts in place a scrape's status patch read from rank 0."""
-    value = (patch.get("trainerTime") or {}).get("round")
-    return value if isinstance(value, int) else None
 
 
 def pod_view(body: Mapping[str, Any]) -> PodState | None:

@@ -219,6 +219,17 @@ def status_patch(figures: Figures, checkpoint_path: str | None, restart: int,
     return status.wire(scraped) | {status.field("trainer_time").key: status.whole(time_spent)}
 
 
+def judged_at_once(patch: Mapping[str, Any], held: Mapping[str, Any]) -> bool:
+    """Whether the job's loop judges a scrape's status `patch` at once rather than at its next timed pass
+    (up to a scrape interval later), against the status `held` before it: a new round of restarts in
+    place (counted, with its Event and goodput cut, now), or no step since the last read (rank 0's
+    heartbeat did not move: a stall may be due now, and the pass that judges it should not wait)."""
+    read_round = (patch.get("trainerTime") or {}).get("round")
+    beat = (patch.get("training") or {}).get("lastStepTime")
+    return ((isinstance(read_round, int) and read_round > (held.get("round") or 0))
+            or (beat is not None and beat == (held.get("training") or {}).get("lastStepTime")))
+
+
 async def fetch(session: aiohttp.ClientSession, host: str, port: int, timeout: float) -> Figures | None:
     """The Figures read, or None when the endpoint cannot be read in time (never raises)."""
     url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"

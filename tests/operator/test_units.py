@@ -196,6 +196,51 @@ def test_scrape_fetch_reads_an_endpoint_and_never_raises():
     assert ok == ({"peakMemoryBytes": 2**40}, {}, {}, {}, {}, {}) and closed is None and hung is None
 
 
+def test_a_scrape_wakes_the_job_loop_when_the_heartbeat_stood_still_or_a_round_began():
+    """A real endpoint scraped into a stored job: a read whose heartbeat did not move since the last one
+    (a stall may be due) or that shows a new round in place wakes the loop at once; a step does not (the
+    loop's timed pass judges it: a wake per scrape of every healthy job would double the passes)."""
+    r = CollectorRegistry()
+    beat = Gauge(contract.METRIC_LAST_STEP_TIME, "", registry=r)
+    round_of = Gauge(contract.METRIC_ROUND, "", [contract.LABEL_ROUND_CAUSE], registry=r)
+    port = free_port()
+    server, _ = start_http_server(port, addr="127.0.0.1", registry=r)
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings())
+    loop = ctl.jobs[("ns", "j")] = JobLoop(("ns", "j"))
+    loop.keep(stored(kube, {"phase": "Running", "restarts": 0}), read=True)
+
+    async def scrape_once() -> bool:
+        loop.wake.clear()
+        await ctl._scrape(("ns", "j"), "127.0.0.1", port, "/ckpt", 0)
+        return loop.wake.is_set()
+
+    async def go() -> list[bool]:
+        import aiohttp
+
+        ctl.session = aiohttp.ClientSession()
+        woken = []
+        try:
+            for at in (1_000_000_000, 1_000_000_000, 1_000_000_005):
+                beat.set(at)
+                woken.append(await scrape_once())
+            round_of.labels("rank 1 exited 1").set(1)
+            beat.set(1_000_000_009)
+            woken.append(await scrape_once())
+        finally:
+            await ctl.session.close()
+        return woken
+
+    try:
+        woken = asyncio.run(go())
+    finally:
+        server.shutdown()
+        server.server_close()
+    # the first beat, the same beat, a step, a new round with a step
+    assert woken == [False, True, False, True]
+    assert loop.body["status"]["training"]["lastStepTime"] == "2001-09-09T01:46:49Z"
+
+
 def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
     r = CollectorRegistry()
     step = Gauge(contract.METRIC_REQUEST_STEP, "", [contract.LABEL_REQUEST_TOKEN], registry=r)
