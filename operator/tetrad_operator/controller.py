@@ -100,8 +100,9 @@ class Scraping:
     task: asyncio.Task[None] | None = None
     next_at: float = 0.0  # clock.monotonic()
 
-    def busy(self, now: float) -> bool:
-        return (self.task is not None and not self.task.done()) or now < self.next_at
+    def busy(self, now: float, due: bool = False) -> bool:
+        """A scrape is in flight, or the next is not due yet (`due`: one is due now, interval or not)."""
+        return (self.task is not None and not self.task.done()) or (not due and now < self.next_at)
 
 
 @dataclass
@@ -419,7 +420,7 @@ class Controller:
                     self.settings.resync_seconds)
         delay = max(delay, 0.1)
         if decision.status.phase == Phase.RUNNING:
-            self._maybe_scrape(body, loop, pods, decision.status)
+            self._maybe_scrape(body, loop, pods, decision.status, due=decision.read_now)
             delay = min(delay, self.settings.scrape_interval_seconds)
         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
         return delay
@@ -660,9 +661,9 @@ class Controller:
     # ------------------------------------------------------------------ live training figures
 
     def _maybe_scrape(self, job: dict[str, Any], loop: JobLoop, pods: list[PodState],
-                      decided: ParallelTrainingJobStatus) -> None:
+                      decided: ParallelTrainingJobStatus, due: bool = False) -> None:
         now = self.clock.monotonic()
-        if loop.scraping.busy(now):
+        if loop.scraping.busy(now, due):
             return
         restart = decided.restarts
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)

@@ -860,6 +860,27 @@ def test_an_explicit_stall_timeout_and_the_disruption_budget():
     assert "Stalled" not in c.status["message"] and "completed no step" in c.status["message"]
 
 
+def test_a_stall_deadline_that_passed_after_the_last_read_asks_for_a_read_now():
+    """The pass at the deadline cannot tell from a read made before it: it asks the controller to scrape
+    now (whose write, the heartbeat unmoved, wakes the job) instead of waiting out the scrape interval."""
+    c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 50}))
+    running(c)
+    scraped(c, last_step_ago=0)
+    d = unread_for(c, 30)
+    assert not d.read_now and d.requeue_after == 20  # the deadline's pass
+    d = unread_for(c, 20)
+    assert d.read_now and c.phase == "Running"  # no extrapolation: the last read saw 30 s of quiet
+    d = unread_for(c, 5)
+    assert d.read_now and c.phase == "Running"  # rank 0 did not answer: ask again, still no stall
+    quiet_for(c, 0)  # the read
+    assert cond(c, "Restarting")["reason"] == "Stalled"
+    steady = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 50}))
+    running(steady)
+    for _ in range(5):
+        scraped(steady, last_step_ago=1)
+        assert not unread_for(steady, 15).read_now
+
+
 def test_an_explicit_short_stall_timeout_spares_the_start_up_up_to_the_default_floor():
     c = FakeCluster(job_body(nodes=2, runPolicy={**FAST, "stallTimeoutSeconds": 30}))
     running(c)

@@ -105,6 +105,9 @@ class Decision:
     # What this pass learned of the status objects the scraper writes (status.SCRAPER_OWNED: training,
     # checkpoint), by object, as camelCase fields merge-patched into them (None removes one).
     merged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A judgment is due that rank 0's figures, read before it was, cannot make (a stall's deadline
+    # passed since the last scrape): scrape now, not at the next scrape interval.
+    read_now: bool = False
 
     def after(self, seconds: float) -> None:
         seconds = max(seconds, 0.0)

@@ -186,7 +186,10 @@ def stalled(m: JobPass, policy: RunPolicy, rank0: PodState, steps: int | None) -
     quiet = (read - since).total_seconds()
     if quiet < timeout:
         if (left := (since + timedelta(seconds=timeout) - m.now).total_seconds()) > 0:
-            m.decision.after(left)  # the first moment a read can tell (the scraper's write wakes the job too)
+            m.decision.after(left)  # the first moment a read can tell
+        else:
+            m.decision.read_now = True  # the deadline passed after the last read: read again (its write,
+            # the heartbeat unmoved, wakes the job: scrape.judged_at_once)
         return None
     what = f"no step since {training.last_step_time}" if started else "no step"
     return Failure(0, rank0, "Stalled", f"rank 0 ({rank0.name}) completed {what} for {int(quiet)}s, "
