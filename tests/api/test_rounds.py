@@ -35,7 +35,7 @@ from tetrad.launch.local import restarts_row
 from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
-from tetrad.node.failure import FirstFailure
+from tetrad.node.failure import COLLECTIVE_TIMEOUT_GRACE_S, FirstFailure
 from tetrad.node.process import run_abortable, run_forwarding
 from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
 from tetrad.node.spare import READY
@@ -556,6 +556,44 @@ def test_the_first_failed_worker_is_one_that_ended_without_a_report_or_with_a_fa
     (exit_dir / "rank-3").write_text("77")
     workers()
     assert again.check([100]) == "rank 3's worker exited 77"
+
+
+def test_a_collective_timeout_stops_the_round_once_its_peers_reported_or_after_a_grace(
+        tmp_path: Path) -> None:
+    """The node's other workers in the timed-out collective time out moments later and report the peers
+    that did not answer: the round is not stopped under them (CI: a peer SIGKILLed before its report)."""
+    proc, exit_dir = tmp_path / "proc", tmp_path / "exit"
+    exit_dir.mkdir()
+    now = [0.0]
+
+    def workers(*pids: int) -> None:
+        (proc / "100" / "task" / "100").mkdir(parents=True, exist_ok=True)
+        (proc / "100" / "task" / "100" / "children").write_text(" ".join(map(str, pids)))
+        for pid in pids:
+            (proc / str(pid)).mkdir(exist_ok=True)
+            (proc / str(pid) / "environ").write_bytes(f"RANK={pid - 200}\0".encode())
+            (exit_dir / f"started-rank-{pid - 200}").write_text("")
+
+    first = FirstFailure(exit_dir, proc, clock=lambda: now[0])
+    workers(202, 203)
+    assert first.check([100]) is None
+    (exit_dir / "rank-3").write_text(str(EXIT_COLLECTIVE_TIMEOUT))
+    workers(202)
+    assert first.check([100]) is None, "rank 2 is timing out in the same collective"
+    now[0] = 1.0
+    (exit_dir / "rank-2").write_text(str(EXIT_COLLECTIVE_TIMEOUT))
+    workers()
+    assert first.check([100]) == "rank 3's worker exited 79"  # every worker reported: at once
+    late = FirstFailure(exit_dir, proc, clock=lambda: now[0])
+    workers(204, 205)
+    assert late.check([100]) is None
+    (exit_dir / "rank-4").write_text(str(EXIT_COLLECTIVE_TIMEOUT))
+    workers(205)  # rank 5 waits in another collective, with a later timeout
+    assert late.check([100]) is None
+    now[0] += COLLECTIVE_TIMEOUT_GRACE_S - 0.1
+    assert late.check([100]) is None
+    now[0] += 0.1
+    assert late.check([100]) == "rank 4's worker exited 79"
 
 
 def one_node_of_two_workers(tmp_path: Path, script: str) -> subprocess.CompletedProcess[str]:

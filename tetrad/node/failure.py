@@ -8,16 +8,23 @@ workers; in a round a spare forked, torchrun is the spare's child and its childr
 relays): the first that ended without a word (a signal) or
 with a code other than 0 and 75 (finished, preempted and saved) is the round's failure, and the
 supervisor stops the round at once instead of waiting for torchrun.
+
+A collective timeout (exit 79) is the exception: the node's other workers in the same collective time out
+moments later, and each reports the collective and the peers that did not answer. The round stops once
+they all ended, or COLLECTIVE_TIMEOUT_GRACE_S after the first, so that no report is cut off.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tetrad.api.contract import EXIT_PREEMPTED
+from tetrad.api.contract import EXIT_COLLECTIVE_TIMEOUT, EXIT_PREEMPTED
 from tetrad.node import exits
+
+COLLECTIVE_TIMEOUT_GRACE_S = 5.0  # after a worker's collective timeout, for its peers' own reports
 
 
 def children(pid: int, proc: Path = Path("/proc")) -> set[int]:
@@ -42,9 +49,11 @@ def rank_of(pid: int, proc: Path = Path("/proc")) -> int | None:
 class FirstFailure:
     """Torchrun's workers of one round, looked at again and again (`check`)."""
 
-    def __init__(self, exit_dir: Path, proc: Path = Path("/proc")) -> None:
-        self.exit_dir, self.proc = exit_dir, proc
+    def __init__(self, exit_dir: Path, proc: Path = Path("/proc"),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.exit_dir, self.proc, self.clock = exit_dir, proc, clock
         self.ranks: dict[int, int] = {}  # worker pid -> rank
+        self.timed_out: tuple[str, float] | None = None  # the first collective timeout, and when seen
 
     def check(self, torchruns: Iterable[int]) -> str | None:
         """What the first worker that ended failed said (rank and how), or None while none has. The workers
@@ -54,15 +63,18 @@ class FirstFailure:
             if (rank := rank_of(pid, self.proc)) is not None:
                 self.ranks[pid] = rank
         ended = [pid for pid in self.ranks if pid not in running]
-        if not ended:
-            return None
-        codes = exits.reported_codes(self.exit_dir)
-        started = exits.started_ranks(self.exit_dir)
+        codes = exits.reported_codes(self.exit_dir) if ended else {}
+        started = exits.started_ranks(self.exit_dir) if ended else set()
         for pid in ended:
             rank = self.ranks.pop(pid)
             code = codes.get(rank)
             if code is None and rank in started:
                 return f"rank {rank}'s worker ended without a word"
-            if code is not None and code not in (0, EXIT_PREEMPTED):
+            if code == EXIT_COLLECTIVE_TIMEOUT:
+                self.timed_out = self.timed_out or (f"rank {rank}'s worker exited {code}", self.clock())
+            elif code is not None and code not in (0, EXIT_PREEMPTED):
                 return f"rank {rank}'s worker exited {code}"
+        if self.timed_out is not None and (
+                not self.ranks or self.clock() - self.timed_out[1] >= COLLECTIVE_TIMEOUT_GRACE_S):
+            return self.timed_out[0]
         return None
