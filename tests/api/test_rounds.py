@@ -525,17 +525,22 @@ def test_the_run_summary_names_each_restart_by_its_whole_cause() -> None:
                                    " gloo: x)")
 
 
+def torchrun_children(proc: Path, *pids: int) -> None:
+    """A fake /proc where torchrun (pid 100) has the workers `pids`, each of rank pid - 200."""
+    (proc / "100" / "task" / "100").mkdir(parents=True, exist_ok=True)
+    (proc / "100" / "task" / "100" / "children").write_text(" ".join(map(str, pids)))
+    for pid in pids:
+        (proc / str(pid)).mkdir(exist_ok=True)
+        (proc / str(pid) / "environ").write_bytes(f"A=1\0RANK={pid - 200}\0LOCAL_RANK=0\0".encode())
+
+
 def test_the_first_failed_worker_is_one_that_ended_without_a_report_or_with_a_failing_code(
         tmp_path: Path) -> None:
     proc, exit_dir = tmp_path / "proc", tmp_path / "exit"
     exit_dir.mkdir()
 
     def workers(*pids: int) -> None:
-        (proc / "100" / "task" / "100").mkdir(parents=True, exist_ok=True)
-        (proc / "100" / "task" / "100" / "children").write_text(" ".join(map(str, pids)))
-        for pid in pids:
-            (proc / str(pid)).mkdir(exist_ok=True)
-            (proc / str(pid) / "environ").write_bytes(f"A=1\0RANK={pid - 200}\0LOCAL_RANK=0\0".encode())
+        torchrun_children(proc, *pids)
 
     first = FirstFailure(exit_dir, proc)
     workers(200, 201, 202, 204)
@@ -567,11 +572,8 @@ def test_a_collective_timeout_stops_the_round_once_its_peers_reported_or_after_a
     now = [0.0]
 
     def workers(*pids: int) -> None:
-        (proc / "100" / "task" / "100").mkdir(parents=True, exist_ok=True)
-        (proc / "100" / "task" / "100" / "children").write_text(" ".join(map(str, pids)))
-        for pid in pids:
-            (proc / str(pid)).mkdir(exist_ok=True)
-            (proc / str(pid) / "environ").write_bytes(f"RANK={pid - 200}\0".encode())
+        torchrun_children(proc, *pids)
+        for pid in pids:  # each runs under the launcher
             (exit_dir / f"started-rank-{pid - 200}").write_text("")
 
     first = FirstFailure(exit_dir, proc, clock=lambda: now[0])

@@ -155,9 +155,9 @@ def test_a_job_that_is_not_elastic_has_no_elastic_status_and_waits():
     assert "elastic" not in c.status and len(current(c)) == 4 and c.phase == "GangWaiting"
 
 
-def test_the_room_is_counted_only_while_a_shrink_or_a_grow_is_to_be_judged():
-    c = FakeCluster(elastic_job(), nodes=one_pod_per_node(4))
-    counted = []
+def counting_rooms(c: FakeCluster) -> list[tuple[object, ...]]:
+    """The arguments of each count of a room (GangAdmitter.room) from now on, which still counts."""
+    counted: list[tuple[object, ...]] = []
     room = c.controller.admission.room
 
     def counting(*args: object) -> int | None:
@@ -165,6 +165,12 @@ def test_the_room_is_counted_only_while_a_shrink_or_a_grow_is_to_be_judged():
         return room(*args)  # type: ignore[arg-type]
 
     c.controller.admission.room = counting  # type: ignore[method-assign]
+    return counted
+
+
+def test_the_room_is_counted_only_while_a_shrink_or_a_grow_is_to_be_judged():
+    c = FakeCluster(elastic_job(), nodes=one_pod_per_node(4))
+    counted = counting_rooms(c)
     running(c)
     assert counted, "a gang waiting for its pods has its room counted"
     counted.clear()
@@ -184,14 +190,7 @@ def test_a_gang_first_seen_running_whole_has_its_room_counted_once():
     c = FakeCluster(elastic_job(), nodes=one_pod_per_node(4))
     running(c)
     c.status["elastic"].pop("room")  # as written by a pass that never saw the gang wait
-    counted = []
-    room = c.controller.admission.room
-
-    def counting(*args: object) -> int | None:
-        counted.append(args)
-        return room(*args)  # type: ignore[arg-type]
-
-    c.controller.admission.room = counting  # type: ignore[method-assign]
+    counted = counting_rooms(c)
     for _ in range(3):
         c.tick(10)
         c.reconcile()
