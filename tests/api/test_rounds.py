@@ -36,7 +36,7 @@ from tetrad.node import rounds as rounds_module
 from tetrad.node import supervisor
 from tetrad.node.environment import NodeEnv, RoundSettings
 from tetrad.node.failure import COLLECTIVE_TIMEOUT_GRACE_S, FirstFailure
-from tetrad.node.process import run_abortable, run_forwarding
+from tetrad.node.process import StopRequested, run_abortable, run_forwarding
 from tetrad.node.rounds import ABORT, END, GO, OPERATOR, Coordinator, Member, Report, Rounds, Word
 from tetrad.node.spare import READY
 
@@ -389,6 +389,40 @@ def test_the_settings_travel_in_one_variable() -> None:
                         "TETRAD_ROUND": "2"})
     assert (env.rounds, env.nodes, env.rdzv_id, env.round) == (settings, 4, "job-r0", 2)
     assert NodeEnv.read({}).rounds is None
+
+
+def test_a_stop_signal_the_caller_already_heard_starts_no_child(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    with pytest.raises(StopRequested) as stop:
+        run_abortable(command, None, None, lambda: signal.SIGTERM)
+    assert stop.value.signum == signal.SIGTERM and not marker.exists()
+
+
+@pytest.mark.parametrize("rounds", [True, False], ids=["restarts-in-place", "no-rounds"])
+def test_a_stop_signal_before_torchrun_starts_ends_the_node_without_starting_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rounds: bool) -> None:
+    """A deadline 1 s into the run (or the pod deleted) finds the supervisor with its own handlers in place
+    but torchrun not started: the node ends at once, rather than running a whole round first."""
+    oom_kills = supervisor.oom_killer.oom_kills
+
+    def sigterm_first() -> object:  # the round's first step, once the supervisor's handlers are in place
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)  # Python runs the handler between bytecodes
+        return oom_kills()
+
+    monkeypatch.setattr(supervisor.oom_killer, "oom_kills", sigterm_first)
+    marker, termination = tmp_path / "ran", tmp_path / "termination"
+    node_env = {"PET_NNODES": "1", "PET_NODE_RANK": "0", "TETRAD_TERMINATION_LOG": str(termination)}
+    if rounds:
+        settings = RoundSettings("127.0.0.1", free_port(), 3, (), (EXIT_OOM,), 0.0, 0.0, 0, "t")
+        node_env |= {"TETRAD_ROUNDS": settings.encode(), "PET_RDZV_ID": "job", "TETRAD_SPARE": "0"}
+    began = time.monotonic()
+    code = supervisor.supervise([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], NodeEnv.read(node_env))
+    assert code == 128 + signal.SIGTERM and not marker.exists()
+    assert time.monotonic() - began < 10
+    said = TerminationMessage.parse(termination.read_text())
+    assert said.message == "stopped by SIGTERM before round 0's workers started", said
 
 
 class Aborting:

@@ -22,6 +22,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ABORT_POLL_S = 0.1
 
 
+class StopRequested(Exception):
+    """A stop signal (its number) that ends what was about to run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def die_with_parent(sig: signal.Signals) -> None:
     """Have the kernel send `sig` to this process when its parent exits (Linux; elsewhere a no-op)."""
     try:
@@ -70,20 +78,22 @@ def run_forwarding(command: list[str], env: dict[str, str] | None = None) -> int
 
 
 def run_abortable(command: list[str], env: dict[str, str] | None,
-                  abort: Callable[[int], float | None] | None) -> int | None:
+                  abort: Callable[[int], float | None] | None,
+                  stopped: Callable[[], int | None] = lambda: None) -> int | None:
     """`run_forwarding`, and None when `abort` (asked every ABORT_POLL_S, with the child's pid) said to stop
-    the child: it is
-    SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many seconds more. A stop
-    signal that came while the child ran or was aborted is raised again once the caller's handlers are
-    back: the caller's to act on (a node told to stop does not go on to the next round)."""
-    code, stopped_by = _run(command, env, abort)
+    the child: it is SIGKILLed, at once when `abort` said 0, else after a SIGTERM and at most that many
+    seconds more. A stop signal that came while the child ran or was aborted is raised again once the
+    caller's handlers are back: the caller's to act on (a node told to stop does not go on to the next
+    round). One the caller's handler already had (`stopped`, read once this function's handlers are in
+    place, so none falls between the two) starts no child: StopRequested."""
+    code, stopped_by = _run(command, env, abort, stopped)
     if stopped_by is not None:
         signal.raise_signal(stopped_by)
     return code
 
 
-def _run(command: list[str], env: dict[str, str] | None,
-         abort: Callable[[int], float | None] | None) -> tuple[int | None, int | None]:
+def _run(command: list[str], env: dict[str, str] | None, abort: Callable[[int], float | None] | None,
+         stopped: Callable[[], int | None] = lambda: None) -> tuple[int | None, int | None]:
     """The child's return code (None: aborted), and the first stop signal this process got meanwhile."""
     child: subprocess.Popen[bytes] | None = None
     received: list[int] = []
@@ -101,6 +111,8 @@ def _run(command: list[str], env: dict[str, str] | None,
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
+        if (signum := stopped()) is not None:
+            raise StopRequested(signum)
         child = subprocess.Popen(command, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
         forward_once()  # a signal that came before the child existed
         while True:

@@ -20,7 +20,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -45,7 +45,7 @@ from tetrad.api.termination import TerminationMessage
 from tetrad.node import checks, collective, exits, oom_killer, rounds
 from tetrad.node.environment import NodeEnv
 from tetrad.node.failure import FirstFailure, children
-from tetrad.node.process import STOP_SIGNALS, kill_all_with, run_abortable
+from tetrad.node.process import STOP_SIGNALS, StopRequested, kill_all_with, run_abortable
 from tetrad.node.rendezvous import wait_for_master
 from tetrad.node.spare import ENV_SPARE_SOCKET, Spare, runnable
 
@@ -94,7 +94,7 @@ def supervise(command: list[str], env: NodeEnv) -> int:
     with joined_rounds(env) as member, BetweenRounds() as stops, spares:
         round, cause = 0, None
         while True:
-            ended = run_round(command, env, round, member, cause, spares)
+            ended = run_round(command, env, round, member, cause, spares, lambda: stops.received)
             if stops.received is not None and ended.final is not None:
                 ended = stopped_during(ended, stops.received)
                 if member is not None:  # the pod is going away: so do the rounds
@@ -158,12 +158,6 @@ class Spares:
     def take(self) -> Spare | None:
         spare, self.next = self.next, None
         return spare
-
-
-class StopRequested(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 class BetweenRounds:
@@ -242,11 +236,13 @@ class RoundEnd:
 
 
 def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Member | None,
-              cause: str | None = None, spares: Spares | None = None) -> RoundEnd:
+              cause: str | None = None, spares: Spares | None = None,
+              stopped: Callable[[], int | None] = lambda: None) -> RoundEnd:
     """One torchrun, and what it and its workers reported: the node's exit code and termination message.
     An abort of the round kills it and waits until none of its workers is left. The workers learn the
     round and the `cause` that began it from their environment. The spare the last round started forks
-    this round's processes, and this round starts the next one's SPARE_AFTER_S in."""
+    this round's processes, and this round starts the next one's SPARE_AFTER_S in. A stop signal the node
+    already got (`stopped`) starts no torchrun."""
     kills = oom_killer.oom_kills()
     spare = spares.take() if spares is not None else None
     began = time.monotonic()
@@ -275,9 +271,14 @@ def run_round(command: list[str], env: NodeEnv, round: int, member: rounds.Membe
         else:
             exit_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="tetrad-exit-"))
         directory = Path(exit_dir)
-        code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
-                             None if member is None else functools.partial(abort, member,
-                                                                           FirstFailure(directory)))
+        try:
+            code = run_abortable(command, {**os.environ, ENV_EXIT_DIR: exit_dir, **round_env},
+                                 None if member is None else functools.partial(abort, member,
+                                                                               FirstFailure(directory)),
+                                 stopped)
+        except StopRequested as stop:
+            return RoundEnd(128 + stop.signum, TerminationMessage(message=(
+                f"stopped by {signal.Signals(stop.signum).name} before round {round}'s workers started")))
         if code is None:
             if left := kill_all_with(ENV_EXIT_DIR, exit_dir, WORKERS_GONE_TIMEOUT_S):
                 why = (f"workers {left} of round {round} are still there {WORKERS_GONE_TIMEOUT_S:g}s after"
