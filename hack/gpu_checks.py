@@ -2,7 +2,9 @@
 
 1. `tetrad run` trains a debug job on one GPU over NCCL, bf16, and exits 0 with CUDA figures;
 2. the preflight's device check names the visible GPU count when nprocPerNode asks for more;
-3. a real CUDA out-of-memory error exits 77 (EXIT_OOM) with the step, the memory and the knobs.
+3. a real CUDA out-of-memory error exits 77 (EXIT_OOM) with the step, the memory and the knobs;
+4. a worker SIGKILLed mid-run restarts in place, its new round forked from the spare interpreter (torch
+   imported, CUDA not yet touched), and resumes from the checkpoint to the end.
 
     python hack/gpu_checks.py [--workdir DIR]     # prints PASS/FAIL per check; exits 1 on a failure
 """
@@ -11,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +29,8 @@ from tetrad.api import parse
 from tetrad.api.contract import EXIT_OOM
 from tetrad.node.checks import node_problems
 from tetrad.node.environment import NodeEnv
+from tetrad.node.process import with_variable
+from tetrad.node.spare import READY
 from tetrad.render.env import job_env
 from tetrad.resolve import resolve
 
@@ -78,7 +86,53 @@ def out_of_memory_exits_77(work: Path) -> str | None:
     return None if "microBatch" in log else "the message names no knob (microBatch)"
 
 
-CHECKS = (trains_on_one_gpu, preflight_names_the_device_count, out_of_memory_exits_77)
+def steps_of(jsonl: Path) -> list[int]:
+    return [r["step"] for r in map(json.loads, jsonl.read_text().splitlines()) if "loss" in r] \
+        if jsonl.exists() else []
+
+
+def kill_the_worker_at(step: int, work: Path, jsonl: Path) -> threading.Thread:
+    """SIGKILL the run's worker (the process whose environment has the run's config and RANK=0) once it
+    has logged `step`, as a crash would."""
+    def watch() -> None:
+        give_up = time.monotonic() + 240
+        while time.monotonic() < give_up and not any(s >= step for s in steps_of(jsonl)):
+            time.sleep(0.05)
+        for pid in with_variable("TETRAD_CONFIG", str(work / "config.json")):
+            if b"RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                os.kill(pid, signal.SIGKILL)
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def restarts_in_place_from_the_spare(work: Path, gpus: int = 1) -> str | None:
+    """`gpus` 0: the same check on the CPU (fp32: a CPU's bf16 matmuls are slow), which CI runs."""
+    doc = job("gpu-in-place", 1, {"preset": "debug"}, 8, 10)
+    spec = doc["spec"]
+    spec |= {"checkpoint": {"enabled": True, "path": str(work / "gpu-in-place-ckpt"), "interval": 4},
+             "runPolicy": {"maxRestarts": 1, "backoffSeconds": 0}}
+    if not gpus:
+        del spec["resources"]
+        spec["training"]["precision"] = "fp32"
+    watcher = kill_the_worker_at(6, work / "gpu-in-place", work / "gpu-in-place.jsonl")
+    done = tetrad_run(doc, work)
+    watcher.join()
+    log = (work / "gpu-in-place" / "node-0.log").read_text()
+    steps = steps_of(work / "gpu-in-place.jsonl")
+    print(f"  steps {steps}; {next((line for line in log.splitlines() if 'in place, round 1' in line), '')}")
+    if done.returncode != 0:
+        return f"exit {done.returncode}: {log[-1500:]}"
+    again = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
+    if again is None or steps[again:] != list(range(5, 11)) or steps[again - 1] < 6:
+        return f"expected steps 1 to at least 6, then 5 to 10 after resuming from step 4: {steps}"
+    if log.count(READY) != 1 or "no spare interpreter" in log:
+        return f"round 1 did not fork from the spare: {log[-1500:]}"
+    return None
+
+
+CHECKS = (trains_on_one_gpu, preflight_names_the_device_count, out_of_memory_exits_77,
+          restarts_in_place_from_the_spare)
 
 
 def main() -> None:

@@ -86,3 +86,11 @@ def test_the_gpu_checks_refuse_to_run_without_a_gpu_and_their_preflight_check_ho
     import gpu_checks
 
     assert gpu_checks.preflight_names_the_device_count(ROOT) is None  # 0 visible, nprocPerNode 1: named
+
+
+def test_the_gpu_checks_restart_in_place_from_the_spare_passes_on_the_cpu(tmp_path: Path) -> None:
+    """The GPU check that a killed worker's round forks from the spare and resumes, run on the CPU."""
+    sys.path.insert(0, str(ROOT / "hack"))
+    import gpu_checks
+
+    assert gpu_checks.restarts_in_place_from_the_spare(tmp_path, gpus=0) is None
