@@ -84,8 +84,10 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
             api.create_job(ns, ptj("hang", nodes=2, metrics={"port": rank0.port},
                                    runPolicy={"stallTimeoutSeconds": 4, "backoffSeconds": 1}))
             wait_running(api, ns, "hang", 2)
+            # the first pass while Running reads rank 0; a read slower than the 2 s scrape timeout (a
+            # loaded machine) counts as unreachable, and the next comes one interval (30 s) later
             wait_for(lambda: api.status(ns, "hang").get("training", {}).get("lastStepTime"),
-                     what="a heartbeat")
+                     timeout=2 * 30 + 10, what="a heartbeat")
             time.sleep(8)  # twice the timeout with a steady heartbeat: nothing happens
             st = api.status(ns, "hang")
             assert (st["phase"], st["restarts"]) == ("Running", 0), st
