@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,32 +43,40 @@ ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 RELEASE_SEEN_SECONDS = 30.0  # how long a gang released here counts from memory if the watch never shows it
 
 Key = tuple[str, str]
+Ask = tuple[packing.GangRequest, asyncio.Future[packing.GangRelease | None]]  # a new gang, and its answer
 
 
-def ungate_patch(now: datetime) -> dict[str, object]:
-    """Remove only the tetrad gate (strategic merge on the list's `name` key) and stamp the release."""
-    return {"metadata": {"annotations": {RELEASED_ANNOTATION: format_time(now)}},
-            "spec": {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}}
+def ungate_patch(now: datetime, pin: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Remove only the tetrad gate (strategic merge on the list's `name` key), stamp the release, and
+    add the pod's pin to its nodeSelector (a gated pod's nodeSelector may gain entries, KEP-3838)."""
+    spec: dict[str, Any] = {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}
+    if pin:
+        spec["nodeSelector"] = dict(pin)
+    return {"metadata": {"annotations": {RELEASED_ANNOTATION: format_time(now)}}, "spec": spec}
 
 
-def created_released(pod: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """A rendered pod as the release would leave it: without the tetrad gate, stamped released."""
+def created_released(pod: dict[str, Any], now: datetime,
+                     pin: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A rendered pod as the release would leave it: without the tetrad gate, stamped released, its
+    pin in its nodeSelector."""
     meta, spec = pod["metadata"], pod["spec"]
     gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != contract.GANG_GATE]
     spec = ({k: v for k, v in spec.items() if k != "schedulingGates"}
-            | ({"schedulingGates": gates} if gates else {}))
+            | ({"schedulingGates": gates} if gates else {})
+            | ({"nodeSelector": {**(spec.get("nodeSelector") or {}), **pin}} if pin else {}))
     annotations = {**(meta.get("annotations") or {}), RELEASED_ANNOTATION: format_time(now)}
     return {**pod, "metadata": {**meta, "annotations": annotations}, "spec": spec}
 
 
 async def ungate(kube: KubeApi, namespace: str, pods: Sequence[tuple[str, str]],
-                 limit: asyncio.Semaphore) -> None:
-    patch = ungate_patch(datetime.now(UTC))
+                 limit: asyncio.Semaphore, pins: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    now = datetime.now(UTC)
 
     async def one(name: str, uid: str) -> None:
         async with limit:
+            patch = ungate_patch(now, (pins or {}).get(name))
             # The uid guards against a pod of the same name re-created in the meantime.
-            body = {**patch, "metadata": {**patch["metadata"], "uid": uid}}  # type: ignore[dict-item]
+            body = {**patch, "metadata": {**patch["metadata"], "uid": uid}}
             await kube.patch(path("v1", "pods", namespace, name), body, STRATEGIC, ok=(404, 409, 422))
 
     await asyncio.gather(*(one(n, u) for n, u in pods))
@@ -96,7 +104,7 @@ class GangAdmitter:
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         # New incarnations asking to be created released, answered by the next round.
-        self.asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]] = {}
+        self.asks: dict[Key, Ask] = {}
         # The operator's pod informers over `scopes()`: every unfinished pod, and the operator's own.
         self.informers: list[Informer[PodState]] = []
         self.lock = asyncio.Lock()
@@ -227,11 +235,11 @@ class GangAdmitter:
                 unseen.append(pods)
         return unseen
 
-    async def reserve(self, req: packing.GangRequest) -> bool:
-        """Whether a new incarnation's gang (its rendered pods, none created yet) fits beside the
-        waiting gangs, decided by the next round as a release is; if so it counts as released
-        until `unreserve`."""
-        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    async def reserve(self, req: packing.GangRequest) -> packing.GangRelease | None:
+        """The release of a new incarnation's gang (its rendered pods, none created yet) if it fits
+        beside the waiting gangs, decided by the next round as a release is; if so it counts as
+        released until `unreserve`."""
+        answer: asyncio.Future[packing.GangRelease | None] = asyncio.get_running_loop().create_future()
         self.asks[req.key] = (req, answer)
         self._kick.set()
         try:
@@ -239,23 +247,22 @@ class GangAdmitter:
         except asyncio.CancelledError:  # the job's loop stopped: no round may hold room for it
             if self.asks.get(req.key, (None, None))[1] is answer:
                 del self.asks[req.key]
-            elif answer.done() and not answer.cancelled() and answer.result():
+            elif answer.done() and not answer.cancelled() and answer.result() is not None:
                 del self.reserved[req.key]  # answered yes just as it stopped: none of its pods exists
             raise
 
-    def _answer(self, asks: dict[Key, tuple[packing.GangRequest, asyncio.Future[bool]]],
-                fits: set[Key]) -> None:
-        """Tell each asking gang whether it fits; one that fits counts as released from now on."""
+    def _answer(self, asks: dict[Key, Ask], fits: dict[Key, packing.GangRelease]) -> None:
+        """Tell each asking gang its release if it fits; one that fits counts as released from now on."""
         for key, (req, answer) in asks.items():
             if answer.done():  # its loop stopped meanwhile
                 continue
             if key in fits:
-                self.reserved[key] = req.pods
+                self.reserved[key] = fits[key].pinned()
                 self.metrics.gangs_admitted.inc()
                 self.metrics.gang_wait.observe(0.0)
                 log.info("the gang of %s/%s (restart %d, %d pods) fits: creating it released",
                          req.namespace, req.name, req.restart, len(req.pods))
-            answer.set_result(key in fits)
+            answer.set_result(fits.get(key))
 
     def unreserve(self, key: Key) -> None:
         """The reserved gang's creations are over: it counts until the watch shows its pods."""
@@ -268,7 +275,7 @@ class GangAdmitter:
             started = time.monotonic()
             asks, self.asks = self.asks, {}
             asking = {id(r) for r, _ in asks.values()}
-            fits: set[Key] = set()
+            fits: dict[Key, packing.GangRelease] = {}
             try:  # a round that fails answers no: those gangs are created gated, and wait
                 bound, in_flight, waiting = self._snapshot()
                 # A new incarnation asks once its job's loop has seen, by a LIST, every pod of the last
@@ -283,7 +290,7 @@ class GangAdmitter:
                 in_flight = [g for g in in_flight if not all(superseded(p) for p in g)]
                 plan = packing.plan_admission(self.nodes(), bound, in_flight,
                                               [*waiting, *(r for r, _ in asks.values())])
-                fits = {a.request.key for a in plan if id(a.request) in asking}
+                fits = {a.request.key: a for a in plan if id(a.request) in asking}
             finally:
                 self._answer(asks, fits)
             planned = time.monotonic()
@@ -293,8 +300,9 @@ class GangAdmitter:
                 req = a.request
                 t = time.monotonic()
                 # before the first write lands
-                self.released[(req.key, req.restart)] = (self.monotonic(), req.pods)
-                await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit)
+                self.released[(req.key, req.restart)] = (self.monotonic(), a.pinned())
+                await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit,
+                             a.pins)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:
                     del self.waiting[req.key]
                 asked = self.first_seen.pop((req.key, req.restart), None)

@@ -510,11 +510,12 @@ class Controller:
                 await asyncio.gather(*(self._ensure(job, o) for o in group))
         creates = [a for a in actions if isinstance(a, CreatePod) and a.name not in expected]
         # A whole new built-in gang that fits now goes without its gates (none of it created yet).
-        reserved = (release is not None and len(creates) == len(release.pods) and not expected
-                    and await self.admission.reserve(release))
-        if reserved:
+        released = None
+        if release is not None and len(creates) == len(release.pods) and not expected:
+            released = await self.admission.reserve(release)
+        if released is not None:
             now = self.clock.now()
-            creates = [CreatePod(created_released(a.obj, now)) for a in creates]
+            creates = [CreatePod(created_released(a.obj, now, released.pins.get(a.name))) for a in creates]
         calls: list[Awaitable[None]] = [self._create_pod(loop, a) for a in creates]
         for a in actions:
             if isinstance(a, DeletePod):
@@ -530,7 +531,7 @@ class Controller:
         try:
             results = await asyncio.gather(*calls, return_exceptions=True)
         finally:
-            if reserved:
+            if released is not None:
                 self.admission.unreserve(loop.key)
         if creates:
             await self._count_refusals(job, loop, results[:len(creates)])

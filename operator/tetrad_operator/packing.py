@@ -13,7 +13,7 @@ schedulers enforce the gang themselves, from the objects and pod fields their ba
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -190,10 +190,26 @@ class GangRequest:
 
 @dataclass(frozen=True)
 class GangRelease:
-    """A waiting gang that fits now, and where each of its pods would go."""
+    """A waiting gang that fits now, where each of its pods would go, and the node labels that hold
+    each co-located group to the domain the fit chose for it (`pins`, pod name -> nodeSelector to
+    add): the kube-scheduler places a group's first pod alone and, unpinned, may choose a domain
+    too small for the rest of the group."""
 
     request: GangRequest
     placement: dict[str, str]
+    pins: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def pinned(self) -> tuple[PodState, ...]:
+        """The gang's pods as the release leaves them, their pins in their nodeSelector."""
+        return tuple(replace(p, node_selector=tuple(sorted(dict(p.node_selector, **pin).items())))
+                     if (pin := self.pins.get(p.name)) else p for p in self.request.pods)
+
+
+def _pins(pods: Iterable[PodState], placement: Mapping[str, str],
+          nodes: Mapping[str, NodeState]) -> dict[str, dict[str, str]]:
+    """Each co-located pod's domain: its topology key's value on the node its group was placed in."""
+    return {p.name: {p.colocated[0]: nodes[placement[p.name]].label_map[p.colocated[0]]}
+            for p in pods if p.colocated}
 
 
 def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState],
@@ -219,11 +235,12 @@ def plan_admission(nodes: Sequence[NodeState], bound: Iterable[PodState],
                 # A released gang we cannot place: our view disagrees with the scheduler's (or the
                 # room went to someone else). Release nothing until it binds or its gang times out.
                 return []
+    by_name = {n.name: n for n in nodes}
     admitted = []
     for req in sorted(waiting, key=GangRequest.order):
         placement = _place(req.pods, nodes, free, full)
         if placement is not None:
-            admitted.append(GangRelease(req, placement))
+            admitted.append(GangRelease(req, placement, _pins(req.pods, placement, by_name)))
     return admitted
 
 

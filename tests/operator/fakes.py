@@ -106,6 +106,11 @@ PASS_APART = max(OperatorSettings.resync_seconds, EXPECTATION_SECONDS, QUEUE_REA
 JOBS = path(contract.API_VERSION, contract.PLURAL, "ns")
 
 
+async def decline(request: GangRequest) -> None:
+    """An admission that never lets a new gang be created released (no round runs in these tests)."""
+    return None
+
+
 class FakeCluster:
     """One job, its namespace "ns" and the nodes, in memory; the operator's Controller over them.
 
@@ -131,7 +136,7 @@ class FakeCluster:
         # a connection the operator makes to a pod (a scrape, an ask of pod 0's coordinator) goes to loopback
         operator = OperatorSettings(lifecycle=self.settings, scrape_host="127.0.0.1")
         self.controller = Controller(self.kube, operator, clock=self.clock)
-        self.controller.admission.reserve = self._decline  # type: ignore[method-assign]
+        self.controller.admission.reserve = decline  # type: ignore[method-assign]
         self.loop = self.controller.job_loop(("ns", self.name))
         self.decisions: list[lifecycle.Decision] = []
         self.controller.on_decision = lambda loop, decision: self.decisions.append(decision)
@@ -255,10 +260,6 @@ class FakeCluster:
             for release in await self.controller.admission.admit_once():
                 self.placement.update(release.placement)
         return decision
-
-    @staticmethod
-    async def _decline(request: GangRequest) -> bool:
-        return False
 
     def _run(self, work: Awaitable[R]) -> R:
         return self._events.run_until_complete(self._session(work))

@@ -102,8 +102,12 @@ def test_a_whole_gang_restart_schedules_through_the_new_incarnations_pod_group(
     wait_phase(api, ns, "re", "Succeeded")
 
 
+def node_racks(api: Api) -> dict[str, str | None]:
+    return {n["metadata"]["name"]: n["metadata"]["labels"].get(RACK) for n in api.list("/api/v1/nodes")}
+
+
 def stage_racks(api: Api, ns: str, job: str) -> dict[str, set[str]]:
-    racks = {n["metadata"]["name"]: n["metadata"]["labels"].get(RACK) for n in api.list("/api/v1/nodes")}
+    racks = node_racks(api)
     out: dict[str, set[str]] = {}
     for p in bound(api, ns, job):
         out.setdefault(p["metadata"]["labels"]["tetrad.dev/pipeline-stage"], set()).add(
@@ -131,18 +135,14 @@ def test_each_pipeline_stage_lands_in_one_rack(api, operator, namespace, pool):
 
 def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, namespace, pool):
     """The default backend: the operator's fit keeps the gang behind its gate while no rack holds a
-    stage (no release, so no gang timeout), then the kube-scheduler follows the stages' pod
-    affinity (and their preference for a rack of their own)."""
+    stage (no release, so no gang timeout), then releases each stage pinned to the rack the fit chose
+    (its pods' nodeSelector). Racks of mixed sizes: the kube-scheduler places a stage's first pod
+    alone, and unpinned it could take a rack of one node, where the stage's second pod never binds."""
     ns = namespace
-    for r in range(2):  # room for four pods, but no rack holds a stage
+    for r in range(4):  # room for four pods, but no rack holds a stage
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
-    pool(2)  # outside any rack
-    # Every rack is one a stage can fill once the two nodes below come: the kube-scheduler places a
-    # stage's first pod alone, so a rack too small for its stage would leave the second pod unbound
-    # until the gang timeout (the operator's fit does not pin a stage to the rack it chose).
     # Gated for longer than the gang timeout, which must not fire; once released, the scheduler gets
-    # the timeout to bind the four pods (a stage's second pod waits for its first one to be bound,
-    # with the scheduler's backoff between tries).
+    # the timeout to bind the four pods.
     spec = {"parallelism": {"pp": 2, "dpShard": "auto"},
             "gang": {"scheduler": "builtin", "topologyKey": RACK, "timeoutSeconds": 45}}
     api.create_job(ns, pool_job("bi", pool, nodes=4, **spec))
@@ -150,12 +150,14 @@ def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, 
     assert condition(st, "GangReleased")["reason"] == "WaitingForCapacity"
     stays_unbound(api, ns, "bi", 4, seconds=48)
     assert all(p["spec"].get("schedulingGates") for p in api.pods(ns, "bi"))
-    for r in range(2):
+    for r in range(2):  # racks 0 and 1 now hold a stage each; racks 2 and 3 still one node
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
     wait_running(api, ns, "bi", 4, timeout=60)
     racks = stage_racks(api, ns, "bi")
-    assert (set(racks) == {"0", "1"} and all(len(r) == 1 for r in racks.values())
-            and racks["0"] != racks["1"]), racks
+    assert racks == {"0": {f"{ns}-rack-0"}, "1": {f"{ns}-rack-1"}}, racks
+    on = node_racks(api)
+    for p in bound(api, ns, "bi"):
+        assert p["spec"]["nodeSelector"][RACK] == on[p["spec"]["nodeName"]], p["metadata"]["name"]
     assert api.status(ns, "bi")["restarts"] == 0
     assert not [e for e in api.events(ns, "bi") if e["reason"] == "GangTimeout"]
 

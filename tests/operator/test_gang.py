@@ -77,9 +77,8 @@ def test_gpus_pods_slots_and_bound_pods_count():
     assert packing.place([pod(str(i), cpu="1") for i in range(3)], ns, packing.free_capacity(ns, [])) is None
 
 
-def test_pipeline_stages_are_placed_one_rack_each():
-    """The renderer's stage affinity (gang.topologyKey) is read back from the pods: each stage's
-    pods go into one rack, or the gang does not fit."""
+def staged_pods() -> list[PodState]:
+    """The pods of a pp=2 job over 4 nodes whose stages go one rack each (gang.topologyKey)."""
     from tetrad.api import parse
     from tetrad.render import render
 
@@ -89,16 +88,75 @@ def test_pipeline_stages_are_placed_one_rack_each():
                     "resources": {"cpu": "6"}, "gang": {"topologyKey": "rack"}}}
     job, problems = parse(doc)
     assert job is not None, problems
-    pods = [PodState.from_body(p) for p in render(job).pods]
+    return [dataclasses.replace(PodState.from_body(p), uid=p["metadata"]["name"]) for p in render(job).pods]
+
+
+def mixed_racks() -> list[NodeState]:
+    """Racks r0 (one node, first by name), r1 and r2 (two each), and an unlabelled node."""
+    racks = {"a": "r0", "b": "r1", "c": "r1", "d": "r2", "e": "r2"}
+    return nodes(*(node_body(n, cpu="8", labels={"rack": r}) for n, r in racks.items()),
+                 node_body("f", cpu="8"))
+
+
+def test_a_release_pins_each_stage_to_the_rack_its_fit_chose():
+    """The scheduler places a stage's first pod alone: unpinned it could take rack r0, where the
+    stage's second pod never fits. The release adds each stage's rack to its pods' nodeSelector."""
+    ns = mixed_racks()
+    (release,) = packing.plan_admission(ns, [], [], [request("j", staged_pods())])
+    assert release.pins == {"j-r0-0": {"rack": "r1"}, "j-r0-1": {"rack": "r1"},
+                            "j-r0-2": {"rack": "r2"}, "j-r0-3": {"rack": "r2"}}
+    pinned = {p.name: p for p in release.pinned()}
+    assert [n.name for n in ns if packing.node_matches(pinned["j-r0-0"], n)] == ["b", "c"]
+    assert [n.name for n in ns if packing.node_matches(pinned["j-r0-3"], n)] == ["d", "e"]
+    # A pin adds to the pod's own selector; a gang with no co-location is not pinned.
+    chosen = dataclasses.replace(staged_pods()[0], node_selector=(("pool", "x"),))
+    labelled = [dataclasses.replace(n, labels=(*n.labels, ("pool", "x"))) for n in ns]
+    (one,) = packing.plan_admission(labelled, [], [], [request("j", [chosen])])
+    assert one.pinned()[0].node_selector == (("pool", "x"), ("rack", "r0"))  # alone, it fits r0
+    (plain,) = packing.plan_admission(ns, [], [], [request("p", [pod("p0", cpu="6"), pod("p1", cpu="6")])])
+    assert plain.pins == {} and plain.pinned() == plain.request.pods
+
+
+def test_the_admission_releases_and_creates_each_stage_pinned_to_its_rack():
+    ns = mixed_racks()
+    # A waiting gang: its ungating patches add each pod's rack.
+    kube = MemoryKube()
+    admitter = admitter_on(ns, kube)
+    waiting = request("j", [dataclasses.replace(p, gated=True) for p in staged_pods()])
+    admitter.informers = [Watch(*waiting.pods)]  # type: ignore[list-item]
+    admitter.request(waiting)
+    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["j"]
+    sent = {r.path.rsplit("/", 1)[1]: r.body["spec"] for r in kube.requests if r.verb == "PATCH"}
+    assert {name: spec["nodeSelector"]["rack"] for name, spec in sent.items()} == {
+        "j-r0-0": "r1", "j-r0-1": "r1", "j-r0-2": "r2", "j-r0-3": "r2"}
+    # Until the watch shows the release, the admission counts the pods pinned, as they now are.
+    ((_, counted),) = admitter.released.values()
+    assert {p.name: dict(p.node_selector)["rack"] for p in counted} == {
+        "j-r0-0": "r1", "j-r0-1": "r1", "j-r0-2": "r2", "j-r0-3": "r2"}
+    # A new incarnation that fits is told its release, pins included, to create its pods with.
+    admitter = admitter_on(ns)
+
+    async def reserve() -> packing.GangRelease | None:
+        asking = asyncio.create_task(admitter.reserve(request("j", staged_pods())))
+        await asyncio.sleep(0)
+        await admitter.admit_once()
+        return await asking
+
+    release = asyncio.run(reserve())
+    assert release is not None and release.pins["j-r0-2"] == {"rack": "r2"}
+    assert dict(admitter.reserved[("ns", "j")][2].node_selector)["rack"] == "r2"
+
+
+def test_pipeline_stages_are_placed_one_rack_each():
+    """The renderer's stage affinity (gang.topologyKey) is read back from the pods: each stage's
+    pods go into one rack, or the gang does not fit."""
+    pods = staged_pods()
     assert [p.colocated is not None and p.colocated[0] for p in pods] == ["rack"] * 4
     # Six 8-cpu nodes, one per rack: four fit by capacity, but no rack holds a stage's two pods.
     ns = nodes(*(node_body(f"n{i}", cpu="8", labels={"rack": f"r{i}"}) for i in range(6)))
     free = packing.free_capacity(ns, [])
     assert packing.place(pods, ns, free) is None and free == packing.free_capacity(ns, [])
-    # Racks r0 (one node), r1 and r2 (two each), and an unlabelled node.
-    ns = nodes(node_body("a", cpu="8", labels={"rack": "r0"}), node_body("b", cpu="8", labels={"rack": "r1"}),
-               node_body("c", cpu="8", labels={"rack": "r1"}), node_body("d", cpu="8", labels={"rack": "r2"}),
-               node_body("e", cpu="8", labels={"rack": "r2"}), node_body("f", cpu="8"))
+    ns = mixed_racks()
     placement = packing.place(pods, ns, packing.free_capacity(ns, []))
     assert placement is not None
     assert {placement["j-r0-0"], placement["j-r0-1"]} == {"b", "c"}  # stage 0: the first rack that holds it
@@ -210,7 +268,7 @@ def ask(admitter: GangAdmitter, *gangs: packing.GangRequest) -> list[bool]:
         asking = [asyncio.create_task(admitter.reserve(g)) for g in gangs]
         await asyncio.sleep(0)
         await admitter.admit_once()
-        return [await a for a in asking]
+        return [await a is not None for a in asking]
 
     return asyncio.run(run())
 
@@ -253,7 +311,8 @@ def test_new_gangs_asking_together_are_answered_by_one_plan(monkeypatch):
     async def run() -> list[bool]:
         rounds = asyncio.create_task(admitter.run())  # the operator's one admission loop
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*(admitter.reserve(g) for g in gangs)), 10))
+            answers = await asyncio.wait_for(asyncio.gather(*(admitter.reserve(g) for g in gangs)), 10)
+            return [a is not None for a in answers]
         finally:
             rounds.cancel()
 
@@ -273,7 +332,7 @@ def test_a_round_that_fails_answers_no_and_the_gang_is_created_gated():
         await asyncio.sleep(0)
         with pytest.raises(RuntimeError):
             await admitter.admit_once()
-        return await asking
+        return await asking is not None
 
     assert asyncio.run(run()) is False
     assert not admitter.asks and not admitter.reserved

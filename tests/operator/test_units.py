@@ -14,7 +14,7 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
 from tetrad_operator import controller, scrape, status
-from tetrad_operator.admission import ungate_patch
+from tetrad_operator.admission import created_released, ungate_patch
 from tetrad_operator.controller import (
     FINALIZER,
     FINALIZER_WAIT_SECONDS,
@@ -32,7 +32,7 @@ from tetrad_operator.settings import OperatorSettings
 from tetrad.api import contract
 
 from .conftest import free_port
-from .fakes import T0, ScenarioClock, job_body
+from .fakes import T0, ScenarioClock, decline, job_body
 from .memory_kube import MemoryKube
 
 JOB = path(contract.API_VERSION, contract.PLURAL, "ns", "j")
@@ -374,6 +374,14 @@ def test_rest_paths_and_patches():
     assert path("v1", "nodes") == "/api/v1/nodes"
     patch = ungate_patch(T0)
     assert patch["spec"] == {"schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}]}
+    # a pin narrows the gated pod's nodeSelector (strategic merge keeps its other entries)
+    assert ungate_patch(T0, {"rack": "r1"})["spec"] == {
+        "schedulingGates": [{"name": contract.GANG_GATE, "$patch": "delete"}], "nodeSelector": {"rack": "r1"}}
+    gated = {"metadata": {"name": "p"}, "spec": {"nodeSelector": {"pool": "x"}, "containers": [],
+                                                 "schedulingGates": [{"name": contract.GANG_GATE}]}}
+    created = created_released(gated, T0, {"rack": "r1"})
+    assert created["spec"] == {"nodeSelector": {"pool": "x", "rack": "r1"}, "containers": []}
+    assert created_released(gated, T0)["spec"]["nodeSelector"] == {"pool": "x"}
 
 
 def test_a_job_loop_lists_its_pods_once_per_resync_period_and_not_for_a_job_never_reconciled():
@@ -464,10 +472,6 @@ def test_a_new_jobs_loop_goes_on_the_moment_kopfs_finalizer_shows(monkeypatch):
     asyncio.run(scenario())
     assert passes == [0.0, 0.0], "two passes, and no time passed between them"
     assert (asyncio.run(kube.get(job)) or {})["status"]["phase"] == "Pending"
-
-
-async def decline(request: object) -> bool:
-    return False
 
 
 def test_a_new_jobs_first_pass_reads_the_body_kopf_brought_and_a_reconciled_one_gets_it():

@@ -59,7 +59,8 @@ def drive(m: JobPass, job: ParallelTrainingJob, pods: list[PodState], restart: i
         created = parse_time(m.meta.get("creationTimestamp"))
         m.decision.gang = GangRequest(m.namespace, m.name, created, restart, tuple(pods))
         return True
-    if gated:  # released part-way (the operator stopped mid-release): finish the release
+    if gated:  # released part-way (the operator stopped mid-release): finish the release, unpinned
+        # (a stage's pods released already hold its rack, and its pod affinity brings the rest there)
         m.decision.actions.append(Ungate(tuple((p.name, p.uid) for p in gated)))
     m.set_condition(RELEASED, "True", "Admitted", "the whole gang fits; scheduling gates removed")
     unbound = [p for p in pods if p.node is None and not p.terminal]
