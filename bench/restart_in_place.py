@@ -37,7 +37,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tetrad.node.process import with_variable  # noqa: E402
+from tetrad.launch.local import run_processes  # noqa: E402
 from tetrad.node.rounds import RESTARTING  # noqa: E402
 from tetrad.node.spare import READY  # noqa: E402
 
@@ -85,8 +85,7 @@ def spares_ready(workdir: Path, nodes: int) -> bool:
 def kill_rank_1(workdir: Path, jsonl: Path) -> float:
     """SIGKILL rank 1's worker once rank 0 has logged KILL_AT; when."""
     until(lambda: max(steps(jsonl), default=0) >= KILL_AT)
-    pids = [p for p in with_variable("TETRAD_CONFIG", str(workdir / "config.json"))
-            if b"RANK=1" in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")]
+    pids = run_processes(workdir, rank=1)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     if not pids:

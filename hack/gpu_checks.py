@@ -27,9 +27,9 @@ import yaml
 
 from tetrad.api import parse
 from tetrad.api.contract import EXIT_OOM
+from tetrad.launch.local import run_processes
 from tetrad.node.checks import node_problems
 from tetrad.node.environment import NodeEnv
-from tetrad.node.process import with_variable
 from tetrad.node.spare import READY
 from tetrad.render.env import job_env
 from tetrad.resolve import resolve
@@ -98,9 +98,8 @@ def kill_the_worker_at(step: int, work: Path, jsonl: Path) -> threading.Thread:
         give_up = time.monotonic() + 240
         while time.monotonic() < give_up and not any(s >= step for s in steps_of(jsonl)):
             time.sleep(0.05)
-        for pid in with_variable("TETRAD_CONFIG", str(work / "config.json")):
-            if b"RANK=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                os.kill(pid, signal.SIGKILL)
+        for pid in run_processes(work, rank=0):
+            os.kill(pid, signal.SIGKILL)
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread

@@ -21,9 +21,9 @@ from tests.trainer.test_launch import make_job
 from tetrad.api import ParallelTrainingJob
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_COLLECTIVE_TIMEOUT
 from tetrad.launch import run_local
+from tetrad.launch.local import run_processes
 from tetrad.node import rounds, spare
 from tetrad.node.environment import NodeEnv
-from tetrad.node.process import with_variable
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,12 +34,6 @@ def losses(jsonl: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, jsonl.read_text().splitlines())]
 
 
-def worker_of_rank(workdir: Path, rank: int) -> list[int]:
-    """The pids of this run's worker of `rank` (its environment names the run's config and the rank)."""
-    return [pid for pid in with_variable("TETRAD_CONFIG", str(workdir / "config.json"))
-            if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
-
-
 def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, killed: list[int]) -> threading.Thread:
     """SIGKILL `rank`'s worker once rank 0 has logged `step`, as the kernel's OOM killer or a crash would."""
     def watch() -> None:
@@ -47,7 +41,7 @@ def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, killed: list[
         while time.monotonic() < deadline:
             time.sleep(0.05)
             if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
-                for pid in worker_of_rank(workdir, rank):
+                for pid in run_processes(workdir, rank):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
                 return
@@ -136,7 +130,7 @@ def ask_restart_at(workdir: Path, jsonl: Path, step: int, answers: list[bool]) -
         while time.monotonic() < deadline:
             time.sleep(0.05)
             if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
-                pid = with_variable("TETRAD_CONFIG", str(workdir / "config.json"))[0]
+                pid = run_processes(workdir)[0]
                 env = NodeEnv.read(dict(line.split("=", 1) for line in
                                         Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line))
                 settings = env.rounds

@@ -76,6 +76,7 @@ from tetrad.launch.workdir import (
 from tetrad.node import rounds
 from tetrad.node.bundle import launcher
 from tetrad.node.host import memory_bytes, slow_bf16_warning
+from tetrad.node.process import has_variable, with_variable
 from tetrad.plan.estimate import GiB, count_text
 from tetrad.render import names
 from tetrad.render.command import node_command
@@ -192,6 +193,12 @@ def local_command(cfg: ResolvedConfig, workdir: Path) -> list[str]:
     """The pod's command with this interpreter, the launcher and config in `workdir`."""
     return node_command(cfg, python=sys.executable, launcher=[str(workdir / contract.LAUNCHER_FILE)],
                         config_path=str(workdir / contract.CONFIG_FILE))
+
+
+def run_processes(workdir: Path, rank: int | None = None) -> list[int]:
+    """The pids of the run in `workdir` (their environment names its config), or of its worker of `rank`."""
+    return [pid for pid in with_variable(contract.ENV_CONFIG, str(workdir / contract.CONFIG_FILE))
+            if rank is None or has_variable(pid, "RANK", str(rank))]
 
 
 @dataclass

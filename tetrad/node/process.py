@@ -41,14 +41,16 @@ def die_with_parent(sig: signal.Signals) -> None:
 
 def with_variable(name: str, value: str) -> list[int]:
     """The processes (pids) whose environment has `name`=`value`: those started under it, and theirs."""
-    wanted = f"{name}={value}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-    return found
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and has_variable(int(entry.name), name, value)]
+
+
+def has_variable(pid: int, name: str, value: str) -> bool:
+    """Whether process `pid`'s environment has `name`=`value` (False once it is gone)."""
+    try:
+        return f"{name}={value}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
 
 
 def kill_all_with(name: str, value: str, timeout_s: float) -> list[int]:
