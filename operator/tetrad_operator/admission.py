@@ -188,7 +188,8 @@ class GangAdmitter:
         """From the informer and the releases it may not show yet: the bound pods, the gangs
         released and not all bound (reservations included), and the waiting gangs whose pods
         are all still gated as requested."""
-        pods = [p for i in self.informers for p in i.items.values() if not p.terminal]
+        shown = {(p.namespace, p.name): p for i in self.informers for p in i.items.values()}
+        pods = [p for p in shown.values() if not p.terminal]
         by_name = {(p.namespace, p.name): p for p in pods}
         bound = [p for p in pods if p.node]
         groups: dict[tuple[str, str, int], list[PodState]] = defaultdict(list)
@@ -199,7 +200,7 @@ class GangAdmitter:
         # binding), else as this admitter remembers it (being created, or released a moment ago).
         flight = {k: {p.name: p for p in g} for k, g in groups.items()
                   if any(p.released for p in g) and any(p.node is None for p in g)}
-        for remembered in [*self.reserved.values(), *self._released_unseen(by_name)]:
+        for remembered in [*self.reserved.values(), *self._released_unseen(shown)]:
             for p in remembered:
                 flight.setdefault((p.namespace, p.job, p.restart), {}).setdefault(
                     p.name, by_name.get((p.namespace, p.name), p))
@@ -222,13 +223,13 @@ class GangAdmitter:
         return packing.room(self.nodes(), others, [g for g in in_flight if (g[0].namespace, g[0].job) != key],
                             pod, limit)
 
-    def _released_unseen(self, by_name: dict[tuple[str, str], PodState]) -> list[tuple[PodState, ...]]:
+    def _released_unseen(self, shown: dict[tuple[str, str], PodState]) -> list[tuple[PodState, ...]]:
         """The gangs released here whose release the watch does not show yet (a pod missing or
-        still gated); forgets the others, and any after RELEASE_SEEN_SECONDS."""
+        still gated and not ended); forgets the others, and any after RELEASE_SEEN_SECONDS."""
         unseen = []
         for k, (at, pods) in list(self.released.items()):
-            shown = [by_name.get((p.namespace, p.name)) for p in pods]
-            if (all(s is not None and not s.gated for s in shown)
+            seen = [shown.get((p.namespace, p.name)) for p in pods]
+            if (all(s is not None and (s.terminal or not s.gated) for s in seen)
                     or self.monotonic() - at > RELEASE_SEEN_SECONDS):
                 del self.released[k]
             else:

@@ -137,7 +137,8 @@ def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, 
     """The default backend: the operator's fit keeps the gang behind its gate while no rack holds a
     stage (no release, so no gang timeout), then releases each stage pinned to the rack the fit chose
     (its pods' nodeSelector). Racks of mixed sizes: the kube-scheduler places a stage's first pod
-    alone, and unpinned it could take a rack of one node, where the stage's second pod never binds."""
+    alone, and unpinned it could take a rack of one node, where the stage's second pod never binds.
+    A second such job, which fits when it is created, is created released and pinned alike."""
     ns = namespace
     for r in range(4):  # room for four pods, but no rack holds a stage
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
@@ -152,14 +153,28 @@ def test_the_builtin_gang_places_each_pipeline_stage_in_one_rack(api, operator, 
     assert all(p["spec"].get("schedulingGates") for p in api.pods(ns, "bi"))
     for r in range(2):  # racks 0 and 1 now hold a stage each; racks 2 and 3 still one node
         pool(1, labels={RACK: f"{ns}-rack-{r}"})
-    wait_running(api, ns, "bi", 4, timeout=60)
-    racks = stage_racks(api, ns, "bi")
-    assert racks == {"0": {f"{ns}-rack-0"}, "1": {f"{ns}-rack-1"}}, racks
     on = node_racks(api)
-    for p in bound(api, ns, "bi"):
-        assert p["spec"]["nodeSelector"][RACK] == on[p["spec"]["nodeName"]], p["metadata"]["name"]
-    assert api.status(ns, "bi")["restarts"] == 0
-    assert not [e for e in api.events(ns, "bi") if e["reason"] == "GangTimeout"]
+
+    def pinned_by_stage(job: str) -> None:
+        wait_running(api, ns, job, 4, timeout=60)
+        racks = stage_racks(api, ns, job)
+        assert racks == {"0": {f"{ns}-rack-0"}, "1": {f"{ns}-rack-1"}}, racks
+        for p in bound(api, ns, job):
+            assert p["spec"]["nodeSelector"][RACK] == on[p["spec"]["nodeName"]], p["metadata"]["name"]
+        assert api.status(ns, job)["restarts"] == 0
+        assert not [e for e in api.events(ns, job) if e["reason"] == "GangTimeout"]
+
+    pinned_by_stage("bi")
+    # A gang that fits when it is created goes out released, already pinned (one write per pod).
+    finish_all(api, ns, "bi", 0)
+    wait_phase(api, ns, "bi", "Succeeded")
+    # The fit at creation reads the operator's own view of the pods, which may lag the API's.
+    wait_for(lambda: not [p for i in operator.controller.admission.informers for p in i.items.values()
+                          if p.job == "bi" and not p.terminal], what="the operator's view of bi's pods ended")
+    api.create_job(ns, pool_job("again", pool, nodes=4, **spec))
+    pinned_by_stage("again")
+    assert all(p["metadata"]["generation"] == 1 for p in api.pods(ns, "again")), "created released"
+    assert "WaitingForCapacity" not in [e["reason"] for e in api.events(ns, "again")]
 
 
 def test_a_single_stage_uses_the_pod_groups_topology_constraint(api, operator, namespace, pool):

@@ -464,6 +464,23 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["second"]
 
 
+def test_a_released_gang_whose_pods_ended_before_the_next_round_holds_no_room():
+    """No round reads the watch between a release and the end of the gang's pods (no gang waits):
+    the next round, a new gang's ask, finds them ended, not still to be shown released."""
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    admitter = admitter_on(ns, MemoryKube())
+    first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)])
+    admitter.informers = [Watch(*first.pods)]  # type: ignore[list-item]
+    admitter.request(first)
+    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
+    # The watch next shows its pods bound and succeeded (the informer keeps the operator's own).
+    ended = (dataclasses.replace(p, gated=False, released=True, node=n, phase="Succeeded")
+             for p, n in zip(first.pods, "ab", strict=True))
+    admitter.informers = [Watch(*ended)]  # type: ignore[list-item]
+    second = request("second", [member(pod(f"s{i}", cpu="6"), "second") for i in range(2)], age=1)
+    assert ask(admitter, second) == [True] and not admitter.released
+
+
 def patched(kube: MemoryKube) -> list[str]:
     """The pods the admission sent an ungating patch."""
     return [r.path.rsplit("/", 1)[1] for r in kube.requests if r.verb == "PATCH"]
