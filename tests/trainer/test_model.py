@@ -14,6 +14,7 @@ from tetrad_trainer.model import (
     initial_value,
     rope_tables,
 )
+from tetrad_trainer.models.llama import rope_real
 from tetrad_trainer.parallelize import pipeline_split, stage_ids, stage_layers
 
 from tests.trainer.harness import job
@@ -74,20 +75,46 @@ def test_canonical_name_strips_wrapper_prefixes() -> None:
             == "layers.3.attention.wq.weight")
 
 
+@pytest.mark.parametrize("rotate", [apply_rope, rope_real], ids=["complex", "real"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_rotates_each_consecutive_pair_by_its_positions_angle(dtype: torch.dtype) -> None:
+def test_rope_rotates_each_consecutive_pair_by_its_positions_angle(dtype: torch.dtype, rotate) -> None:
     """The rotation as complex numbers: pair (a, b) of frequency i at position p is (a + ib) e^(i p f_i),
-    computed in fp32 and cast back to the input's dtype."""
+    computed in fp32 and cast back to the input's dtype; eager (complex) and compiled (real) forms alike."""
     head_dim, theta, positions = 16, 10_000.0, torch.arange(6) + 3
     x = torch.randn(2, 6, 3, head_dim).to(dtype)
     freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     turn = torch.polar(torch.ones(6, head_dim // 2, dtype=torch.float64), positions[:, None] * freqs[None, :])
     pairs = torch.view_as_complex(x.double().unflatten(-1, (-1, 2)).contiguous())
     expected = torch.view_as_real(pairs * turn[None, :, None, :]).flatten(-2)
-    rotated = apply_rope(x, rope_tables(head_dim, theta, positions))
+    rotated = rotate(x, rope_tables(head_dim, theta, positions))
     assert rotated.dtype == dtype
     torch.testing.assert_close(rotated.double(), expected, rtol=0,
                                atol=1e-6 if dtype == torch.float32 else 2e-2)
+
+
+def test_rope_eager_and_compiled_rotate_and_differentiate_alike() -> None:
+    """A table longer than the sequence (the model's is seqLen long), gradients through both forms, and
+    apply_rope under torch.compile taking the real form (no complex tensors in the traced graph)."""
+    graphs: list[str] = []
+
+    def recording(gm: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(gm.code)
+        return gm.forward
+
+    rope = rope_tables(8, 500.0, torch.arange(10))
+    x = torch.randn(2, 7, 3, 8, requires_grad=True)
+    grad = torch.randn(2, 7, 3, 8)
+    outs, grads = [], []
+    for rotate in (apply_rope, rope_real, torch.compile(apply_rope, backend=recording, fullgraph=True)):
+        out = rotate(x, rope)
+        out.backward(grad)
+        outs.append(out.detach())
+        grads.append(x.grad)
+        x.grad = None
+    for out, g in zip(outs[1:], grads[1:], strict=True):
+        torch.testing.assert_close(out, outs[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(g, grads[0], rtol=0, atol=1e-6)
+    assert len(graphs) == 1 and "flip" in graphs[0] and "complex" not in graphs[0]
 
 
 def test_rope_follows_the_context_parallel_positions() -> None:
