@@ -22,7 +22,7 @@ export PYTHONPATH=/tmp/site:$PWD:$PWD/trainer-image:$PWD/operator PYTHONUNBUFFER
 if ! python3 -c 'import datasets' 2>/dev/null; then
   echo "datasets does not import here: torchtitan gets a stand-in for its data loaders' imports"
   mkdir -p /tmp/stubs/datasets
-  echo 'Dataset = load_dataset = None' >/tmp/stubs/datasets/__init__.py
+  echo 'Dataset = load_dataset = None; __version__ = "(a stand-in)"' >/tmp/stubs/datasets/__init__.py
   echo 'split_dataset_by_node = None' >/tmp/stubs/datasets/distributed.py
   rm -rf /tmp/site/datasets
   export PYTHONPATH=/tmp/stubs:$PYTHONPATH
