@@ -9,7 +9,7 @@ from tetrad.api.accelerators import ACCELERATORS
 from tetrad.api.presets import PRESETS
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.rules import compiles_loss
-from tetrad.api.spec import ActivationCheckpointing
+from tetrad.api.spec import ActivationCheckpointing, Float8Recipe
 from tetrad.plan.estimate import (
     COMPILED_LOSS_BYTES_PER_LOGIT,
     FRAGMENTATION,
@@ -185,11 +185,15 @@ def test_offload_moves_the_sharded_state_to_the_host() -> None:
     assert off.comm_bytes == kept.comm_bytes and off.activations_bytes == kept.activations_bytes
 
 
-def test_the_planner_predicts_the_float8_run_within_5_percent_and_its_memory_on_the_safe_side() -> None:
-    """Measured on one H200 (issue 36): llama3-1b 4 x 2048 compiled, float8 tensorwise, 66,640 tokens/s and
-    28.1 GiB; the planner keeps the bf16 activations (32.9 GiB), 17 % over."""
-    w = Workload(global_batch=4, micro_batch=4, compile=True, float8=True)
+@pytest.mark.parametrize("recipe, measured", [(Float8Recipe.TENSORWISE, 66_640),
+                                              (Float8Recipe.ROWWISE, 56_684)])
+def test_the_planner_predicts_the_float8_runs_within_5_percent_and_their_memory_on_the_safe_side(
+        recipe: Float8Recipe, measured: float) -> None:
+    """Measured on one H200 (issue 36): llama3-1b 4 x 2048 compiled, float8 tensorwise 66,640 tokens/s,
+    rowwise 56,684 (its casts as long as its GEMMs: slower than bf16's 59,847), both 28.1 GiB; the planner
+    keeps the bf16 activations (32.9 GiB), 17 % over."""
+    w = Workload(global_batch=4, micro_batch=4, compile=True, float8=recipe)
     est = estimate(LLAMA_1B, Layout(), w)
     time = step_time(est, w, 1, "H200", ACCELERATORS["H200"], tokens_per_device=4 * 2048)
-    assert time.tokens_per_second == pytest.approx(66_640, rel=0.05)
+    assert time.tokens_per_second == pytest.approx(measured, rel=0.05)
     assert 28.1 < est.peak_bytes / GiB < 1.2 * 28.1

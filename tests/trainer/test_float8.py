@@ -104,15 +104,18 @@ def test_the_planner_runs_float8_matmuls_at_the_float8_peak_and_refuses_a_gpu_wi
                                       "float8": {"recipe": recipe}}}}
 
     assert ACCELERATORS["H100"].float8_tflops == pytest.approx(2 * ACCELERATORS["H100"].peak_tflops, rel=0.01)
-    times = {}
-    for recipe in ("none", "tensorwise"):
+    times, float8_flops = {}, {}
+    for recipe in ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"):
         job_, problems = parse(document(recipe, "H100"))
         assert job_ is not None and not [p for p in problems if p.severity == "error"], problems
         resolved = resolve(job_)
         est = estimate(resolved.model, resolved.layout, workload(job_.spec, resolved.layout))
-        assert (est.float8_flops > 0) == (recipe != "none")
+        float8_flops[recipe] = est.float8_flops
         times[recipe] = predict_time(job_.spec, resolved.model, est).total_s
-    assert times["tensorwise"] < times["none"], times
+    # rowwise's casts cost more than tensorwise's; rowwise_with_gw_hp's weight gradient (2 of 6) is bf16
+    assert times["tensorwise"] < times["none"] < times["rowwise"], times
+    assert float8_flops["none"] == 0 and float8_flops["tensorwise"] == float8_flops["rowwise"] > 0
+    assert float8_flops["rowwise_with_gw_hp"] == pytest.approx(float8_flops["rowwise"] * 4 / 6)
     problems = validate_document(document("tensorwise", "A100"))
     assert any(p.field == "spec.training.float8.recipe" and "the A100 has no float8" in p.message
                for p in problems), problems

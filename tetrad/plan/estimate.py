@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from tetrad.api.resolved import Layout, ModelConfig
 from tetrad.api.rules import compiles_loss, pipeline_units
-from tetrad.api.spec import ActivationCheckpointing, PPSchedule, Precision
+from tetrad.api.spec import ActivationCheckpointing, Float8Recipe, PPSchedule, Precision
 
 GiB = 1024**3
 MiB = 1024**2
@@ -38,6 +38,12 @@ OPTIMIZER_STEP_BYTES_PER_PARAM = 52.0
 # fitted (docs/planner.md).
 FLOAT8_ACTIVATION_CAST_BYTES = 150.0
 FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM = 20.0
+# The casts of each recipe against tensorwise's. Rowwise scales each row of every operand, and each column
+# for the transposed GEMMs, with power-of-2 scales: fitted to one H200 run whose profile showed its casts
+# as long as its float8 GEMMs. rowwise_with_gw_hp runs the weight gradient in bf16 and skips its operands'
+# casts: two thirds of rowwise's, assumed (not measured).
+FLOAT8_CAST_FACTOR = {Float8Recipe.TENSORWISE: 1.0, Float8Recipe.ROWWISE: 2.6,
+                      Float8Recipe.ROWWISE_WITH_GW_HP: 1.75}
 # Share of the transient memory (activations and the loss) the caching allocator loses to fragmentation.
 FRAGMENTATION = 0.05
 
@@ -65,7 +71,7 @@ class Workload:
     compile: bool = False  # training.compile: blocks, and the loss where compiles_loss says so
     reshard_after_forward: bool = True  # training.fsdp.reshardAfterForward (false: ZeRO-2 behaviour)
     offload: bool = False  # training.fsdp.offload: cpu
-    float8: bool = False  # training.float8.recipe is not none: the blocks' linear layers in float8
+    float8: Float8Recipe = Float8Recipe.NONE  # training.float8.recipe: the blocks' linear layers
     float8_output: bool = False  # training.float8.output: the output projection too
 
 
@@ -214,13 +220,16 @@ def estimate(m: ModelConfig, layout: Layout, w: Workload) -> Estimate:
         hardware_flops += 2 * m.dim * m.vocab * tokens_rank
     elementwise = ELEMENTWISE_BYTES[w.compile] * tokens_rank * m.layers * h
     float8_flops = 0.0
-    if w.float8:
+    if w.float8 != Float8Recipe.NONE:
         linear_params = (m.layers * (m.block_params() - 2 * m.dim)
                          + (m.dim * m.vocab if w.float8_output else 0))
-        float8_flops = 6 * linear_params * tokens_rank * (1 + recompute)
+        # forward, recompute and both gradients; rowwise_with_gw_hp's weight gradient (2 of 6) in bf16
+        high_precision = 2 if w.float8 == Float8Recipe.ROWWISE_WITH_GW_HP else 0
+        float8_flops = (6 * (1 + recompute) - high_precision) * linear_params * tokens_rank
         weights_local = linear_params / layout.pp / layout.tp
-        elementwise += (FLOAT8_ACTIVATION_CAST_BYTES * tokens_rank * m.layers * h
-                        + FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM * weights_local * n_micro)
+        elementwise += FLOAT8_CAST_FACTOR[w.float8] * (
+            FLOAT8_ACTIVATION_CAST_BYTES * tokens_rank * m.layers * h
+            + FLOAT8_WEIGHT_CAST_BYTES_PER_PARAM * weights_local * n_micro)
     return Estimate(layout, params, grads, optim, activations, buffers, model_flops, hardware_flops,
                     attention_flops, float8_flops, m.seq_len,
                     elementwise_bytes=elementwise,

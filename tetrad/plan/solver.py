@@ -65,7 +65,7 @@ def workload(spec: ParallelTrainingJobSpec, layout: Layout) -> Workload:
         compile=t.compile,
         reshard_after_forward=t.fsdp.reshard_after_forward,
         offload=t.fsdp.offload == Offload.CPU,
-        float8=t.float8.recipe != Float8Recipe.NONE,
+        float8=t.float8.recipe,
         float8_output=t.float8.output,
     )
 
