@@ -22,8 +22,6 @@ Each figure is the median of --rounds, the systems alternating; a run is stopped
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import statistics
 import subprocess
@@ -37,7 +35,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tetrad.launch.local import run_processes  # noqa: E402
+from tetrad.launch.local import kill_rank_at, logged_steps  # noqa: E402
 from tetrad.node.rounds import RESTARTING  # noqa: E402
 from tetrad.node.spare import READY  # noqa: E402
 
@@ -54,13 +52,6 @@ def manifest(path: Path, name: str, nodes: int, ckpt: Path, max_restarts: int) -
                     "runPolicy": {"maxRestarts": max_restarts, "backoffSeconds": 0}}}
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def steps(jsonl: Path) -> list[int]:
-    try:
-        return [json.loads(line)["step"] for line in jsonl.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def until(done: Callable[[], bool], timeout_s: float = 600) -> float:
@@ -84,11 +75,7 @@ def spares_ready(workdir: Path, nodes: int) -> bool:
 
 def kill_rank_1(workdir: Path, jsonl: Path) -> float:
     """SIGKILL rank 1's worker once rank 0 has logged KILL_AT; when."""
-    until(lambda: max(steps(jsonl), default=0) >= KILL_AT)
-    pids = run_processes(workdir, rank=1)
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    if not pids:
+    if not kill_rank_at(workdir, jsonl, rank=1, step=KILL_AT, timeout_s=600):
         raise RuntimeError("rank 1's worker was not found")
     return time.monotonic()
 
@@ -108,7 +95,7 @@ def in_place(tmp: Path, nodes: int, spares_first: bool) -> tuple[float, float]:
         until(lambda: spares_ready(work, nodes))
     killed = kill_rank_1(work, jsonl)
     seen = until(lambda: RESTARTING in (work / "node-0.log").read_text(errors="replace"))
-    first = until(lambda: (s := steps(jsonl)) != sorted(s))  # a step again: the next round's first
+    first = until(lambda: (s := logged_steps(jsonl)) != sorted(s))  # a step again: the next round's first
     stop(run, work)
     return seen - killed, first - seen
 
@@ -129,7 +116,7 @@ def from_outside(tmp: Path, nodes: int) -> tuple[float, float]:
     run.wait()
     exited = time.monotonic()
     again = start(job, tmp / "again", tmp / "again.jsonl")
-    first = until(lambda: bool(steps(tmp / "again.jsonl")))
+    first = until(lambda: bool(logged_steps(tmp / "again.jsonl")))
     stop(again, tmp / "again")
     return exited - killed, first - exited
 

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +24,7 @@ import yaml
 
 from tetrad.api import parse
 from tetrad.api.contract import EXIT_OOM
-from tetrad.launch.local import run_processes
+from tetrad.launch.local import kill_rank_at, logged_steps
 from tetrad.node.checks import node_problems
 from tetrad.node.environment import NodeEnv
 from tetrad.node.spare import READY
@@ -86,21 +83,9 @@ def out_of_memory_exits_77(work: Path) -> str | None:
     return None if "microBatch" in log else "the message names no knob (microBatch)"
 
 
-def steps_of(jsonl: Path) -> list[int]:
-    return [r["step"] for r in map(json.loads, jsonl.read_text().splitlines()) if "loss" in r] \
-        if jsonl.exists() else []
-
-
 def kill_the_worker_at(step: int, work: Path, jsonl: Path) -> threading.Thread:
-    """SIGKILL the run's worker (the process whose environment has the run's config and RANK=0) once it
-    has logged `step`, as a crash would."""
-    def watch() -> None:
-        give_up = time.monotonic() + 240
-        while time.monotonic() < give_up and not any(s >= step for s in steps_of(jsonl)):
-            time.sleep(0.05)
-        for pid in run_processes(work, rank=0):
-            os.kill(pid, signal.SIGKILL)
-    thread = threading.Thread(target=watch, daemon=True)
+    """SIGKILL the run's worker (rank 0, the only one) once it has logged `step`, as a crash would."""
+    thread = threading.Thread(target=kill_rank_at, args=(work, jsonl, 0, step, 240), daemon=True)
     thread.start()
     return thread
 
@@ -118,7 +103,7 @@ def restarts_in_place_from_the_spare(work: Path, gpus: int = 1) -> str | None:
     done = tetrad_run(doc, work)
     watcher.join()
     log = (work / "gpu-in-place" / "node-0.log").read_text()
-    steps = steps_of(work / "gpu-in-place.jsonl")
+    steps = logged_steps(work / "gpu-in-place.jsonl")
     print(f"  steps {steps}; {next((line for line in log.splitlines() if 'in place, round 1' in line), '')}")
     if done.returncode != 0:
         return f"exit {done.returncode}: {log[-1500:]}"

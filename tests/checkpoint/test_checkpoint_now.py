@@ -23,12 +23,9 @@ from tetrad_trainer.checkpoint.store import read_manifest
 from tests.checkpoint.test_torchrun import TRAINING, wait_for_steps
 from tests.trainer.harness import free_port, job
 from tetrad.api import contract
+from tetrad.launch.local import logged_steps
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-
-def steps_of(jsonl: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in jsonl.read_text().splitlines()]
 
 
 def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_loses_no_step(tmp_path):
@@ -84,14 +81,14 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
     stopped = int(text.split("[tetrad rank 0] stopped after step ")[1].split()[0])
     assert (f"stopped after step {stopped} on SIGTERM; checkpoint step {stopped} committed"
             in text), text[-3000:]
-    assert steps_of(jsonl)[-1] >= stopped - 1  # the stopping step itself is saved, not logged
+    assert logged_steps(jsonl)[-1] >= stopped - 1  # the stopping step itself is saved, not logged
     left = json.loads(termination.read_text())
     assert left[contract.TERMINATION_CHECKPOINT_STEP] == stopped
     assert abs(left[contract.TERMINATION_CHECKPOINT_TIME] - time.time()) < 120
     # ... with its last figures, which the operator reads as it reads a scrape
     training, saved = scrape.parse_each(left[contract.TERMINATION_FIGURES], contract.SCRAPED,
                                         contract.SCRAPED_CHECKPOINT)
-    assert training["step"] == steps_of(jsonl)[-1] and saved["step"] == stopped
+    assert training["step"] == logged_steps(jsonl)[-1] and saved["step"] == stopped
 
     request.write_text("")
     proc, jsonl, log = node("resumed", "--steps", str(stopped + 2))
@@ -101,7 +98,7 @@ def test_checkpoint_now_saves_one_step_on_every_rank_and_sigterm_then_resume_los
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert f"resumed step {stopped} from" in log.read_text()
-    assert steps_of(jsonl) == [stopped + 1, stopped + 2]
+    assert logged_steps(jsonl) == [stopped + 1, stopped + 2]
     # A finished run leaves its last step's figures, the final save's among them.
     finished = json.loads(termination.read_text())
     assert contract.TERMINATION_CHECKPOINT_STEP not in finished and len(termination.read_bytes()) <= 4096

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import gpu  # noqa: E402
+
+from tests.trainer.harness import free_port  # noqa: E402
 
 GiB = 1024**3
 
@@ -94,3 +97,21 @@ def test_the_gpu_checks_restart_in_place_from_the_spare_passes_on_the_cpu(tmp_pa
     import gpu_checks
 
     assert gpu_checks.restarts_in_place_from_the_spare(tmp_path, gpus=0) is None
+
+
+@pytest.mark.distributed
+def test_op_bytes_counts_every_op_of_an_eager_step_and_ropes_eager_form() -> None:
+    """bench/op_bytes.py on one block: each linear layer's matmuls (forward, input and weight gradients),
+    the vocabulary's output projection among them, and RoPE as complex products, not the compiled form's."""
+    code = ("import json, sys; sys.path.insert(0, 'bench'); import op_bytes; "
+            "print(json.dumps(op_bytes.counted_step('tetrad', 1, 64, 1, 512)))")
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    calls, written = json.loads(done.stdout.strip().splitlines()[-1])
+    assert calls["aten.mm"] == 3 * 8  # wq, wk, wv, wo, w1, w2, w3 and the output projection
+    logits = 64 * 512 * 2  # bf16 logits of the output projection's forward
+    assert written["aten.mm"] > logits
+    assert "aten.flip" not in calls and "aten.addcmul" not in calls

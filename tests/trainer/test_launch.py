@@ -23,7 +23,13 @@ from tests.trainer.harness import free_port_block
 from tetrad.api import ParallelTrainingJob, parse
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_CONFIG_ERROR
 from tetrad.launch import run_local
-from tetrad.launch.local import EXIT_DEADLINE, EXIT_REFUSED, local_command
+from tetrad.launch.local import (
+    EXIT_DEADLINE,
+    EXIT_REFUSED,
+    kill_rank_at,
+    local_command,
+    logged_steps,
+)
 from tetrad.launch.workdir import DirectoryLock, Refused
 from tetrad.render import render
 from tetrad.render.objects import CONFIG_PATH, LAUNCHER_PATH
@@ -124,6 +130,17 @@ def test_run_trains_on_two_local_nodes_and_writes_json_lines(tmp_path: Path) -> 
     # the flight recorder is sized through the variable this torch reads, without its warning
     for node in (0, 1):
         assert "is deprecated" not in (tmp_path / "work" / f"node-{node}.log").read_text()
+
+
+def test_logged_steps_are_the_step_records_written_so_far_and_a_kill_waits_for_its_step(
+        tmp_path: Path) -> None:
+    jsonl = tmp_path / "out.jsonl"
+    assert logged_steps(jsonl) == []
+    jsonl.write_text('{"step": 1, "loss": 2.0}\n{"event": "collective_timeout", "rank": 2}\n'
+                     '{"step": 2, "loss": 1.5}\n{"step": 3, "lo')  # the last line still being written
+    assert logged_steps(jsonl) == [1, 2]
+    with pytest.raises(TimeoutError, match="did not log step 3 within 0 s"):
+        kill_rank_at(tmp_path / "work", jsonl, rank=1, step=3, timeout_s=0.2)
 
 
 def test_a_failing_rank_fails_the_run_and_leaves_no_process(tmp_path: Path,

@@ -7,9 +7,7 @@ first and no step is trained twice."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import threading
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ from tests.trainer.test_launch import make_job
 from tetrad.api import ParallelTrainingJob
 from tetrad.api.contract import ENV_TEST_FAULT, ENV_TEST_FAULTS_ALLOWED, EXIT_COLLECTIVE_TIMEOUT
 from tetrad.launch import run_local
-from tetrad.launch.local import run_processes
+from tetrad.launch.local import kill_rank_at, logged_steps, run_processes
 from tetrad.node import rounds, spare
 from tetrad.node.environment import NodeEnv
 
@@ -34,18 +32,11 @@ def losses(jsonl: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, jsonl.read_text().splitlines())]
 
 
-def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, killed: list[int]) -> threading.Thread:
-    """SIGKILL `rank`'s worker once rank 0 has logged `step`, as the kernel's OOM killer or a crash would."""
-    def watch() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
-                for pid in run_processes(workdir, rank):
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                return
-    thread = threading.Thread(target=watch, daemon=True)
+def kill_rank_in_background(workdir: Path, jsonl: Path, rank: int, step: int,
+                            killed: list[int]) -> threading.Thread:
+    """kill_rank_at while the run goes on in the foreground; the pids it killed land in `killed`."""
+    thread = threading.Thread(target=lambda: killed.extend(kill_rank_at(workdir, jsonl, rank, step)),
+                              daemon=True)
     thread.start()
     return thread
 
@@ -67,7 +58,7 @@ def expected(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
 def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undisturbed_run(
         tmp_path: Path, capfd: pytest.CaptureFixture[str], expected: dict[int, float]) -> None:
     work, jsonl, killed = tmp_path / "work", tmp_path / "out.jsonl", []
-    watcher = kill_rank_at(work, jsonl, rank=1, step=KILL_AT, killed=killed)
+    watcher = kill_rank_in_background(work, jsonl, rank=1, step=KILL_AT, killed=killed)
     code = run_local(job(tmp_path, 1), steps=STEPS, jsonl=jsonl, workdir=work)
     watcher.join()
     assert code == 0, (work / "node-0.log").read_text()[-3000:]
@@ -95,7 +86,7 @@ def test_a_killed_worker_restarts_the_gang_in_place_and_the_losses_equal_an_undi
 
 def test_without_a_restart_left_a_killed_worker_fails_the_run_as_before(tmp_path: Path) -> None:
     work, jsonl, killed = tmp_path / "work", tmp_path / "out.jsonl", []
-    watcher = kill_rank_at(work, jsonl, rank=1, step=3, killed=killed)
+    watcher = kill_rank_in_background(work, jsonl, rank=1, step=3, killed=killed)
     code = run_local(job(tmp_path, 0), steps=STEPS, jsonl=jsonl, workdir=work)
     watcher.join()
     assert killed and code not in (0, None)
@@ -129,7 +120,7 @@ def ask_restart_at(workdir: Path, jsonl: Path, step: int, answers: list[bool]) -
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            if jsonl.exists() and any(s >= step for s, _ in losses(jsonl)):
+            if max(logged_steps(jsonl), default=0) >= step:
                 pid = run_processes(workdir)[0]
                 env = NodeEnv.read(dict(line.split("=", 1) for line in
                                         Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in line))

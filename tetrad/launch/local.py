@@ -201,6 +201,36 @@ def run_processes(workdir: Path, rank: int | None = None) -> list[int]:
             if rank is None or has_variable(pid, "RANK", str(rank))]
 
 
+def logged_steps(jsonl: Path) -> list[int]:
+    """The steps rank 0 has logged to a run's JSON lines so far, in order: none before the file exists; a
+    line still being written waits for the next read."""
+    try:
+        lines = jsonl.read_text().splitlines()
+    except OSError:
+        return []
+    steps = []
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if "loss" in record:
+                steps.append(record["step"])
+    return steps
+
+
+def kill_rank_at(workdir: Path, jsonl: Path, rank: int, step: int, timeout_s: float = 300) -> list[int]:
+    """Once rank 0 has logged `step`, SIGKILL the run's worker of `rank` (as a crash or the kernel's OOM
+    killer would) and answer the pids killed: for the tests, benchmarks and GPU checks of restarts."""
+    deadline = time.monotonic() + timeout_s
+    while max(logged_steps(jsonl), default=0) < step:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{jsonl} did not log step {step} within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    pids = run_processes(workdir, rank)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 @dataclass
 class Agent:
     node: int
