@@ -102,6 +102,7 @@ class GangAdmitter:
         # Gangs released here (gates removed, or created released) that the watch may not show
         # released yet: (key, restart) -> (monotonic() of the release, its pods).
         self.released: dict[tuple[Key, int], tuple[float, tuple[PodState, ...]]] = {}
+        self.deleted: set[tuple[str, str]] = set()  # (namespace, name) of those pods the watch showed deleted
         self.first_seen: dict[tuple[Key, int], float] = {}  # when a gang first asked
         # New incarnations asking to be created released, answered by the next round.
         self.asks: dict[Key, Ask] = {}
@@ -179,6 +180,8 @@ class GangAdmitter:
     def on_pod_change(self, old: PodState | None, new: PodState | None) -> None:
         # A pod ended or went (room freed), a release shows in the watch, or a pod is bound (the
         # scheduler may have placed it elsewhere than a plan counted it).
+        if old is not None and new is None:
+            self._note_deleted(old)
         if old is None or old.terminal:
             return  # a new pod takes no room until it is released or bound
         if new is None or new.terminal or old.gated != new.gated or old.node != new.node:
@@ -223,15 +226,28 @@ class GangAdmitter:
         return packing.room(self.nodes(), others, [g for g in in_flight if (g[0].namespace, g[0].job) != key],
                             pod, limit)
 
+    def _remember_release(self, key: tuple[Key, int], pods: tuple[PodState, ...]) -> None:
+        self.released[key] = (self.monotonic(), pods)
+        self.deleted.difference_update((p.namespace, p.name) for p in pods)  # of an earlier gang's pods
+
+    def _note_deleted(self, pod: PodState) -> None:
+        """A pod of a gang released here was deleted: it no longer waits to be shown released."""
+        if any(p.namespace == pod.namespace and p.name == pod.name and p.uid in ("", pod.uid)
+               for _, pods in self.released.values() for p in pods):
+            self.deleted.add((pod.namespace, pod.name))
+
     def _released_unseen(self, shown: dict[tuple[str, str], PodState]) -> list[tuple[PodState, ...]]:
         """The gangs released here whose release the watch does not show yet (a pod missing or
-        still gated and not ended); forgets the others, and any after RELEASE_SEEN_SECONDS."""
+        still gated, and not ended or deleted); forgets the others, and any after RELEASE_SEEN_SECONDS."""
         unseen = []
         for k, (at, pods) in list(self.released.items()):
-            seen = [shown.get((p.namespace, p.name)) for p in pods]
-            if (all(s is not None and (s.terminal or not s.gated) for s in seen)
+            names = [(p.namespace, p.name) for p in pods]
+            seen = [shown.get(name) for name in names]
+            if (all((s is not None and (s.terminal or not s.gated)) or (s is None and name in self.deleted)
+                    for s, name in zip(seen, names, strict=True))
                     or self.monotonic() - at > RELEASE_SEEN_SECONDS):
                 del self.released[k]
+                self.deleted.difference_update(names)
             else:
                 unseen.append(pods)
         return unseen
@@ -268,7 +284,7 @@ class GangAdmitter:
     def unreserve(self, key: Key) -> None:
         """The reserved gang's creations are over: it counts until the watch shows its pods."""
         if pods := self.reserved.pop(key, None):
-            self.released[(key, pods[0].restart)] = (self.monotonic(), pods)
+            self._remember_release((key, pods[0].restart), pods)
         self.kick()
 
     async def admit_once(self) -> list[packing.GangRelease]:
@@ -301,7 +317,7 @@ class GangAdmitter:
                 req = a.request
                 t = time.monotonic()
                 # before the first write lands
-                self.released[(req.key, req.restart)] = (self.monotonic(), a.pinned())
+                self._remember_release((req.key, req.restart), a.pinned())
                 await ungate(self.kube, req.namespace, [(p.name, p.uid) for p in req.pods], self.limit,
                              a.pins)
                 if self.waiting.get(req.key) is not None and self.waiting[req.key].restart == req.restart:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from tetrad_operator import admission
 
 from tetrad.api import contract
 
-from .helpers import condition, finish_all, ptj, takes_pods, wait_for, wait_phase, wait_running
+from .helpers import JOBS, condition, finish_all, ptj, takes_pods, wait_for, wait_phase, wait_running
 
 pytestmark = pytest.mark.cluster
 
@@ -36,8 +37,14 @@ def test_gang_holds_while_capacity_is_short_and_goes_when_it_frees(api, operator
     assert len({p["spec"]["nodeName"] for p in pods}) == 3
 
 
-def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api, operator, namespace, pool):
+def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api, operator, namespace, pool,
+                                                                           monkeypatch):
+    """Then the job is deleted, and a job of its size created in its place is created released too: the
+    admission, which remembers a release until the watch shows it, takes the pods' deletion for an end."""
     ns = namespace
+    # A release not seen counts from memory for RELEASE_SEEN_SECONDS: longer than this test, so that only
+    # the deletion can end it.
+    monkeypatch.setattr(admission, "RELEASE_SEEN_SECONDS", 600.0)
     # Only this job's pods may use the pool: another test's pod there would make the gang wait.
     taint = {"key": "tetrad.dev/test-pool", "value": ns, "effect": "NoSchedule"}
     names = pool(2, taints=[taint])
@@ -55,6 +62,15 @@ def test_a_gang_that_fits_at_creation_is_created_released_one_write_per_pod(api,
                 and "tetrad.dev/gang-released" in p["metadata"]["annotations"])
         assert p["metadata"]["generation"] == 1, "the pod's spec was written once: created without its gate"
     assert "WaitingForCapacity" not in [e["reason"] for e in api.events(ns, "fits")]
+    # No admission round ran since the release (no gang waited): the deletion is what it learns from.
+    api.delete(f"{JOBS}/namespaces/{ns}/paralleltrainingjobs/fits")
+    wait_for(lambda: not [p for i in operator.controller.admission.informers for p in i.items.values()
+                          if p.job == "fits"], what="the operator's view of fits' pods deleted", timeout=120)
+    api.create_job(ns, ptj("next", nodes=2, cpu="6", template={
+        "nodeSelector": pool.label, "tolerations": [{**taint, "operator": "Equal"}]}))
+    wait_running(api, ns, "next", 2)
+    assert all(p["metadata"]["generation"] == 1 for p in api.pods(ns, "next")), "created released"
+    assert "WaitingForCapacity" not in [e["reason"] for e in api.events(ns, "next")]
 
 
 def test_two_gangs_that_fit_only_one_at_a_time_do_not_deadlock(api, operator, namespace, pool):

@@ -481,6 +481,35 @@ def test_a_released_gang_whose_pods_ended_before_the_next_round_holds_no_room():
     assert ask(admitter, second) == [True] and not admitter.released
 
 
+def test_a_released_gang_whose_pods_were_deleted_before_the_watch_showed_them_released_holds_no_room():
+    """The job was deleted right after its release: the watch shows its pods deleted, never released,
+    and the next job that fits is created released at once, not 30 s later."""
+    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
+    admitter = admitter_on(ns, MemoryKube())
+    first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)])
+    admitter.informers = [Watch(*first.pods)]  # type: ignore[list-item]
+    admitter.request(first)
+    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
+    admitter.informers = [Watch()]  # type: ignore[list-item]
+    second = request("second", [member(pod(f"s{i}", cpu="6"), "second") for i in range(2)], age=1)
+    admitter.on_pod_change(first.pods[0], None)
+    assert ask(admitter, second) == [False], "one pod of the first gang is not shown deleted yet"
+    admitter.on_pod_change(first.pods[1], None)
+    assert ask(admitter, second) == [True] and not admitter.released and not admitter.deleted
+
+
+def test_a_deleted_pod_of_an_earlier_gang_does_not_count_for_a_new_release_of_the_same_name():
+    ns = nodes(node_body("a", cpu="8"))
+    admitter = admitter_on(ns, MemoryKube())
+    old = member(pod("p0", cpu="6"), "job", gated=True)
+    admitter.released[(("default", "job"), 0)] = (admitter.monotonic(), (old,))
+    admitter.on_pod_change(old, None)
+    assert admitter.deleted == {(old.namespace, "p0")}
+    again = dataclasses.replace(old, uid="new-uid")
+    admitter._remember_release((("default", "job"), 0), (again,))
+    assert not admitter.deleted and admitter._released_unseen({}) == [(again,)]
+
+
 def patched(kube: MemoryKube) -> list[str]:
     """The pods the admission sent an ungating patch."""
     return [r.path.rsplit("/", 1)[1] for r in kube.requests if r.verb == "PATCH"]
