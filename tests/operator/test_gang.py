@@ -464,15 +464,22 @@ def test_a_gang_released_is_counted_until_the_watch_shows_its_gates_gone():
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["second"]
 
 
-def test_a_released_gang_whose_pods_ended_before_the_next_round_holds_no_room():
-    """No round reads the watch between a release and the end of the gang's pods (no gang waits):
-    the next round, a new gang's ask, finds them ended, not still to be shown released."""
+def released_alone() -> tuple[GangAdmitter, packing.GangRequest]:
+    """An admitter that has just released gang "first" (two pods of 6 cpus, on two nodes of 8), when no
+    other gang waits: no round will run until one asks."""
     ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
     admitter = admitter_on(ns, MemoryKube())
     first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)])
     admitter.informers = [Watch(*first.pods)]  # type: ignore[list-item]
     admitter.request(first)
     assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
+    return admitter, first
+
+
+def test_a_released_gang_whose_pods_ended_before_the_next_round_holds_no_room():
+    """No round reads the watch between a release and the end of the gang's pods (no gang waits):
+    the next round, a new gang's ask, finds them ended, not still to be shown released."""
+    admitter, first = released_alone()
     # The watch next shows its pods bound and succeeded (the informer keeps the operator's own).
     ended = (dataclasses.replace(p, gated=False, released=True, node=n, phase="Succeeded")
              for p, n in zip(first.pods, "ab", strict=True))
@@ -484,12 +491,7 @@ def test_a_released_gang_whose_pods_ended_before_the_next_round_holds_no_room():
 def test_a_released_gang_whose_pods_were_deleted_before_the_watch_showed_them_released_holds_no_room():
     """The job was deleted right after its release: the watch shows its pods deleted, never released,
     and the next job that fits is created released at once, not 30 s later."""
-    ns = nodes(node_body("a", cpu="8"), node_body("b", cpu="8"))
-    admitter = admitter_on(ns, MemoryKube())
-    first = request("first", [member(pod(f"f{i}", cpu="6"), "first", gated=True) for i in range(2)])
-    admitter.informers = [Watch(*first.pods)]  # type: ignore[list-item]
-    admitter.request(first)
-    assert [a.request.name for a in asyncio.run(admitter.admit_once())] == ["first"]
+    admitter, first = released_alone()
     admitter.informers = [Watch()]  # type: ignore[list-item]
     second = request("second", [member(pod(f"s{i}", cpu="6"), "second") for i in range(2)], age=1)
     admitter.on_pod_change(first.pods[0], None)
