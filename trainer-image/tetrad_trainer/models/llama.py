@@ -80,7 +80,8 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     rope = rope[: x.shape[1]]
     if torch.compiler.is_compiling():
         return rope_real(x, rope)
-    turn = torch.view_as_complex(rope[None, :, None, 1::2])  # (cos, sin) of each pair's angle
+    # (cos, sin) of each pair's angle; FSDP's mixed precision hands blocks the table in bf16
+    turn = torch.view_as_complex(rope[None, :, None, 1::2].float())
     pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
     return torch.view_as_real(pairs * turn).flatten(-2).type_as(x)
 
