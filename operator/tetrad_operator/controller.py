@@ -99,6 +99,9 @@ class Scraping:
 
     task: asyncio.Task[None] | None = None
     next_at: float = 0.0  # clock.monotonic()
+    # A pass wanted a read now (Decision.read_now) while one was in flight, started before that pass's
+    # judgment: the one in flight wakes the loop when it ends, so the judgment waits for no timed pass.
+    owed: bool = False
 
     def busy(self, now: float, due: bool = False) -> bool:
         """A scrape is in flight, or the next is not due yet (`due`: one is due now, interval or not)."""
@@ -665,6 +668,7 @@ class Controller:
                       decided: ParallelTrainingJobStatus, due: bool = False) -> None:
         now = self.clock.monotonic()
         if loop.scraping.busy(now, due):
+            loop.scraping.owed |= due  # due and busy: a read is in flight
             return
         restart = decided.restarts
         rank0 = next((p for p in pods if p.rank == 0 and p.restart == restart and p.phase == "Running"), None)
@@ -679,6 +683,15 @@ class Controller:
                                                  name=f"scrape {loop.key}")
 
     async def _scrape(self, key: Key, host: str, port: int, checkpoint_path: str, restart: int) -> None:
+        try:
+            await self._read_rank0(key, host, port, checkpoint_path, restart)
+        finally:
+            if (loop := self.jobs.get(key)) is not None and loop.scraping.owed:
+                loop.scraping.owed = False
+                loop.wake.set()
+
+    async def _read_rank0(self, key: Key, host: str, port: int, checkpoint_path: str, restart: int) -> None:
+        """Rank 0's figures into the job's status; a read that answers a judgment wakes the job's loop."""
         assert self.session is not None
         read = await scrape.fetch(self.session, host, port, self.settings.scrape_timeout_seconds)
         if read is None:

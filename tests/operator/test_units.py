@@ -30,6 +30,7 @@ from tetrad_operator.observed import NodeState, PodState
 from tetrad_operator.settings import OperatorSettings
 
 from tetrad.api import contract
+from tetrad.api.spec import ParallelTrainingJobStatus
 
 from .conftest import free_port
 from .fakes import T0, ScenarioClock, decline, job_body
@@ -239,6 +240,47 @@ def test_a_scrape_wakes_the_job_loop_when_the_heartbeat_stood_still_or_a_round_b
     # the first beat, the same beat, a step, a new round with a step
     assert woken == [False, True, False, True]
     assert loop.body["status"]["training"]["lastStepTime"] == "2001-09-09T01:46:49Z"
+
+
+def test_a_read_wanted_now_while_one_is_in_flight_is_owed_by_that_one_whose_end_wakes_the_loop():
+    """A stall's deadline passed since the last read, so the pass wants a read now, while a read started
+    before it is still in flight: no second read starts, and the one in flight wakes the loop when it
+    ends, whatever it read (here: nothing, rank 0 does not answer), so the judgment waits for no timed
+    pass (up to a resync, 30 s by default). A read nobody waits for ends without waking the loop."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections, never answers
+    kube = MemoryKube()
+    ctl = Controller(kube, OperatorSettings(scrape_host="127.0.0.1", scrape_timeout_seconds=0.3))
+    loop = ctl.jobs[("ns", "j")] = JobLoop(("ns", "j"))
+    body = stored(kube, {"phase": "Running", "restarts": 0})
+    body["spec"] = {"metrics": {"port": silent.getsockname()[1]}}
+    loop.keep(body, read=True)
+    decided = ParallelTrainingJobStatus(phase="Running", restarts=0)
+
+    async def read(wanted_now: bool) -> tuple[bool, bool, bool]:
+        """(no second read started, the wish was owed, the loop woken at the first read's end)"""
+        loop.scraping.next_at, loop.wake = 0.0, asyncio.Event()
+        ctl._maybe_scrape(body, loop, [], decided)
+        first = loop.scraping.task
+        ctl._maybe_scrape(body, loop, [], decided, due=wanted_now)
+        alone, owed = loop.scraping.task is first, loop.scraping.owed
+        assert first is not None and not loop.wake.is_set()
+        await first
+        return alone, owed, loop.wake.is_set() and not loop.scraping.owed
+
+    async def go() -> list[tuple[bool, bool, bool]]:
+        import aiohttp
+
+        ctl.session = aiohttp.ClientSession()
+        try:
+            return [await read(True), await read(False)]
+        finally:
+            await ctl.session.close()
+
+    try:
+        answers = asyncio.run(go())
+    finally:
+        silent.close()
+    assert answers == [(True, True, True), (True, False, False)]
 
 
 def test_scrape_reads_the_checkpoint_now_request_rank_0_committed():
