@@ -5,6 +5,7 @@ restart a user asks for in place."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 import time
@@ -32,6 +33,8 @@ from .helpers import (
 )
 
 pytestmark = pytest.mark.cluster
+
+INTERVAL = 60  # the stall test's scrape interval (s)
 
 
 def test_disruptions_over_the_budget_fail_the_job(api, operator, namespace):
@@ -77,17 +80,17 @@ class Rank0:
 def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api, operator_cluster, namespace):
     ns, rank0 = namespace, Rank0()
     try:
-        # a scrape every 30 s, far above the timeout: the pass at the stall's deadline reads rank 0 at once
+        # a scrape every 60 s, far above the timeout: the pass at the stall's deadline reads rank 0 at once
         with operator_in_thread([ns], env={"TETRAD_OPERATOR_SCRAPE_HOST": "127.0.0.1",
-                                           "TETRAD_OPERATOR_SCRAPE_INTERVAL_SECONDS": "30"}):
+                                           "TETRAD_OPERATOR_SCRAPE_INTERVAL_SECONDS": str(INTERVAL)}):
             rank0.beating.set()
             api.create_job(ns, ptj("hang", nodes=2, metrics={"port": rank0.port},
                                    runPolicy={"stallTimeoutSeconds": 4, "backoffSeconds": 1}))
             wait_running(api, ns, "hang", 2)
             # the first pass while Running reads rank 0; a read slower than the 2 s scrape timeout (a
-            # loaded machine) counts as unreachable, and the next comes one interval (30 s) later
+            # loaded machine) counts as unreachable, and the next comes one interval later
             wait_for(lambda: api.status(ns, "hang").get("training", {}).get("lastStepTime"),
-                     timeout=2 * 30 + 10, what="a heartbeat")
+                     timeout=2 * INTERVAL + 10, what="a heartbeat")
             time.sleep(8)  # twice the timeout with a steady heartbeat: nothing happens
             st = api.status(ns, "hang")
             assert (st["phase"], st["restarts"]) == ("Running", 0), st
@@ -95,18 +98,26 @@ def test_a_gang_whose_heartbeat_stops_is_restarted_as_stalled_then_succeeds(api,
 
             rank0.beating.clear()  # rank 0 hangs
             hung = time.monotonic()
-            wait_for(lambda: api.status(ns, "hang").get("restarts") == 1, timeout=30,
+            wait_for(lambda: api.status(ns, "hang").get("restarts") == 1, timeout=INTERVAL + 20,
                      what="the stalled gang restarted")
             waited = time.monotonic() - hung
-            # lastStepTime has whole seconds (up to 1 s early); then the deadline's pass reads rank 0 at
-            # once and that read wakes the job (without both: up to a scrape interval, 30 s, later).
-            assert 4 - 1 <= waited <= 4 + 1 + 3, f"acted after {waited:.1f}s"
             st = api.status(ns, "hang")
             assert st["disruptions"] == 1
             # first asked to restart in place: these pods have no coordinator, so the operator's ask is
             # refused at once and the gang is recreated
             (asked,) = wait_events(api, ns, "hang", "Stalled", "asked pod 0's coordinator")
             (recreated,) = wait_events(api, ns, "hang", "Stalled", "restarting the whole gang")
+            # Judged from the first read after the deadline, not one a scrape interval later: the quiet
+            # time the Event names (that read's time less the last beat's, whole seconds: up to 1 s more)
+            # is the timeout, plus what a loaded machine adds to one pass and one read; an interval's
+            # read would name about INTERVAL. The wall clock to the restart only has a floor here: on a
+            # loaded machine (CI's two lanes) it once took 26.8 s where 4 to 8 s is usual.
+            quiet = int(re.search(r"completed no step since \S+ for (\d+)s", asked["message"])[1])
+            timeline = (f"restarted {waited:.1f}s after the hang; asked at {asked['firstTimestamp']}: "
+                        f"{asked['message']!r}; recreated at {recreated['firstTimestamp']}; "
+                        f"status.training {st['training']}, status.inPlaceAsk {st.get('inPlaceAsk')}")
+            assert 4 <= quiet <= 4 + 1 + 10, timeline
+            assert waited >= 4 - 1, timeline
             for event in (asked, recreated):
                 assert event["type"] == "Warning", event
                 assert "rank 0 (hang-r0-0) completed no step since" in event["message"]
